@@ -1,0 +1,1 @@
+"""Fleet inventory and provisioning: datacenters, GPU types, prices, WAN links, nodes, instances."""

@@ -1,0 +1,147 @@
+"""Nodes (GPU servers running one agent each) and the engine instances placed on them."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from fleet.choices import ActualState, DesiredState, InstanceRole, NodeStatus
+from fleet.validators import hostname
+
+
+class Node(models.Model):
+    hostname = models.CharField(
+        max_length=253,
+        unique=True,
+        validators=[hostname],
+        help_text="The server's hostname, unique in the fleet.",
+    )
+    datacenter = models.ForeignKey(
+        "fleet.Datacenter",
+        on_delete=models.PROTECT,
+        related_name="nodes",
+        help_text="Datacenter the server sits in.",
+    )
+    gpu_type = models.ForeignKey(
+        "fleet.GPUType",
+        on_delete=models.PROTECT,
+        related_name="nodes",
+        help_text="The GPU type installed (one type per node).",
+    )
+    gpu_count = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(1024)],
+        help_text="Number of GPUs in the server.",
+    )
+    agent_endpoint = models.URLField(
+        max_length=512,
+        blank=True,
+        help_text="Base URL of the node agent's HTTP API, e.g. http://10.0.0.5:9000.",
+    )
+    status = models.CharField(
+        max_length=16,
+        choices=NodeStatus.choices,
+        default=NodeStatus.PENDING,
+        help_text="pending until the agent registers, then online / offline / maintenance.",
+    )
+    last_heartbeat_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the agent last reported in.",
+    )
+    agent_token_prefix = models.CharField(
+        max_length=16,
+        unique=True,
+        editable=False,
+        help_text="Public prefix of the agent token, to find the node; not a secret.",
+    )
+    agent_token_hash = models.CharField(
+        max_length=64,
+        editable=False,
+        help_text="SHA-256 of the agent token; the token itself is shown once and never stored.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["datacenter__name", "hostname"]
+
+    def __str__(self) -> str:
+        return f"{self.hostname} ({self.gpu_count}x {self.gpu_type.model}, {self.datacenter.name})"
+
+    def gpus_allocated(self, *, exclude_instance_id: int | None = None) -> int:
+        qs = self.instances.all()
+        if exclude_instance_id is not None:
+            qs = qs.exclude(pk=exclude_instance_id)
+        return qs.aggregate(total=models.Sum("gpu_count"))["total"] or 0
+
+    def gpus_free(self) -> int:
+        return self.gpu_count - self.gpus_allocated()
+
+
+class Instance(models.Model):
+    role = models.CharField(
+        max_length=16,
+        choices=InstanceRole.choices,
+        help_text="prefill (P), relay_decode (RLD) or main_decode (MD).",
+    )
+    node = models.ForeignKey(
+        "fleet.Node",
+        on_delete=models.PROTECT,
+        related_name="instances",
+        help_text="The node the engine runs on.",
+    )
+    served_model = models.ForeignKey(
+        "fleet.ServedModel",
+        on_delete=models.PROTECT,
+        related_name="instances",
+        help_text="The model the engine serves.",
+    )
+    gpu_count = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(1024)],
+        help_text="GPUs of the node this instance uses.",
+    )
+    desired_state = models.CharField(
+        max_length=16,
+        choices=DesiredState.choices,
+        default=DesiredState.RUNNING,
+        help_text="What the operator wants: running, drained or stopped.",
+    )
+    actual_state = models.CharField(
+        max_length=16,
+        choices=ActualState.choices,
+        default=ActualState.PENDING,
+        help_text="What the agent last reported.",
+    )
+    state_changed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When actual_state last changed.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["node__datacenter__name", "role", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.role}#{self.pk} {self.served_model.name} on {self.node.hostname}"
+
+    @property
+    def datacenter(self):
+        return self.node.datacenter
+
+    def clean(self) -> None:
+        super().clean()
+        from fleet.services import instance_check_placement
+
+        if self.node_id and self.served_model_id and self.role and self.gpu_count:
+            instance_check_placement(
+                role=self.role,
+                node=self.node,
+                served_model=self.served_model,
+                gpu_count=self.gpu_count,
+                instance_id=self.pk,
+            )
+        if self.pk is None and self.desired_state not in DesiredState.values:
+            raise ValidationError({"desired_state": "Unknown desired state."})

@@ -1,0 +1,380 @@
+"""Fleet business rules that span rows, and the writes that must respect them.
+
+Views, serializers, admin and tasks call these; each takes keyword arguments and records a
+FleetEvent for anything an operator would want in the history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Count, Q
+
+from fleet.choices import DesiredState, InstanceRole
+from fleet.models import (
+    Datacenter,
+    FleetEvent,
+    GPUType,
+    Instance,
+    Node,
+    ServedModel,
+    UnitPrice,
+    WANLink,
+)
+
+AGENT_TOKEN_SCHEME = "bnt"
+
+
+# --- events ---------------------------------------------------------------------------------
+
+
+def event_record(
+    *,
+    kind: str,
+    message: str,
+    node: Node | None = None,
+    instance: Instance | None = None,
+    data: dict[str, Any] | None = None,
+    actor: str = "",
+) -> FleetEvent:
+    if instance is not None and node is None:
+        node = instance.node
+    return FleetEvent.objects.create(
+        kind=kind,
+        message=message,
+        node=node,
+        instance=instance,
+        data=data or {},
+        actor=actor,
+    )
+
+
+# --- agent tokens ---------------------------------------------------------------------------
+
+
+def _token_hash(token: str) -> str:
+    # Tokens carry 256 random bits, so a fast hash is enough: no dictionary to guess from.
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def node_token_generate() -> tuple[str, str, str]:
+    """A fresh agent token as (token, public prefix, hash); only the hash is ever stored."""
+    prefix = secrets.token_hex(6)
+    token = f"{AGENT_TOKEN_SCHEME}_{prefix}_{secrets.token_urlsafe(32)}"
+    return token, prefix, _token_hash(token)
+
+
+def node_authenticate_token(token: str) -> Node | None:
+    """The node an agent token speaks for, or None for an unknown or malformed token."""
+    parts = token.split("_", 2)
+    if len(parts) != 3 or parts[0] != AGENT_TOKEN_SCHEME:
+        return None
+    node = Node.objects.filter(agent_token_prefix=parts[1]).first()
+    if node is None or not hmac.compare_digest(node.agent_token_hash, _token_hash(token)):
+        return None
+    return node
+
+
+@transaction.atomic
+def node_create(
+    *,
+    hostname: str,
+    datacenter: Datacenter,
+    gpu_type: GPUType,
+    gpu_count: int,
+    agent_endpoint: str = "",
+    actor: str = "",
+) -> tuple[Node, str]:
+    """Create a node and return it with its agent token, which is not recoverable later."""
+    token, prefix, token_hash = node_token_generate()
+    node = Node(
+        hostname=hostname,
+        datacenter=datacenter,
+        gpu_type=gpu_type,
+        gpu_count=gpu_count,
+        agent_endpoint=agent_endpoint,
+        agent_token_prefix=prefix,
+        agent_token_hash=token_hash,
+    )
+    node.full_clean()
+    node.save()
+    event_record(
+        kind="node.created",
+        message=f"Node {hostname} created in {datacenter.name} with {gpu_count}x {gpu_type}.",
+        node=node,
+        actor=actor,
+    )
+    return node, token
+
+
+@transaction.atomic
+def node_rotate_token(*, node: Node, actor: str = "") -> str:
+    """Replace a node's agent token; the old one stops working at once."""
+    token, prefix, token_hash = node_token_generate()
+    node.agent_token_prefix = prefix
+    node.agent_token_hash = token_hash
+    node.save(update_fields=["agent_token_prefix", "agent_token_hash", "updated_at"])
+    event_record(kind="node.token_rotated", message="Agent token rotated.", node=node, actor=actor)
+    return token
+
+
+@transaction.atomic
+def node_update(*, node: Node, actor: str = "", **changes: Any) -> Node:
+    locked = Node.objects.select_for_update().get(pk=node.pk)
+    if "gpu_count" in changes:
+        allocated = locked.gpus_allocated()
+        if changes["gpu_count"] < allocated:
+            raise ValidationError(
+                {
+                    "gpu_count": (
+                        f"Instances on this node already use {allocated} GPUs; "
+                        "remove or shrink them first."
+                    )
+                }
+            )
+    if "datacenter" in changes and changes["datacenter"].pk != locked.datacenter_id:
+        if locked.instances.exists():
+            raise ValidationError(
+                {"datacenter": "A node with instances cannot move; delete its instances first."}
+            )
+    before = {field: getattr(locked, field) for field in changes}
+    for field, value in changes.items():
+        setattr(locked, field, value)
+    locked.full_clean()
+    locked.save()
+    changed = {f: str(v) for f, v in before.items() if getattr(locked, f) != v}
+    if changed:
+        event_record(
+            kind="node.updated",
+            message=f"Node {locked.hostname} updated: {', '.join(sorted(changed))}.",
+            node=locked,
+            data={"previous": changed},
+            actor=actor,
+        )
+    return locked
+
+
+# --- instances ------------------------------------------------------------------------------
+
+
+def instance_check_placement(
+    *,
+    role: str,
+    node: Node,
+    served_model: ServedModel,
+    gpu_count: int,
+    instance_id: int | None = None,
+) -> None:
+    """Raise ValidationError naming the field if an instance cannot go where it asks to."""
+    allocated = node.gpus_allocated(exclude_instance_id=instance_id)
+    free = node.gpu_count - allocated
+    if gpu_count > free:
+        raise ValidationError(
+            {
+                "gpu_count": (
+                    f"Node {node.hostname} has {free} free GPU(s) of {node.gpu_count}; "
+                    f"this instance asks for {gpu_count}."
+                )
+            }
+        )
+    if role == InstanceRole.RELAY_DECODE:
+        # The relay exists to take KV over the fast fabric from a prefill in the same site.
+        prefill_here = Instance.objects.filter(
+            role=InstanceRole.PREFILL,
+            served_model=served_model,
+            node__datacenter_id=node.datacenter_id,
+        )
+        if instance_id is not None:
+            prefill_here = prefill_here.exclude(pk=instance_id)
+        if not prefill_here.exists():
+            raise ValidationError(
+                {
+                    "role": (
+                        f"A relay_decode instance needs a prefill instance of "
+                        f"{served_model.name} in datacenter {node.datacenter.name}; "
+                        "create the prefill instance first."
+                    )
+                }
+            )
+
+
+def _check_relays_keep_prefill(*, instance: Instance, leaving: bool) -> None:
+    """Refuse to remove the last prefill a datacenter's relays for this model depend on."""
+    if instance.role != InstanceRole.PREFILL or not leaving:
+        return
+    dc_id = instance.node.datacenter_id
+    others = Instance.objects.filter(
+        role=InstanceRole.PREFILL,
+        served_model_id=instance.served_model_id,
+        node__datacenter_id=dc_id,
+    ).exclude(pk=instance.pk)
+    relays = Instance.objects.filter(
+        role=InstanceRole.RELAY_DECODE,
+        served_model_id=instance.served_model_id,
+        node__datacenter_id=dc_id,
+    )
+    if not others.exists() and relays.exists():
+        raise ValidationError(
+            {
+                "role": (
+                    f"This is the last prefill instance of {instance.served_model.name} in "
+                    f"{instance.node.datacenter.name}, and {relays.count()} relay_decode "
+                    "instance(s) depend on it; remove those first."
+                )
+            }
+        )
+
+
+@transaction.atomic
+def instance_create(
+    *,
+    role: str,
+    node: Node,
+    served_model: ServedModel,
+    gpu_count: int,
+    desired_state: str = DesiredState.RUNNING,
+    actor: str = "",
+) -> Instance:
+    # Lock the node so two concurrent creates cannot both take its last free GPUs.
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    instance = Instance(
+        role=role,
+        node=node,
+        served_model=served_model,
+        gpu_count=gpu_count,
+        desired_state=desired_state,
+    )
+    instance.full_clean()
+    instance.save()
+    event_record(
+        kind="instance.created",
+        message=(
+            f"{role} instance of {served_model.name} placed on {node.hostname} "
+            f"with {gpu_count} GPU(s), desired {desired_state}."
+        ),
+        instance=instance,
+        actor=actor,
+    )
+    return instance
+
+
+@transaction.atomic
+def instance_update(*, instance: Instance, actor: str = "", **changes: Any) -> Instance:
+    locked = Instance.objects.select_for_update().get(pk=instance.pk)
+    target_node = changes.get("node", locked.node)
+    Node.objects.select_for_update().filter(pk__in={locked.node_id, target_node.pk}).first()
+    leaves_prefill_pool = locked.role == InstanceRole.PREFILL and (
+        changes.get("role", locked.role) != InstanceRole.PREFILL
+        or changes.get("node", locked.node).datacenter_id != locked.node.datacenter_id
+        or changes.get("served_model", locked.served_model).pk != locked.served_model_id
+    )
+    _check_relays_keep_prefill(instance=locked, leaving=leaves_prefill_pool)
+    before = {field: getattr(locked, field) for field in changes}
+    for field, value in changes.items():
+        setattr(locked, field, value)
+    locked.full_clean()
+    locked.save()
+    changed = {f: str(v) for f, v in before.items() if getattr(locked, f) != v}
+    if changed:
+        event_record(
+            kind="instance.updated",
+            message=f"Instance {locked.pk} updated: {', '.join(sorted(changed))}.",
+            instance=locked,
+            data={"previous": changed},
+            actor=actor,
+        )
+    return locked
+
+
+def instance_set_desired_state(
+    *, instance: Instance, desired_state: str, actor: str = ""
+) -> Instance:
+    if desired_state not in DesiredState.values:
+        raise ValidationError({"desired_state": f"Unknown desired state {desired_state!r}."})
+    return instance_update(instance=instance, actor=actor, desired_state=desired_state)
+
+
+@transaction.atomic
+def instance_delete(*, instance: Instance, actor: str = "") -> None:
+    locked = Instance.objects.select_for_update().get(pk=instance.pk)
+    _check_relays_keep_prefill(instance=locked, leaving=True)
+    event_record(
+        kind="instance.deleted",
+        message=f"Instance {locked.pk} ({locked.role} on {locked.node.hostname}) deleted.",
+        node=locked.node,
+        data={"instance_id": locked.pk, "role": locked.role},
+        actor=actor,
+    )
+    locked.delete()
+
+
+# --- prices ---------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def unit_price_save(*, price: UnitPrice) -> UnitPrice:
+    """Save a price after the overlap check, serialised per GPU type so two writers can't race."""
+    GPUType.objects.select_for_update().filter(pk=price.gpu_type_id).first()
+    price.full_clean()
+    price.save()
+    return price
+
+
+# --- topology -------------------------------------------------------------------------------
+
+
+def topology_snapshot() -> dict[str, Any]:
+    """Datacenters with node and per-role instance counts, and the WAN links, in one structure."""
+    roles = list(InstanceRole.values)
+    role_counts = {
+        role: Count("nodes__instances", filter=Q(nodes__instances__role=role), distinct=True)
+        for role in roles
+    }
+    running_counts = {
+        f"running_{role}": Count(
+            "nodes__instances",
+            filter=Q(nodes__instances__role=role, nodes__instances__actual_state="running"),
+            distinct=True,
+        )
+        for role in roles
+    }
+    datacenters = Datacenter.objects.annotate(
+        node_count=Count("nodes", distinct=True),
+        **role_counts,
+        **running_counts,
+    ).order_by("name")
+    gpus_by_dc: dict[int, int] = {}
+    for node in Node.objects.only("datacenter_id", "gpu_count"):
+        gpus_by_dc[node.datacenter_id] = gpus_by_dc.get(node.datacenter_id, 0) + node.gpu_count
+    return {
+        "datacenters": [
+            {
+                "id": dc.id,
+                "name": dc.name,
+                "region": dc.region,
+                "rdma_domain": dc.rdma_domain,
+                "nodes": dc.node_count,
+                "gpus": gpus_by_dc.get(dc.id, 0),
+                "instances": {role: getattr(dc, role) for role in roles},
+                "running_instances": {role: getattr(dc, f"running_{role}") for role in roles},
+            }
+            for dc in datacenters
+        ],
+        "links": [
+            {
+                "id": link.id,
+                "from": link.from_datacenter.name,
+                "to": link.to_datacenter.name,
+                "bandwidth_gbps": link.bandwidth_gbps,
+                "rtt_ms": link.rtt_ms,
+                "connection_pool_size": link.connection_pool_size,
+                "status": link.status,
+            }
+            for link in WANLink.objects.select_related("from_datacenter", "to_datacenter")
+        ],
+    }

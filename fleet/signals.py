@@ -1,0 +1,61 @@
+"""Push fleet changes to open dashboards once the write has committed."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+
+from controlplane.push import emit
+from fleet.consumers import FLEET_GROUP
+from fleet.models import Instance, Node, WANLink
+
+
+def _push_after_commit(payload: dict) -> None:
+    transaction.on_commit(lambda: emit(FLEET_GROUP, payload))
+
+
+@receiver(post_save, sender=Instance)
+def instance_saved(sender, instance: Instance, created: bool, **kwargs) -> None:
+    _push_after_commit(
+        {
+            "type": "instance",
+            "event": "created" if created else "updated",
+            "id": instance.pk,
+            "role": instance.role,
+            "node": instance.node_id,
+            "desired_state": instance.desired_state,
+            "actual_state": instance.actual_state,
+        }
+    )
+
+
+@receiver(post_delete, sender=Instance)
+def instance_deleted(sender, instance: Instance, **kwargs) -> None:
+    _push_after_commit({"type": "instance", "event": "deleted", "id": instance.pk})
+
+
+@receiver(post_save, sender=WANLink)
+def link_saved(sender, instance: WANLink, created: bool, **kwargs) -> None:
+    _push_after_commit(
+        {
+            "type": "wan_link",
+            "event": "created" if created else "updated",
+            "id": instance.pk,
+            "status": instance.status,
+            "bandwidth_gbps": instance.bandwidth_gbps,
+            "rtt_ms": instance.rtt_ms,
+        }
+    )
+
+
+@receiver(post_save, sender=Node)
+def node_saved(sender, instance: Node, created: bool, **kwargs) -> None:
+    _push_after_commit(
+        {
+            "type": "node",
+            "event": "created" if created else "updated",
+            "id": instance.pk,
+            "status": instance.status,
+        }
+    )
