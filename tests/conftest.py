@@ -1,0 +1,46 @@
+"""Suite-wide fixtures and the rules for tests that need real PostgreSQL or Redis.
+
+Tests marked ``postgres`` or ``redis`` are skipped on the embedded defaults. When
+``BATON_REQUIRE_SERVICES=1`` (as .ci/run sets) a missing service fails the test instead, so CI
+cannot pass with the real-server tests silently skipped.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+REQUIRE_SERVICES = os.environ.get("BATON_REQUIRE_SERVICES", "") in {"1", "true", "yes"}
+
+
+def _redis_available() -> str | None:
+    url = os.environ.get("REDIS_URL", "")
+    if not url:
+        return "REDIS_URL is not set"
+    try:
+        import redis
+
+        redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+    except Exception as exc:  # any failure means the service is not usable
+        return f"Redis at {url} is not reachable: {exc}"
+    return None
+
+
+def _postgres_available() -> str | None:
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://", "pgsql://")):
+        return "DATABASE_URL does not point at PostgreSQL"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for marker, probe in (("postgres", _postgres_available), ("redis", _redis_available)):
+        if item.get_closest_marker(marker) is None:
+            continue
+        reason = probe()
+        if reason is None:
+            continue
+        if REQUIRE_SERVICES:
+            pytest.fail(f"needs {marker} but {reason} (BATON_REQUIRE_SERVICES is set)")
+        pytest.skip(reason)

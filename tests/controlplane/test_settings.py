@@ -1,0 +1,103 @@
+"""Settings come from the environment: embedded defaults, or PostgreSQL and Redis when set."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROBE = """
+import json, django
+from django.conf import settings
+django.setup()
+print(json.dumps({
+    "engine": settings.DATABASES["default"]["ENGINE"],
+    "name": str(settings.DATABASES["default"]["NAME"]),
+    "atomic": settings.DATABASES["default"]["ATOMIC_REQUESTS"],
+    "layer": settings.CHANNEL_LAYERS["default"]["BACKEND"],
+    "broker": settings.CELERY_BROKER_URL,
+    "eager": settings.CELERY_TASK_ALWAYS_EAGER,
+    "debug": settings.DEBUG,
+    "hosts": settings.ALLOWED_HOSTS,
+}))
+"""
+
+
+def _settings_with(env: dict[str, str], tmp_path: Path) -> dict:
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "REDIS_URL", "DEBUG", "ALLOWED_HOSTS"}
+    }
+    base.update({"DJANGO_SETTINGS_MODULE": "controlplane.settings", "BATON_VAR_DIR": str(tmp_path)})
+    base.update(env)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=ROOT,
+        env=base,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_embedded_defaults_use_sqlite_in_memory_layer_and_eager_tasks(tmp_path):
+    got = _settings_with({}, tmp_path)
+    assert got["engine"] == "django.db.backends.sqlite3"
+    assert got["name"] == str(tmp_path / "baton.sqlite3")
+    assert got["atomic"] is True
+    assert got["layer"] == "channels.layers.InMemoryChannelLayer"
+    assert got["broker"] == "memory://"
+    assert got["eager"] is True
+    assert got["debug"] is False
+
+
+def test_database_and_redis_urls_switch_to_real_services(tmp_path):
+    got = _settings_with(
+        {
+            "DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/test",
+            "REDIS_URL": "redis://127.0.0.1:6379/0",
+            "DEBUG": "true",
+            "ALLOWED_HOSTS": "baton.example, api.example",
+        },
+        tmp_path,
+    )
+    assert got["engine"] == "django.db.backends.postgresql"
+    assert got["name"] == "test"
+    assert got["layer"] == "channels_redis.core.RedisChannelLayer"
+    assert got["broker"] == "redis://127.0.0.1:6379/0"
+    assert got["eager"] is False
+    assert got["debug"] is True
+    assert got["hosts"] == ["baton.example", "api.example"]
+
+
+def test_a_bad_boolean_is_a_one_line_configuration_error(tmp_path):
+    with pytest.raises(subprocess.CalledProcessError) as err:
+        _settings_with({"DEBUG": "maybe"}, tmp_path)
+    assert "DEBUG='maybe' is not a boolean" in err.value.stderr
+
+
+def test_control_plane_imports_without_torch(tmp_path):
+    code = (
+        "import sys, django; django.setup();"
+        "import controlplane.asgi, controlplane.urls, fleet.api.views;"
+        "print('torch' in sys.modules)"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+        "BATON_VAR_DIR": str(tmp_path),
+    }
+    env.pop("DATABASE_URL", None)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

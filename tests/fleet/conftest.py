@@ -1,0 +1,120 @@
+"""Fixtures for the fleet tests: API clients per role and a small two-datacenter fleet."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth.models import Group, User
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from fleet import services
+from fleet.choices import InstanceRole
+from fleet.models import Datacenter, GPUType, ServedModel, UnitPrice, WANLink
+
+
+def _client_for(username: str, group: str | None) -> APIClient:
+    user = User.objects.create_user(username=username)
+    if group:
+        user.groups.add(Group.objects.get(name=group))
+    token = Token.objects.create(user=user)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def operator(db) -> APIClient:
+    return _client_for("olivia", "operator")
+
+
+@pytest.fixture
+def viewer(db) -> APIClient:
+    return _client_for("victor", "viewer")
+
+
+@pytest.fixture
+def anonymous(db) -> APIClient:
+    return APIClient()
+
+
+@pytest.fixture
+def dc_a(db) -> Datacenter:
+    return Datacenter.objects.create(name="dc-a", region="city-a")
+
+
+@pytest.fixture
+def dc_b(db) -> Datacenter:
+    return Datacenter.objects.create(name="dc-b", region="city-b")
+
+
+@pytest.fixture
+def gpu_a(db) -> GPUType:
+    return GPUType.objects.create(
+        vendor="generic",
+        model="gpu-a",
+        peak_bf16_tflops=989,
+        memory_gib=80,
+        memory_bandwidth_gbps=3350,
+        interconnect_gbps=400,
+    )
+
+
+@pytest.fixture
+def gpu_b(db) -> GPUType:
+    return GPUType.objects.create(
+        vendor="generic",
+        model="gpu-b",
+        peak_bf16_tflops=800,
+        memory_gib=141,
+        memory_bandwidth_gbps=7000,
+        interconnect_gbps=450,
+    )
+
+
+@pytest.fixture
+def tiny_model(db) -> ServedModel:
+    return ServedModel.objects.create(
+        name="baton-tiny", source="baton-tiny", num_layers=4, kv_bytes_per_token=2048
+    )
+
+
+@pytest.fixture
+def node_a(dc_a, gpu_a):
+    node, _ = services.node_create(hostname="a-1", datacenter=dc_a, gpu_type=gpu_a, gpu_count=8)
+    return node
+
+
+@pytest.fixture
+def node_b(dc_b, gpu_b):
+    node, _ = services.node_create(hostname="b-1", datacenter=dc_b, gpu_type=gpu_b, gpu_count=8)
+    return node
+
+
+@pytest.fixture
+def prefill_a(node_a, tiny_model):
+    return services.instance_create(
+        role=InstanceRole.PREFILL, node=node_a, served_model=tiny_model, gpu_count=4
+    )
+
+
+@pytest.fixture
+def link_ab(dc_a, dc_b) -> WANLink:
+    return WANLink.objects.create(
+        from_datacenter=dc_a, to_datacenter=dc_b, bandwidth_gbps=20, rtt_ms=30
+    )
+
+
+@pytest.fixture
+def price_a(gpu_a, dc_a) -> UnitPrice:
+    return services.unit_price_save(
+        price=UnitPrice(
+            gpu_type=gpu_a,
+            datacenter=dc_a,
+            price_per_gpu_hour=Decimal("2.00"),
+            effective_from=datetime(2026, 1, 1, tzinfo=timezone.utc),
+            effective_to=datetime(2026, 7, 1, tzinfo=timezone.utc),
+        )
+    )
