@@ -81,13 +81,17 @@ def test_fleet_socket_receives_instance_changes(db, django_capture_on_commit_cal
     }
 
 
-def test_celery_runs_tasks_in_process_when_eager(monkeypatch):
+def test_celery_runs_tasks_in_process_when_eager():
     from controlplane.celery import app
     from controlplane.tasks import ping
 
     # The embedded default turns this on (see test_settings); force it for a Redis-backed run.
-    monkeypatch.setattr(app.conf, "task_always_eager", True)
-    assert ping.delay("hello").get(timeout=5) == "hello"
+    previous = app.conf.task_always_eager
+    app.conf.update(task_always_eager=True)
+    try:
+        assert ping.delay("hello").get(timeout=5) == "hello"
+    finally:
+        app.conf.update(task_always_eager=previous)
 
 
 @pytest.mark.redis
