@@ -23,8 +23,11 @@ setup: $(STAMP)
 
 test: setup test-embedded test-services
 
+# With real services configured, their tests run in test-services; here they are deselected.
 test-embedded: setup
-	env -u DATABASE_URL -u REDIS_URL BATON_VAR_DIR=$(CURDIR)/var/test $(PY) -m pytest $(PYTEST_ARGS)
+	@marks=""; if [ -n "$$DATABASE_URL$$REDIS_URL" ]; then marks="not postgres and not redis"; fi; \
+	set -x; env -u DATABASE_URL -u REDIS_URL -u BATON_REQUIRE_SERVICES \
+		BATON_VAR_DIR=$(CURDIR)/var/test $(PY) -m pytest $${marks:+-m "$$marks"} $(PYTEST_ARGS)
 
 test-services: setup
 	@if [ -n "$$DATABASE_URL$$REDIS_URL" ]; then \
