@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
@@ -114,7 +114,7 @@ def price_a(gpu_a, dc_a) -> UnitPrice:
             gpu_type=gpu_a,
             datacenter=dc_a,
             price_per_gpu_hour=Decimal("2.00"),
-            effective_from=datetime(2026, 1, 1, tzinfo=timezone.utc),
-            effective_to=datetime(2026, 7, 1, tzinfo=timezone.utc),
+            effective_from=datetime(2026, 1, 1, tzinfo=UTC),
+            effective_to=datetime(2026, 7, 1, tzinfo=UTC),
         )
     )
