@@ -1,0 +1,200 @@
+"""Sending side of a fabric: frames a request's KV chunks and writes them to a FabricServer.
+
+Unshaped (intra-DC, the RDMA stand-in) it writes as fast as loopback TCP allows; with a
+LinkShaper (WAN) every byte, headers included, waits for the link's bandwidth budget, a pooled
+connection and the link's RTT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+
+from agents.transfer.counters import Direction, FabricCounters, FabricName
+from agents.transfer.frames import (
+    FrameKind,
+    Payload,
+    encode_end,
+    encode_frame_header,
+    encode_token_ids,
+)
+from agents.transfer.records import KVChunk, TokenIds, TransferStats
+from agents.transfer.shaping import LinkLease, LinkShaper
+
+
+class _Wire:
+    """A transfer serialised as a list of buffers (no payload is copied)."""
+
+    def __init__(self, request_id: str, chunks: Iterable[KVChunk], tokens: TokenIds | None):
+        self.segments: list[Payload] = []
+        self.payload_bytes = 0
+        self.frames = 0
+        for chunk in chunks:
+            chunk = KVChunk(*chunk)
+            self._add(
+                encode_frame_header(
+                    FrameKind.KV_BLOCKS,
+                    request_id,
+                    chunk.payload,
+                    block_start=chunk.block_start,
+                    block_end=chunk.block_end,
+                    token_start=chunk.token_start,
+                    token_end=chunk.token_end,
+                ),
+                chunk.payload,
+            )
+        if tokens is not None:
+            payload = encode_token_ids(tokens.ids)
+            header = encode_frame_header(
+                FrameKind.TOKENS,
+                request_id,
+                payload,
+                token_start=tokens.token_start,
+                token_end=tokens.token_end,
+            )
+            self._add(header, payload)
+        self.data_bytes = sum(len(segment) for segment in self.segments)
+        self.end = encode_end(request_id, payload_bytes=self.payload_bytes, frames=self.frames)
+
+    def _add(self, header: bytes, payload: Payload) -> None:
+        self.segments.append(header)
+        if len(payload):
+            self.segments.append(payload)
+        self.payload_bytes += len(payload)
+        self.frames += 1
+
+
+class FabricClient:
+    """Sends transfers over one fabric; safe to share between concurrent tasks of one loop.
+
+    Every `send` opens its own TCP connection and closes it after END. On a shaped link that
+    connection's setup is charged one RTT, and the pool slot is held from setup until the END
+    is delivered.
+    """
+
+    def __init__(
+        self,
+        name: str = FabricName.INTRA_DC,
+        shaper: LinkShaper | None = None,
+        *,
+        counters: FabricCounters | None = None,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        if name not in FabricName.ALL:
+            raise ValueError(f"name must be one of {FabricName.ALL}, got {name!r}")
+        if connect_timeout_s <= 0:
+            raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
+        self.name = name
+        self.shaper = shaper
+        self.counters = counters or FabricCounters()
+        self.connect_timeout_s = connect_timeout_s
+
+    async def send(
+        self,
+        host: str,
+        port: int,
+        request_id: str,
+        chunks: Iterable[KVChunk],
+        *,
+        tokens: TokenIds | None = None,
+    ) -> TransferStats:
+        """Send one transfer: every chunk as a KV_BLOCKS frame (in order), then `tokens` as one
+        TOKENS frame if given, then END. Returns once END has been handed to the socket (and,
+        when shaped, rtt / 2 later).
+
+        Raises ValueError for an invalid request id or chunk range (before connecting) and
+        OSError / TimeoutError when the connection fails. Cancelling the call drops the
+        connection, so the receiver reports a partial transfer, and frees the pool slot and
+        the link share at once.
+        """
+        wire = _Wire(request_id, chunks, tokens)
+        started = time.monotonic()
+        try:
+            if self.shaper is None:
+                wait_s, connected = 0.0, started
+                await self._send_unshaped(host, port, wire)
+            else:
+                async with self.shaper.lease() as lease:
+                    wait_s, connected = lease.wait_for_connection_s, time.monotonic()
+                    await self._send_shaped(host, port, wire, lease)
+        except BaseException:
+            self.counters.record_failure(
+                fabric=self.name, direction=Direction.SENT, request_id=request_id
+            )
+            raise
+        finished = time.monotonic()
+        bytes_sent = wire.data_bytes + len(wire.end)
+        self.counters.record_transfer(
+            fabric=self.name,
+            direction=Direction.SENT,
+            request_id=request_id,
+            payload_bytes=wire.payload_bytes,
+            wire_bytes=bytes_sent,
+        )
+        return TransferStats(
+            bytes_sent=bytes_sent,
+            frames=wire.frames + 1,
+            wait_for_connection_s=wait_s,
+            transfer_s=finished - connected,
+            total_s=finished - started,
+            payload_bytes=wire.payload_bytes,
+        )
+
+    async def _connect(self, host: str, port: int) -> asyncio.StreamWriter:
+        async with asyncio.timeout(self.connect_timeout_s):
+            _, writer = await asyncio.open_connection(host, port)
+        return writer
+
+    async def _send_unshaped(self, host: str, port: int, wire: _Wire) -> None:
+        writer = await self._connect(host, port)
+        async with _closing(writer):
+            for segment in wire.segments:
+                writer.write(segment)
+                # Drain per segment so a large transfer is not buffered twice in user space.
+                await writer.drain()
+            writer.write(wire.end)
+            await writer.drain()
+
+    async def _send_shaped(self, host: str, port: int, wire: _Wire, lease: LinkLease) -> None:
+        await lease.handshake()
+        writer = await self._connect(host, port)
+        async with _closing(writer):
+            pending = deque(memoryview(segment).cast("B") for segment in wire.segments)
+            remaining = wire.data_bytes
+            while remaining:
+                allowed = await lease.grant(remaining)
+                remaining -= allowed
+                while allowed:
+                    head = pending[0]
+                    if len(head) <= allowed:
+                        writer.write(head)
+                        allowed -= len(head)
+                        pending.popleft()
+                    else:
+                        writer.write(head[:allowed])
+                        pending[0] = head[allowed:]
+                        allowed = 0
+                await writer.drain()
+            end_left = len(wire.end)
+            while end_left:
+                end_left -= await lease.grant(end_left)
+            # The END is the transfer's last byte: the receiver sees it one-way latency later.
+            await lease.propagate()
+            writer.write(wire.end)
+            await writer.drain()
+
+
+@contextlib.asynccontextmanager
+async def _closing(writer: asyncio.StreamWriter) -> AsyncIterator[asyncio.StreamWriter]:
+    """Close the connection; wait for a clean close only when the send succeeded."""
+    try:
+        yield writer
+    except BaseException:
+        writer.transport.abort()
+        raise
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
