@@ -165,6 +165,15 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
+# Agents: heartbeat period, and how many missed beats make a node offline.
+BATON_HEARTBEAT_INTERVAL_S = float(env_str("BATON_HEARTBEAT_INTERVAL_S", "2.0"))
+BATON_HEARTBEAT_MISSES = env_int("BATON_HEARTBEAT_MISSES", 3)
+BATON_RECONCILE_INTERVAL_S = float(env_str("BATON_RECONCILE_INTERVAL_S", "10.0"))
+CELERY_BEAT_SCHEDULE = {
+    "fleet-health-check": {"task": "fleet.health_check", "schedule": BATON_HEARTBEAT_INTERVAL_S},
+    "fleet-reconcile": {"task": "fleet.reconcile_fleet", "schedule": BATON_RECONCILE_INTERVAL_S},
+}
+
 # Roles: members of this group (or staff) may write; every other authenticated user reads.
 BATON_OPERATOR_GROUP = "operator"
 BATON_VIEWER_GROUP = "viewer"

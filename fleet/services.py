@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 from typing import Any
 
@@ -28,6 +29,7 @@ from fleet.models import (
 )
 
 AGENT_TOKEN_SCHEME = "bnt"
+log = logging.getLogger(__name__)
 
 
 # --- events ---------------------------------------------------------------------------------
@@ -52,6 +54,23 @@ def event_record(
         data=data or {},
         actor=actor,
     )
+
+
+def enqueue_after_commit(task_name: str, *args: Any) -> None:
+    """Queue a fleet task once the current transaction commits. A broker or agent failure is
+    logged, never raised into the operator's request: the periodic reconcile repairs it."""
+
+    def send() -> None:
+        from fleet import tasks
+
+        try:
+            getattr(tasks, task_name).delay(*args)
+        except Exception:
+            log.warning(
+                "could not run %s%r now; reconcile will retry", task_name, args, exc_info=True
+            )
+
+    transaction.on_commit(send)
 
 
 # --- agent tokens ---------------------------------------------------------------------------
@@ -260,6 +279,7 @@ def instance_create(
         instance=instance,
         actor=actor,
     )
+    enqueue_after_commit("instance_apply", node.pk, instance.pk)
     return instance
 
 
@@ -288,6 +308,10 @@ def instance_update(*, instance: Instance, actor: str = "", **changes: Any) -> I
             data={"previous": changed},
             actor=actor,
         )
+        enqueue_after_commit("instance_apply", locked.node_id, locked.pk)
+        if "node" in changed:
+            # Moved: the old node must stop it too.
+            enqueue_after_commit("instance_apply", instance.node_id, locked.pk)
     return locked
 
 
@@ -310,6 +334,7 @@ def instance_delete(*, instance: Instance, actor: str = "") -> None:
         data={"instance_id": locked.pk, "role": locked.role},
         actor=actor,
     )
+    enqueue_after_commit("instance_apply", locked.node_id, locked.pk)
     locked.delete()
 
 

@@ -3,7 +3,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from fleet.api import views
+from fleet.api import agent, views
 
 router = DefaultRouter()
 router.register("datacenters", views.DatacenterViewSet, basename="datacenter")
@@ -17,5 +17,7 @@ router.register("events", views.FleetEventViewSet, basename="fleetevent")
 
 urlpatterns = [
     path("topology/", views.TopologyView.as_view(), name="topology"),
+    path("agent/register", agent.AgentRegisterView.as_view(), name="agent-register"),
+    path("agent/heartbeat", agent.AgentHeartbeatView.as_view(), name="agent-heartbeat"),
     *router.urls,
 ]

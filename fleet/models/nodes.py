@@ -60,6 +60,25 @@ class Node(models.Model):
         editable=False,
         help_text="SHA-256 of the agent token; the token itself is shown once and never stored.",
     )
+    command_token = models.CharField(
+        max_length=64,
+        blank=True,
+        editable=False,
+        help_text=(
+            "Secret the control plane presents when it commands the agent; issued afresh at "
+            "each registration. Never exposed by the API."
+        ),
+    )
+    registered_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the agent last registered.",
+    )
+    last_report = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The agent's latest state document (load, KV usage, cache, fabric bytes).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -117,6 +136,11 @@ class Instance(models.Model):
         null=True,
         blank=True,
         help_text="When actual_state last changed.",
+    )
+    last_report = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The instance's part of the latest heartbeat: load, KV usage, cache stats.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

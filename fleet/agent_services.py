@@ -1,0 +1,323 @@
+"""What the control plane does with agents: registration, heartbeats, health, and bringing
+what runs on a node in line with what operators asked for (one instance, or a full reconcile)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from fleet.agent_client import AgentClient, AgentError, AgentNotRegistered
+from fleet.choices import ActualState, DesiredState, NodeStatus
+from fleet.models import Instance, Node, WANLink
+from fleet.services import event_record
+
+log = logging.getLogger(__name__)
+
+# What an agent may report for an instance, mapped onto the control plane's states.
+REPORTED_STATES = {
+    "starting": ActualState.STARTING,
+    "running": ActualState.RUNNING,
+    "draining": ActualState.DRAINING,
+    "drained": ActualState.DRAINED,
+    "stopped": ActualState.STOPPED,
+    "failed": ActualState.FAILED,
+}
+ACTIVE_STATES = {ActualState.STARTING, ActualState.RUNNING, ActualState.DRAINING}
+
+
+def heartbeat_interval_s() -> float:
+    return float(settings.BATON_HEARTBEAT_INTERVAL_S)
+
+
+def link_settings_for(node: Node) -> dict[str, dict[str, Any]]:
+    """WAN shaping an agent applies towards each peer datacenter, from the WANLink rows."""
+    links: dict[str, dict[str, Any]] = {}
+    touching = Q(from_datacenter_id=node.datacenter_id) | Q(to_datacenter_id=node.datacenter_id)
+    for link in WANLink.objects.select_related("from_datacenter", "to_datacenter").filter(touching):
+        peer = (
+            link.to_datacenter
+            if link.from_datacenter_id == node.datacenter_id
+            else link.from_datacenter
+        )
+        links[peer.name] = {
+            "bandwidth_gbps": link.bandwidth_gbps,
+            "rtt_ms": link.rtt_ms,
+            "pool_size": link.connection_pool_size,
+            "status": link.status,
+        }
+    return links
+
+
+def _set_actual(instance: Instance, state: str, *, reason: str, actor: str) -> bool:
+    if instance.actual_state == state:
+        return False
+    previous = instance.actual_state
+    instance.actual_state = state
+    instance.state_changed_at = timezone.now()
+    instance.save(update_fields=["actual_state", "state_changed_at", "last_report", "updated_at"])
+    event_record(
+        kind="instance.state",
+        message=f"Instance {instance.pk} {previous} -> {state} ({reason}).",
+        instance=instance,
+        data={"previous": previous, "new": state},
+        actor=actor,
+    )
+    return True
+
+
+@transaction.atomic
+def node_register(*, node: Node, endpoint: str, report: dict[str, Any]) -> dict[str, Any]:
+    """Record the endpoint the agent serves on and hand it a fresh command token."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    previous_endpoint = node.agent_endpoint
+    node.agent_endpoint = endpoint
+    node.command_token = secrets.token_urlsafe(32)
+    node.registered_at = timezone.now()
+    node.save(update_fields=["agent_endpoint", "command_token", "registered_at", "updated_at"])
+    event_record(
+        kind="node.registered",
+        message=f"Agent registered at {endpoint}"
+        + (
+            f" (was {previous_endpoint})"
+            if previous_endpoint and previous_endpoint != endpoint
+            else ""
+        )
+        + ".",
+        node=node,
+        actor="agent",
+    )
+    node_heartbeat(node=node, report=report)
+    return {
+        "node_id": node.pk,
+        "hostname": node.hostname,
+        "datacenter": node.datacenter.name,
+        "heartbeat_interval_s": heartbeat_interval_s(),
+        "command_token": node.command_token,
+        "links": link_settings_for(node),
+    }
+
+
+@transaction.atomic
+def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
+    """Take an agent's state document: the node is alive, and its instances are as reported."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    node.last_heartbeat_at = timezone.now()
+    node.last_report = report
+    fields = ["last_heartbeat_at", "last_report", "updated_at"]
+    if node.status in (NodeStatus.PENDING, NodeStatus.OFFLINE):
+        previous = node.status
+        node.status = NodeStatus.ONLINE
+        fields.append("status")
+        event_record(
+            kind="node.online",
+            message=f"Node {node.hostname} is online (was {previous}).",
+            node=node,
+            actor="agent",
+        )
+    node.save(update_fields=fields)
+    reported: dict[int, dict[str, Any]] = {}
+    for item in report.get("instances", []):
+        try:
+            reported[int(item["instance_id"])] = item
+        except (KeyError, TypeError, ValueError):
+            continue
+    # Only this node's instances: a token never speaks for another node's.
+    for instance in Instance.objects.select_for_update().filter(node=node):
+        item = reported.get(instance.pk)
+        if item is None:
+            instance.last_report = {}
+            state = (
+                ActualState.STOPPED
+                if instance.actual_state != ActualState.PENDING
+                else ActualState.PENDING
+            )
+            if not _set_actual(instance, state, reason="not running on the agent", actor="agent"):
+                instance.save(update_fields=["last_report"])
+            continue
+        instance.last_report = {k: v for k, v in item.items() if k != "instance_id"}
+        state = REPORTED_STATES.get(str(item.get("state")), ActualState.FAILED)
+        if not _set_actual(instance, state, reason="reported by the agent", actor="agent"):
+            instance.save(update_fields=["last_report"])
+
+
+def nodes_mark_offline(*, now=None) -> list[int]:
+    """Nodes silent for the configured number of heartbeat intervals go offline and their
+    instances unavailable; they come back with their next heartbeat."""
+    now = now or timezone.now()
+    silence = timedelta(seconds=heartbeat_interval_s() * settings.BATON_HEARTBEAT_MISSES)
+    went_offline: list[int] = []
+    stale = Node.objects.filter(status=NodeStatus.ONLINE, last_heartbeat_at__lt=now - silence)
+    for node_id in stale.values_list("pk", flat=True):
+        with transaction.atomic():
+            node = Node.objects.select_for_update().get(pk=node_id)
+            if node.status != NodeStatus.ONLINE or node.last_heartbeat_at >= now - silence:
+                continue  # a heartbeat raced in
+            node.status = NodeStatus.OFFLINE
+            node.save(update_fields=["status", "updated_at"])
+            event_record(
+                kind="node.offline",
+                message=(
+                    f"Node {node.hostname} missed {settings.BATON_HEARTBEAT_MISSES} heartbeats "
+                    f"(last at {node.last_heartbeat_at:%H:%M:%S})."
+                ),
+                node=node,
+                actor="health",
+            )
+            for instance in node.instances.select_for_update().exclude(
+                actual_state__in=[ActualState.STOPPED, ActualState.PENDING]
+            ):
+                _set_actual(
+                    instance, ActualState.UNAVAILABLE, reason="node offline", actor="health"
+                )
+            went_offline.append(node.pk)
+    return went_offline
+
+
+# --- desired vs actual ----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Action:
+    instance_id: int
+    verb: str  # "start", "drain", "stop"
+    reason: str
+
+
+def plan_actions(
+    *, desired: list[Instance], reported: dict[int, str], known_ids: set[int]
+) -> list[Action]:
+    """The commands that bring reported states to desired ones. Pure: no I/O."""
+    actions: list[Action] = []
+    for instance in desired:
+        state = reported.get(instance.pk)
+        if instance.desired_state == DesiredState.RUNNING and state not in {"running", "starting"}:
+            actions.append(
+                Action(instance.pk, "start", f"desired running, agent reports {state or 'nothing'}")
+            )
+        elif instance.desired_state == DesiredState.DRAINED and state in {"running", "starting"}:
+            actions.append(Action(instance.pk, "drain", f"desired drained, agent reports {state}"))
+        elif instance.desired_state == DesiredState.STOPPED and state not in {None, "stopped"}:
+            actions.append(Action(instance.pk, "stop", f"desired stopped, agent reports {state}"))
+    for instance_id, state in reported.items():
+        if instance_id not in known_ids and state != "stopped":
+            actions.append(Action(instance_id, "stop", "runs on the agent but is not in the fleet"))
+    return actions
+
+
+def _reported_states(state_doc: dict[str, Any]) -> dict[int, str]:
+    states: dict[int, str] = {}
+    for item in state_doc.get("instances", []):
+        try:
+            states[int(item["instance_id"])] = str(item.get("state"))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return states
+
+
+def _execute(client: AgentClient, node: Node, action: Action, *, actor: str) -> None:
+    instance = Instance.objects.select_related("served_model").filter(pk=action.instance_id).first()
+    if action.verb == "start":
+        client.start_instance(
+            instance_id=action.instance_id,
+            role=instance.role,
+            model=instance.served_model.name,
+            source=instance.served_model.source,
+        )
+    elif action.verb == "drain":
+        client.drain_instance(instance_id=action.instance_id)
+    else:
+        client.stop_instance(instance_id=action.instance_id)
+    event_record(
+        kind=f"{actor}.{action.verb}",
+        message=f"{action.verb} instance {action.instance_id} on {node.hostname}: {action.reason}.",
+        node=node,
+        instance=instance,
+        data={"verb": action.verb, "reason": action.reason},
+        actor=actor,
+    )
+
+
+def node_reconcile(
+    *, node: Node, instance_ids: set[int] | None = None, actor: str = "reconcile"
+) -> list[Action]:
+    """Ask the agent what runs, and command it until that matches the desired states.
+
+    Idempotent: when the node already matches, nothing is sent but the state query.
+    """
+    if node.status != NodeStatus.ONLINE:
+        return []
+    try:
+        client = AgentClient(node)
+    except AgentNotRegistered:
+        return []
+    with client:
+        state_doc = client.state()
+        reported = _reported_states(state_doc)
+        desired = list(node.instances.select_related("served_model"))
+        known = {instance.pk for instance in desired}
+        if instance_ids is not None:
+            # One instance's apply: leave the node's other instances to the periodic reconcile.
+            desired = [i for i in desired if i.pk in instance_ids]
+            reported = {k: v for k, v in reported.items() if k in instance_ids}
+        actions = plan_actions(desired=desired, reported=reported, known_ids=known)
+        for action in actions:
+            try:
+                _execute(client, node, action, actor=actor)
+            except AgentError as exc:
+                event_record(
+                    kind=f"{actor}.error",
+                    message=f"{action.verb} instance {action.instance_id} failed: {exc}",
+                    node=node,
+                    data={"verb": action.verb, "error": str(exc)},
+                    actor=actor,
+                )
+                raise
+    return actions
+
+
+def link_push(*, link: WANLink) -> list[str]:
+    """Send a link's bandwidth, RTT and pool size to the online agents at both of its ends."""
+    reached: list[str] = []
+    nodes = Node.objects.select_related("datacenter").filter(
+        status=NodeStatus.ONLINE,
+        datacenter_id__in=[link.from_datacenter_id, link.to_datacenter_id],
+    )
+    for node in nodes:
+        peer = (
+            link.to_datacenter
+            if node.datacenter_id == link.from_datacenter_id
+            else link.from_datacenter
+        )
+        try:
+            client = AgentClient(node)
+        except AgentNotRegistered:
+            continue
+        with client:
+            # A down link is still shaped as configured; routing stops using it, agents need not.
+            client.set_link(
+                peer_datacenter=peer.name,
+                bandwidth_gbps=link.bandwidth_gbps,
+                rtt_ms=link.rtt_ms,
+                pool_size=link.connection_pool_size,
+            )
+        reached.append(node.hostname)
+    if reached:
+        event_record(
+            kind="link.applied",
+            message=(
+                f"Link {link.from_datacenter.name}->{link.to_datacenter.name} "
+                f"({link.bandwidth_gbps:g} Gbit/s, {link.rtt_ms:g} ms, status {link.status}) "
+                f"applied on {', '.join(reached)}."
+            ),
+            data={"link_id": link.pk, "nodes": reached, "status": link.status},
+            actor="link",
+        )
+    return reached

@@ -1,0 +1,136 @@
+"""The API agents speak: registration and heartbeats, authenticated by the node's agent token."""
+
+from __future__ import annotations
+
+from django.utils.functional import cached_property
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.permissions import BasePermission
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from fleet import agent_services, services
+from fleet.models import Node
+
+
+class AgentPrincipal:
+    """request.user for agent calls: a node, never a Django user, so operator views refuse it."""
+
+    is_authenticated = True
+    is_staff = False
+    is_superuser = False
+    is_anonymous = False
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.username = f"agent:{node.hostname}"
+
+    @cached_property
+    def groups(self):
+        from django.contrib.auth.models import Group
+
+        return Group.objects.none()
+
+
+class AgentTokenAuthentication(BaseAuthentication):
+    keyword = b"agenttoken"
+
+    def authenticate(self, request):
+        parts = get_authorization_header(request).split()
+        if not parts or parts[0].lower() != self.keyword:
+            return None
+        if len(parts) != 2:
+            raise AuthenticationFailed("Malformed AgentToken header: use 'AgentToken <token>'.")
+        node = services.node_authenticate_token(parts[1].decode(errors="replace"))
+        if node is None:
+            raise AuthenticationFailed("Unknown or revoked agent token.")
+        return AgentPrincipal(node), node
+
+    def authenticate_header(self, request) -> str:
+        return "AgentToken"
+
+
+class IsAgent(BasePermission):
+    def has_permission(self, request, view) -> bool:
+        return isinstance(request.user, AgentPrincipal)
+
+
+class InstanceReportSerializer(serializers.Serializer):
+    instance_id = serializers.CharField(max_length=64)
+    role = serializers.CharField(max_length=32, required=False)
+    model = serializers.CharField(max_length=128, required=False, allow_blank=True)
+    state = serializers.ChoiceField(choices=list(agent_services.REPORTED_STATES))
+    load = serializers.DictField(required=False)
+    kv = serializers.DictField(required=False)
+    cache = serializers.DictField(required=False)
+    tokens_generated = serializers.IntegerField(required=False, min_value=0)
+    kv_endpoint = serializers.DictField(required=False)
+
+
+class StateDocumentSerializer(serializers.Serializer):
+    node = serializers.CharField(max_length=253, required=False, allow_blank=True, allow_null=True)
+    datacenter = serializers.CharField(
+        max_length=64, required=False, allow_blank=True, allow_null=True
+    )
+    protocol = serializers.IntegerField(required=False)
+    draining = serializers.BooleanField(required=False)
+    instances = InstanceReportSerializer(many=True)
+    fabrics = serializers.DictField(required=False)
+    links = serializers.DictField(required=False)
+
+
+class RegisterSerializer(StateDocumentSerializer):
+    endpoint = serializers.URLField(max_length=512)
+
+
+class AgentView(APIView):
+    authentication_classes = [AgentTokenAuthentication]
+    permission_classes = [IsAgent]
+
+
+class AgentRegisterView(AgentView):
+    """An agent announces the endpoint it serves on and gets its command token and settings."""
+
+    @extend_schema(
+        request=RegisterSerializer,
+        responses=inline_serializer(
+            "AgentRegistration",
+            {
+                "node_id": serializers.IntegerField(),
+                "hostname": serializers.CharField(),
+                "datacenter": serializers.CharField(),
+                "heartbeat_interval_s": serializers.FloatField(),
+                "command_token": serializers.CharField(),
+                "links": serializers.DictField(),
+            },
+        ),
+    )
+    def post(self, request):
+        body = RegisterSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        report = {k: v for k, v in request.data.items() if k != "endpoint"}
+        return Response(
+            agent_services.node_register(
+                node=request.user.node, endpoint=body.validated_data["endpoint"], report=report
+            )
+        )
+
+
+class AgentHeartbeatView(AgentView):
+    """An agent reports what it runs and its live load."""
+
+    @extend_schema(
+        request=StateDocumentSerializer,
+        responses=inline_serializer("AgentHeartbeatAck", {"ok": serializers.BooleanField()}),
+    )
+    def post(self, request):
+        body = StateDocumentSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        node = request.user.node
+        if node.registered_at is None:
+            # Commands need the endpoint and command token that only registration hands out.
+            return Response({"detail": "Register first."}, status=404)
+        agent_services.node_heartbeat(node=node, report=request.data)
+        return Response({"ok": True})
