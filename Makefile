@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch is pinned to 2.13.0: the CPU build on disk; any other spec downloads a CUDA build.
-	$(PY) -m pip install --quiet -e '.[agents,dev]'
+	$(PY) -m pip install --quiet -e '.[agents,planner,dev]'
 	@touch $(STAMP)
 
 setup: $(STAMP)

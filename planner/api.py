@@ -1,0 +1,242 @@
+"""The planner's public API: ``simulate(scenario)`` and ``plan(...)``, plain dicts in and out.
+
+The Django command, REST endpoint and UI page call these; so does ``python -m planner``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.fleet import FleetSpec, fleet_from_dict
+from planner.metrics import Sla, summarise
+from planner.microbench import simulate_transfers
+from planner.scenario import case_configs, load_scenario, set_path
+from planner.sim import RunRecord, Simulator
+from planner.spec import build
+from planner.wan import WanLinkSpec
+from planner.workload import Trace, WorkloadSpec, generate, read_trace
+
+
+@dataclass(slots=True)
+class CaseResult:
+    name: str
+    summary: dict[str, Any]
+    series: dict[str, list[float]] = field(default_factory=dict)
+    goodput: dict[str, Any] | None = None
+    wall_s: float = 0.0
+
+
+@dataclass(slots=True)
+class SimResult:
+    scenario: str
+    kind: str
+    cases: dict[str, CaseResult]
+    sweep: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "kind": self.kind,
+            "cases": {
+                name: {
+                    "summary": c.summary,
+                    "goodput": c.goodput,
+                    "wall_s": c.wall_s,
+                    "series": c.series,
+                }
+                for name, c in self.cases.items()
+            },
+            "sweep": self.sweep,
+        }
+
+
+@dataclass(slots=True)
+class PlanResult:
+    counts: dict[str, int]  # "role@datacenter:gpu" -> units
+    goodput_rps: float
+    cost_per_hour: float
+    bcr: float
+    summary: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "counts": self.counts,
+            "goodput_rps": self.goodput_rps,
+            "cost_per_hour": self.cost_per_hour,
+            "bcr": self.bcr,
+            "summary": self.summary,
+        }
+
+
+# --- building blocks -------------------------------------------------------------------------
+
+
+def make_trace(config: Mapping[str, Any], rps: float | None = None) -> Trace:
+    """The case's trace: replayed from ``trace_file`` or generated from ``workload``."""
+    if config.get("trace_file"):
+        return read_trace(config["trace_file"])
+    workload = dict(config.get("workload", {}))
+    if rps is not None:
+        workload["rps"] = rps
+    return generate(build(WorkloadSpec, workload, "workload"))
+
+
+def run_fleet(
+    fleet: FleetSpec, trace: Trace, sla: Sla, warmup_s: float
+) -> tuple[dict[str, Any], RunRecord]:
+    record = Simulator(fleet).run(trace)
+    return summarise(record, sla, warmup_s, fleet.cost_per_hour()), record
+
+
+def goodput_search(
+    fleet: FleetSpec,
+    config: Mapping[str, Any],
+    sla: Sla,
+    warmup_s: float,
+    lo_rps: float,
+    hi_rps: float,
+    iters: int = 6,
+) -> dict[str, Any]:
+    """Highest offered RPS (bisection) at which the TTFT SLA still holds: the goodput."""
+    best: dict[str, Any] | None = None
+    lo, hi = lo_rps, hi_rps
+    summary, _ = run_fleet(fleet, make_trace(config, lo), sla, warmup_s)
+    if not summary["sla"]["met"]:
+        return {"goodput_rps": 0.0, "bcr": 0.0, "at": summary, "bracket": [0.0, lo]}
+    best = summary
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        summary, _ = run_fleet(fleet, make_trace(config, mid), sla, warmup_s)
+        if summary["sla"]["met"]:
+            lo, best = mid, summary
+        else:
+            hi = mid
+    cost = fleet.cost_per_hour()
+    return {
+        "goodput_rps": lo,
+        "bcr": lo / cost,
+        "cost_per_hour": cost,
+        "at": best,
+        "bracket": [lo, hi],
+    }
+
+
+def _sla(config: Mapping[str, Any]) -> Sla:
+    return build(Sla, config.get("sla", {}), "sla")
+
+
+def run_case(name: str, config: Mapping[str, Any], kind: str) -> CaseResult:
+    start = time.perf_counter()
+    if kind == "transfer":
+        link = build(WanLinkSpec, config.get("link", {}), f"{name}.link")
+        kv = config.get("kv_bytes_per_token")
+        if not isinstance(kv, int) or kv <= 0:
+            raise ValueError(f"{name}.kv_bytes_per_token: must be a positive integer")
+        summary = simulate_transfers(link, make_trace(config), kv)
+        return CaseResult(name, summary, wall_s=time.perf_counter() - start)
+    if "fleet" not in config:
+        raise ValueError(f"{name}.fleet: required")
+    fleet = fleet_from_dict(config["fleet"])
+    sla = _sla(config)
+    warmup = float(config.get("warmup_s", 60.0))
+    search = config.get("goodput_search")
+    goodput = None
+    if search:
+        goodput = goodput_search(
+            fleet, config, sla, warmup, search["lo_rps"], search["hi_rps"], search.get("iters", 6)
+        )
+        summary = goodput["at"]
+        series: dict[str, list[float]] = {}
+    else:
+        summary, record = run_fleet(fleet, make_trace(config), sla, warmup)
+        series = record.series
+    return CaseResult(name, summary, series, goodput, time.perf_counter() - start)
+
+
+# --- public API ----------------------------------------------------------------------------
+
+
+def simulate(scenario: str | Mapping[str, Any]) -> SimResult:
+    """Run every case of a scenario (a bundled name, a path, or a parsed dict)."""
+    data = load_scenario(scenario)
+    kind = data["kind"]
+    configs = case_configs(data)
+    sweep = data.get("sweep")
+    if not sweep:
+        cases = {name: run_case(name, cfg, kind) for name, cfg in configs.items()}
+        return SimResult(str(data.get("name", "scenario")), kind, cases)
+    # A sweep runs every case at every value of one parameter (e.g. the mean hit rate).
+    path, values = sweep.get("path"), sweep.get("values")
+    if not isinstance(path, str) or not isinstance(values, list) or not values:
+        raise ValueError("sweep: needs a dotted 'path' and a non-empty 'values' list")
+    rows = []
+    cases: dict[str, CaseResult] = {}
+    for value in values:
+        row: dict[str, Any] = {"value": value}
+        for name, cfg in configs.items():
+            set_path(cfg, path, value)
+            result = run_case(f"{name}@{value}", cfg, kind)
+            cases[result.name] = result
+            row[name] = result.goodput if result.goodput else result.summary
+        rows.append(row)
+    return SimResult(str(data.get("name", "scenario")), kind, cases, rows)
+
+
+def plan(
+    fleet_spec: Mapping[str, Any],
+    workload_spec: Mapping[str, Any],
+    sla: Mapping[str, Any],
+    search_space: Mapping[str, Any],
+    top: int = 5,
+) -> list[PlanResult]:
+    """Search P / RLD / MD counts per datacenter for the best BCR under the SLA.
+
+    ``search_space``: ``{"pools": [{"role", "gpu", "datacenter", "counts": [..]}, ...],
+    "lo_rps", "hi_rps", "iters"}``. Each combination replaces ``fleet_spec["pools"]``; its
+    goodput is found by bisection on offered RPS; results are sorted by BCR, best first.
+    """
+    pools = search_space.get("pools")
+    if not isinstance(pools, list) or not pools:
+        raise ValueError("search_space.pools: needs a non-empty list")
+    for i, p in enumerate(pools):
+        counts = p.get("counts") if isinstance(p, Mapping) else None
+        if not isinstance(counts, list) or not counts:
+            raise ValueError(f"search_space.pools[{i}].counts: needs a non-empty list")
+    sla_obj = build(Sla, sla, "sla")
+    config = {"workload": dict(workload_spec)}
+    warmup = float(search_space.get("warmup_s", 60.0))
+    results = []
+    for combo in itertools.product(*(p["counts"] for p in pools)):
+        chosen = [
+            {"role": p["role"], "gpu": p["gpu"], "datacenter": p["datacenter"], "count": c}
+            for p, c in zip(pools, combo, strict=True)
+        ]
+        try:
+            fleet = fleet_from_dict({**fleet_spec, "pools": chosen})
+        except ValueError:
+            continue  # e.g. no main decode at all: not a servable fleet
+        found = goodput_search(
+            fleet,
+            config,
+            sla_obj,
+            warmup,
+            search_space.get("lo_rps", 1.0),
+            search_space.get("hi_rps", 100.0),
+            search_space.get("iters", 5),
+        )
+        counts = {f"{p['role']}@{p['datacenter']}:{p['gpu']}": p["count"] for p in chosen}
+        results.append(
+            PlanResult(
+                counts,
+                found["goodput_rps"],
+                fleet.cost_per_hour(),
+                found["goodput_rps"] / fleet.cost_per_hour(),
+                found["at"],
+            )
+        )
+    results.sort(key=lambda r: (-r.bcr, r.cost_per_hour))
+    return results[:top]

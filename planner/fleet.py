@@ -1,0 +1,158 @@
+"""The fleet a simulation runs: chips, model, engines, pools per role and datacenter, links.
+
+Built from plain dicts (scenario files, the REST API) by :func:`fleet_from_dict`; every error
+names the path of the bad field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.hardware import EngineSpec, GpuType, ModelSpec
+from planner.spec import build, check_positive
+from planner.wan import WanLinkSpec
+from routing.policy import PolicySettings, Role
+
+
+class System:
+    """Which serving design the fleet runs."""
+
+    IDC_PD = "idc-pd"  # one datacenter, P and D in one RDMA domain
+    CDC_PD = "cdc-pd"  # P in A, MD in B with a decode-side prefix cache, no relay
+    PDD = "pdd"  # P-MD / P-RLD-MD via routing.policy.decide
+    P_RLD = "p-rld"  # like PDD but low-hit requests finish on RLD (the excluded design)
+
+    CHOICES = (IDC_PD, CDC_PD, PDD, P_RLD)
+
+
+class Handoff:
+    ADAPTIVE = "adaptive"  # switched by RLD load, as the policy settings say
+    ONE_SHOT = "one-shot"
+    CATCH_UP = "catch-up"
+
+    CHOICES = (ADAPTIVE, ONE_SHOT, CATCH_UP)
+
+
+@dataclass(slots=True)
+class Pool:
+    role: str
+    gpu: str
+    count: int
+    datacenter: str
+
+    def __post_init__(self) -> None:
+        if self.role not in Role.CHOICES:
+            raise ValueError(f"role: must be one of {', '.join(Role.CHOICES)}, got {self.role!r}")
+        if not isinstance(self.count, int) or self.count < 0:
+            raise ValueError(f"count: must be a non-negative integer, got {self.count!r}")
+
+
+@dataclass(slots=True)
+class FabricSpec:
+    """Intra-datacenter RDMA fabric: latency plus bytes over the slower end's NIC."""
+
+    latency_ms: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_positive(self, "latency_ms")
+
+
+@dataclass(slots=True)
+class FleetSpec:
+    system: str
+    gpu_types: dict[str, GpuType]
+    model: ModelSpec
+    pools: list[Pool]
+    links: dict[str, WanLinkSpec] = field(default_factory=dict)  # keyed by MD datacenter
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    fabric: FabricSpec = field(default_factory=FabricSpec)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    handoff: str = Handoff.ADAPTIVE
+    resident_weight_gb: float = 400.0  # weights resident on each decode unit
+    drc_capacity_gb: float = 1000.0  # decode-side prefix cache (HBM + host DRAM) per MD unit
+
+    def __post_init__(self) -> None:
+        if self.system not in System.CHOICES:
+            raise ValueError(f"system: must be one of {', '.join(System.CHOICES)}")
+        if self.handoff not in Handoff.CHOICES:
+            raise ValueError(f"handoff: must be one of {', '.join(Handoff.CHOICES)}")
+        for i, pool in enumerate(self.pools):
+            if pool.gpu not in self.gpu_types:
+                raise ValueError(f"pools[{i}].gpu: unknown GPU type {pool.gpu!r}")
+            if (
+                self.system != System.IDC_PD
+                and pool.role == Role.MAIN_DECODE
+                and pool.count
+                and pool.datacenter not in self.links
+            ):
+                raise ValueError(f"pools[{i}].datacenter: no WAN link to {pool.datacenter!r}")
+        if not any(p.role == Role.PREFILL and p.count for p in self.pools):
+            raise ValueError("pools: need at least one prefill unit")
+        if not any(p.role == Role.MAIN_DECODE and p.count for p in self.pools):
+            raise ValueError("pools: need at least one main_decode (decode) unit")
+        check_positive(self, "resident_weight_gb")
+        check_positive(self, "drc_capacity_gb")
+
+    def units(self, role: str | None = None) -> int:
+        return sum(p.count for p in self.pools if role is None or p.role == role)
+
+    def cost_per_hour(self) -> float:
+        return sum(p.count * self.gpu_types[p.gpu].unit_price for p in self.pools)
+
+
+def fleet_from_dict(data: Mapping[str, Any]) -> FleetSpec:
+    if not isinstance(data, Mapping):
+        raise ValueError("fleet: must be an object")
+    data = {k: v for k, v in data.items() if not str(k).startswith("_")}
+    try:
+        gpu_types = {
+            name: build(
+                GpuType,
+                {"name": name, **_obj(spec, f"fleet.gpu_types.{name}")},
+                f"fleet.gpu_types.{name}",
+            )
+            for name, spec in _obj(data.pop("gpu_types"), "fleet.gpu_types").items()
+            if not name.startswith("_")
+        }
+        model = data.pop("model")
+        pools = data.pop("pools")
+    except KeyError as exc:
+        raise ValueError(f"fleet.{exc.args[0]}: required") from None
+    if not isinstance(pools, list):
+        raise ValueError("fleet.pools: must be a list")
+    links = {
+        dc: build(WanLinkSpec, spec, f"fleet.links.{dc}")
+        for dc, spec in _obj(data.pop("links", {}), "fleet.links").items()
+        if not dc.startswith("_")
+    }
+    policy = data.pop("policy", {})
+    try:
+        policy_settings = PolicySettings.from_dict(
+            {k: v for k, v in _obj(policy, "fleet.policy").items() if not k.startswith("_")}
+        )
+    except ValueError as exc:
+        raise ValueError(f"fleet.policy.{exc}") from exc
+    return build(
+        FleetSpec,
+        {
+            **data,
+            "gpu_types": gpu_types,
+            "model": build(
+                ModelSpec, {"name": "model", **_obj(model, "fleet.model")}, "fleet.model"
+            ),
+            "pools": [build(Pool, p, f"fleet.pools[{i}]") for i, p in enumerate(pools)],
+            "links": links,
+            "engine": build(EngineSpec, data.get("engine", {}), "fleet.engine"),
+            "fabric": build(FabricSpec, data.get("fabric", {}), "fleet.fabric"),
+            "policy": policy_settings,
+        },
+        "fleet",
+    )
+
+
+def _obj(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}: must be an object")
+    return dict(value)

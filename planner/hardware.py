@@ -1,0 +1,98 @@
+"""Modelled chips, model and engine: the formulas that turn tokens into seconds.
+
+Prefill is compute-bound (FLOPs over peak compute times an efficiency); a decode step is
+memory-bound (weights plus the batch's KV read once over memory bandwidth).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.spec import check_positive
+
+
+@dataclass(slots=True)
+class GpuType:
+    """One priced unit of a chip type (a node in the published fleet counts), in four numbers."""
+
+    name: str
+    peak_tflops: float  # dense compute of the unit
+    mem_gb: float  # memory capacity of the unit
+    mem_bw_tbps: float  # memory bandwidth of the unit, TB/s
+    interconnect_gbps: float  # intra-datacenter (RDMA) NIC bandwidth of the unit
+    unit_price: float  # price per unit-hour, any currency, only ratios matter for BCR
+
+    def __post_init__(self) -> None:
+        for name in ("peak_tflops", "mem_gb", "mem_bw_tbps", "interconnect_gbps", "unit_price"):
+            check_positive(self, name)
+
+
+@dataclass(slots=True)
+class ModelSpec:
+    """The served model, reduced to what the cost formulas need."""
+
+    name: str
+    active_params_b: float  # parameters touched per token (MoE active), billions
+    attn_flops_per_token_ctx: float  # attention FLOPs per new token per context token
+    kv_bytes_per_token: int
+    decode_weight_gb: float  # weight bytes one decode step reads on one unit
+
+    def __post_init__(self) -> None:
+        for name in (
+            "active_params_b",
+            "attn_flops_per_token_ctx",
+            "kv_bytes_per_token",
+            "decode_weight_gb",
+        ):
+            check_positive(self, name)
+
+    def prefill_flops(self, new_tokens: int, cached_tokens: int) -> float:
+        # Linear layers cost 2 FLOPs per active parameter per token; causal attention over the
+        # cached prefix plus, on average, half of the new tokens.
+        linear = 2e9 * self.active_params_b * new_tokens
+        attn = self.attn_flops_per_token_ctx * new_tokens * (cached_tokens + new_tokens / 2)
+        return linear + attn
+
+
+@dataclass(slots=True)
+class EngineSpec:
+    """Scheduler and efficiency settings of the engines (assumptions, not chip facts)."""
+
+    prefill_efficiency: float = 0.45  # achieved / peak FLOPs on a large batch
+    prefill_overhead_s: float = 0.03  # fixed per forward pass: launch, all-to-all, sampling
+    prefill_batch_tokens: int = 16_384  # token budget of one prefill batch (chunk)
+    decode_mem_efficiency: float = 0.7  # achieved / peak memory bandwidth
+    decode_overhead_s: float = 0.008  # fixed per decode step: communication, sampling
+    max_decode_batch: int = 128  # running requests per decode unit
+
+    def __post_init__(self) -> None:
+        for name in (
+            "prefill_efficiency",
+            "prefill_overhead_s",
+            "prefill_batch_tokens",
+            "decode_mem_efficiency",
+            "decode_overhead_s",
+            "max_decode_batch",
+        ):
+            check_positive(self, name)
+
+
+def prefill_batch_time(flops: float, gpu: GpuType, engine: EngineSpec) -> float:
+    """Seconds for one prefill forward pass doing ``flops`` on one unit."""
+    return engine.prefill_overhead_s + flops / (gpu.peak_tflops * 1e12 * engine.prefill_efficiency)
+
+
+def decode_step_time(
+    batch_ctx_tokens: float, model: ModelSpec, gpu: GpuType, engine: EngineSpec
+) -> float:
+    """Seconds for one decode step: weights plus every running request's KV, read once."""
+    bytes_read = model.decode_weight_gb * 1e9 + batch_ctx_tokens * model.kv_bytes_per_token
+    return engine.decode_overhead_s + bytes_read / (
+        gpu.mem_bw_tbps * 1e12 * engine.decode_mem_efficiency
+    )
+
+
+def kv_capacity_tokens(model: ModelSpec, gpu: GpuType, resident_weight_gb: float) -> int:
+    """Tokens of KV one unit can hold next to its resident weights."""
+    free = max(gpu.mem_gb - resident_weight_gb, 0.0) * 1e9
+    return int(free / model.kv_bytes_per_token)

@@ -1,0 +1,92 @@
+"""Figures from a run: latency percentiles, token share by role, SLA, goodput, cost and BCR."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from planner.sim import PIPELINE_CODES, RunRecord
+from planner.spec import check_positive
+from routing.policy import Pipeline
+
+
+@dataclass(slots=True)
+class Sla:
+    """Goodput counts only while TTFT P90 and P99 stay under these bounds (PDD's SLA)."""
+
+    ttft_p90_s: float = 10.0
+    ttft_p99_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        check_positive(self, "ttft_p90_s")
+        check_positive(self, "ttft_p99_s")
+
+
+def percentiles(values: np.ndarray, qs: tuple[int, ...] = (50, 90, 99)) -> dict[str, float]:
+    """Percentiles keyed "p50".. ; NaN (never happened) entries are dropped, inf kept."""
+    values = values[~np.isnan(values)]
+    if not len(values):
+        return {f"p{q}": float("nan") for q in qs} | {"mean": float("nan"), "n": 0}
+    out = {f"p{q}": float(np.percentile(values, q)) for q in qs}
+    finite = values[np.isfinite(values)]
+    out["mean"] = float(finite.mean()) if len(finite) else float("inf")
+    out["n"] = int(len(values))
+    return out
+
+
+def summarise(rec: RunRecord, sla: Sla, warmup_s: float, cost_per_hour: float) -> dict[str, Any]:
+    """One run's figures, measured over requests arriving after ``warmup_s``."""
+    window = rec.arrival_s >= warmup_s
+    served = rec.pipeline >= 0
+    # A request still waiting when the run ends never got its first token: count it as inf so
+    # it fails the SLA instead of silently vanishing.
+    ttft = np.where(np.isnan(rec.ttft_s), np.inf, rec.ttft_s)[window]
+    ttft_pct = percentiles(ttft, (50, 90, 99))
+    rld = int(rec.rld_tokens[window].sum())
+    md = int(rec.md_tokens[window].sum())
+    pipelines = {
+        name: int(((rec.pipeline == code) & window).sum()) for name, code in PIPELINE_CODES.items()
+    }
+    relayed = pipelines[Pipeline.P_RLD_MD]
+    horizon = float(rec.arrival_s[window][-1] - warmup_s) if window.any() else 0.0
+    rps = float(window.sum() / horizon) if horizon > 0 else 0.0
+    sla_met = bool(ttft_pct["p90"] < sla.ttft_p90_s and ttft_pct["p99"] < sla.ttft_p99_s)
+    in_window_hits = rec.md_hit_tokens[window & served]
+    inputs = rec.input_tokens[window & served]
+    return {
+        "requests": int(window.sum()),
+        "offered_rps": rps,
+        "ttft_s": ttft_pct,
+        "e2e_s": percentiles((rec.finish_s - rec.arrival_s)[window]),
+        "wan_transfer_s": percentiles(rec.wan_s[window]),
+        "wan_pool_wait_s": percentiles(rec.wan_wait_s[window]),
+        "wan_link_utilisation": rec.link_utilisation,
+        "wan_pool_utilisation": rec.pool_utilisation,
+        "pipelines": pipelines,
+        "handoff": {
+            "one-shot": int(((rec.handoff == 1) & window).sum()),
+            "catch-up": int(((rec.handoff == 2) & window).sum()),
+        },
+        "tokens": {
+            "relay_decode": rld,
+            "main_decode": md,
+            "relay_share": rld / (rld + md) if rld + md else 0.0,
+            "relay_tokens_per_relayed_request": (
+                float(
+                    rec.rld_tokens[
+                        window & (rec.pipeline == PIPELINE_CODES[Pipeline.P_RLD_MD])
+                    ].mean()
+                )
+                if relayed
+                else 0.0
+            ),
+        },
+        "md_hit_rate": float(in_window_hits.sum() / inputs.sum()) if inputs.sum() else 0.0,
+        "unfinished": int((np.isnan(rec.finish_s) & window).sum()),
+        "sla": {"p90_s": sla.ttft_p90_s, "p99_s": sla.ttft_p99_s, "met": sla_met},
+        "goodput_rps": rps if sla_met else 0.0,
+        "cost_per_hour": cost_per_hour,
+        "bcr": (rps if sla_met else 0.0) / cost_per_hour if cost_per_hour else 0.0,
+    }

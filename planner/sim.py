@@ -1,0 +1,350 @@
+"""The discrete-event simulator of a PDD fleet (and its baselines) replaying one trace.
+
+Every request flows: arrival -> routing decision -> prefill on P -> KV transfer (intra-DC
+fabric and/or WAN) -> decode on RLD and/or MD, with the extend-decode handoff between them.
+Routing for every system goes through ``routing.policy.decide``: PDD as configured, CDC-PD with
+no relay pool, IDC-PD over a local "link", P-RLD by finishing P-RLD-MD decisions on RLD.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from planner.events import EventLoop
+from planner.fleet import FleetSpec, Handoff, System
+from planner.hardware import kv_capacity_tokens
+from planner.instances import DecodeInstance, PrefillInstance
+from planner.wan import WanLink
+from routing import policy as routing_policy
+from routing.policy import (
+    ClusterSnapshot,
+    HandoffMode,
+    InstanceState,
+    NoHealthyPath,
+    Pipeline,
+    RequestInfo,
+    Role,
+    WanLinkState,
+)
+
+PIPELINE_CODES = {p: i for i, p in enumerate(Pipeline.CHOICES)}
+NO_PIPELINE = -1
+
+
+@dataclass(slots=True)
+class RunRecord:
+    """Per-request outcomes (NaN where a stage did not happen) and time series."""
+
+    arrival_s: np.ndarray
+    ttft_s: np.ndarray
+    finish_s: np.ndarray
+    wan_s: np.ndarray
+    wan_wait_s: np.ndarray
+    pipeline: np.ndarray
+    handoff: np.ndarray  # 1 one-shot, 2 catch-up, 0 none
+    rld_tokens: np.ndarray
+    md_tokens: np.ndarray
+    md_hit_tokens: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    series: dict[str, list[float]] = field(default_factory=dict)
+    decisions: int = 0
+    prefill_busy_s: float = 0.0
+    pool_utilisation: float = 0.0
+    link_utilisation: float = 0.0
+    sim_end_s: float = 0.0
+
+
+class Simulator:
+    def __init__(self, fleet: FleetSpec, sample_every_s: float = 10.0) -> None:
+        self.fleet = fleet
+        self.sample_every_s = sample_every_s
+        self.loop = EventLoop()
+        model, engine = fleet.model, fleet.engine
+        settings = replace(fleet.policy, kv_bytes_per_token=model.kv_bytes_per_token)
+        if fleet.handoff == Handoff.ONE_SHOT:
+            settings = replace(settings, rld_load_catch_up_below=0.0, rld_load_one_shot_above=0.0)
+        elif fleet.handoff == Handoff.CATCH_UP:
+            settings = replace(settings, rld_load_catch_up_below=1e9, rld_load_one_shot_above=1e9)
+        self.settings = settings
+        self.prefill: dict[str, PrefillInstance] = {}
+        self.relay: dict[str, DecodeInstance] = {}
+        self.main: dict[str, DecodeInstance] = {}
+        cache_tokens = int(fleet.drc_capacity_gb * 1e9 / model.kv_bytes_per_token)
+        for pool in fleet.pools:
+            gpu = fleet.gpu_types[pool.gpu]
+            role = pool.role
+            if fleet.system == System.IDC_PD and role == Role.RELAY_DECODE:
+                continue  # IDC-PD has no relay; its decode pool is main_decode in DC A
+            if fleet.system == System.CDC_PD and role == Role.RELAY_DECODE:
+                continue
+            for k in range(pool.count):
+                state = InstanceState(
+                    f"{role}-{pool.datacenter}-{pool.gpu}-{k}", role, pool.datacenter
+                )
+                if role == Role.PREFILL:
+                    self.prefill[state.id] = PrefillInstance(state, gpu, model, engine, self.loop)
+                else:
+                    kv_cap = kv_capacity_tokens(model, gpu, fleet.resident_weight_gb)
+                    inst = DecodeInstance(
+                        state, gpu, model, engine, self.loop, kv_cap,
+                        cache_tokens if role == Role.MAIN_DECODE else 0,
+                    )  # fmt: skip
+                    (self.relay if role == Role.RELAY_DECODE else self.main)[state.id] = inst
+        self.idc = fleet.system == System.IDC_PD
+        self.links: dict[str, WanLink] = {}
+        link_states: dict[str, WanLinkState] = {}
+        if self.idc:
+            # The "link" to a local decode pool is the RDMA fabric: never the bottleneck here.
+            for inst in self.main.values():
+                link_states[inst.state.datacenter] = WanLinkState(1e4, fleet.fabric.latency_ms)
+        else:
+            for dc, spec in fleet.links.items():
+                self.links[dc] = WanLink(spec, self.loop)
+                link_states[dc] = WanLinkState(
+                    spec.bandwidth_gbps, spec.rtt_ms, per_connection_gbps=spec.per_connection_gbps
+                )
+        self.link_states = link_states
+        self.snapshot = ClusterSnapshot(
+            prefill=tuple(p.state for p in self.prefill.values()),
+            relay_decode=tuple(r.state for r in self.relay.values()),
+            main_decode=tuple(m.state for m in self.main.values()),
+            wan_links=link_states,
+            prefix_hits={},
+        )
+        self._main_list = list(self.main.values())
+        self._main_caches = [(m.state.id, m.cache) for m in self._main_list]
+
+    # --- run ------------------------------------------------------------------------------------
+    def run(self, trace, drain_s: float | None = None) -> RunRecord:
+        n = len(trace)
+        self.arr = trace.arrival_s.tolist()
+        self.n_in = trace.input_tokens.tolist()
+        self.cached = trace.cached_tokens.tolist()
+        self.n_out = trace.output_tokens.tolist()
+        self.session = trace.session_id.tolist()
+        nan = float("nan")
+        self.ttft = [nan] * n
+        self.finish = [nan] * n
+        self.wan_s = [nan] * n
+        self.wan_wait = [nan] * n
+        self.pipe = [NO_PIPELINE] * n
+        self.mode = [0] * n
+        self.rld_tokens = [0] * n
+        self.md_tokens = [0] * n
+        self.md_hit = [0] * n
+        self.route: list[tuple[str, str | None, str | None]] = [("", None, None)] * n
+        self.rld_start = [nan] * n
+        self.rld_tpot = [nan] * n
+        self.handed = [False] * n
+        self.md_took_all = [False] * n
+        self.seen_sessions: set[int] = set()
+        self.appended: dict[int, int] = {}
+        self.version = [0] * n
+        keys = ("t", "rld_load", "md_load", "wan_util", "pool_util", "md_hit_rate")
+        self.series: dict[str, list[float]] = {k: [] for k in keys}
+        self._window_hits = [0, 0]
+        last = self.arr[-1] if n else 0.0
+        self._last_arrival = last
+        for i in range(n):
+            self.loop.at(self.arr[i], self._arrive, i)
+        self.loop.at(0.0, self._sample)
+        drain = drain_s if drain_s is not None else max(600.0, last)
+        self.loop.run(until=last + drain)
+        return self._record(trace)
+
+    def _record(self, trace) -> RunRecord:
+        links = list(self.links.values())
+        end = self.loop.now or 1.0
+        return RunRecord(
+            arrival_s=trace.arrival_s,
+            ttft_s=np.array(self.ttft),
+            finish_s=np.array(self.finish),
+            wan_s=np.array(self.wan_s),
+            wan_wait_s=np.array(self.wan_wait),
+            pipeline=np.array(self.pipe),
+            handoff=np.array(self.mode),
+            rld_tokens=np.array(self.rld_tokens),
+            md_tokens=np.array(self.md_tokens),
+            md_hit_tokens=np.array(self.md_hit),
+            input_tokens=trace.input_tokens,
+            output_tokens=trace.output_tokens,
+            series=self.series,
+            decisions=sum(1 for p in self.pipe if p != NO_PIPELINE),
+            prefill_busy_s=sum(p.busy_s for p in self.prefill.values()),
+            pool_utilisation=(
+                float(np.mean([ln.pool_busy_integral / end for ln in links])) if links else 0.0
+            ),
+            link_utilisation=(
+                float(np.mean([ln.bytes_sent / (ln.capacity * end) for ln in links]))
+                if links
+                else 0.0
+            ),
+            sim_end_s=end,
+        )
+
+    def _sample(self) -> None:
+        s = self.series
+        s["t"].append(self.loop.now)
+        relay = list(self.relay.values())
+        cap = self.fleet.engine.max_decode_batch
+        s["rld_load"].append(
+            sum(r.running + len(r.queue) for r in relay) / (cap * len(relay)) if relay else 0.0
+        )
+        s["md_load"].append(
+            sum(m.running + len(m.queue) for m in self._main_list) / (cap * len(self._main_list))
+        )
+        links = list(self.links.values())
+        s["wan_util"].append(float(np.mean([ln.utilisation for ln in links])) if links else 0.0)
+        s["pool_util"].append(
+            float(np.mean([ln.pool_utilisation for ln in links])) if links else 0.0
+        )
+        hit, total = self._window_hits
+        s["md_hit_rate"].append(hit / total if total else float("nan"))
+        self._window_hits = [0, 0]
+        if self.loop.now < self._last_arrival:
+            self.loop.at(self.loop.now + self.sample_every_s, self._sample)
+
+    # --- request flow -----------------------------------------------------------------------------
+    def _arrive(self, i: int) -> None:
+        session, cached, n_in = self.session[i], self.cached[i], self.n_in[i]
+        if not self.idc:
+            if session not in self.seen_sessions:
+                # Warm start: a session first seen in the trace began before it, so its prefix
+                # sits in the cache of one MD (its home by id), as a long-running fleet's would.
+                self.seen_sessions.add(session)
+                self.appended[session] = 0
+                self._main_list[session % len(self._main_list)].cache_put(session, 0, cached)
+            appended = self.appended[session]
+            hits = {}
+            for mid, cache in self._main_caches:
+                entry = cache.get(session)
+                if entry is not None:
+                    hits[mid] = max(0, cached - (appended - entry[0]))
+            self.snapshot.prefix_hits = hits
+            # This turn appends its new prompt tokens and its output to the session's context.
+            self.appended[session] = appended + (n_in - cached) + self.n_out[i]
+            self.version[i] = self.appended[session]
+            for dc, link in self.links.items():
+                # A queue for connections means a new transfer sees a full link.
+                busy = 1.0 if link.waiting else link.utilisation
+                self.link_states[dc].utilisation = busy
+        request = RequestInfo(prompt_tokens=n_in, max_tokens=self.n_out[i])
+        try:
+            decision = routing_policy.decide(request, self.snapshot, self.settings)
+        except NoHealthyPath:
+            return  # counted as never served
+        pipeline = decision.pipeline
+        if self.fleet.system == System.P_RLD and pipeline == Pipeline.P_RLD_MD:
+            pipeline = Pipeline.P_RLD  # finish on RLD: the design PDD excludes
+        self.pipe[i] = PIPELINE_CODES[pipeline]
+        self.md_hit[i] = decision.cached_tokens if decision.main_id else 0
+        if decision.main_id:
+            self._window_hits[0] += decision.cached_tokens
+            self._window_hits[1] += n_in
+        if pipeline == Pipeline.P_RLD_MD:
+            self.mode[i] = 1 if decision.handoff_mode == HandoffMode.ONE_SHOT else 2
+            self.relay[decision.relay_id].state.handoff_mode = decision.handoff_mode
+        main_id = decision.main_id if pipeline in (Pipeline.P_MD, Pipeline.P_RLD_MD) else None
+        self.route[i] = (decision.prefill_id, decision.relay_id, main_id)
+        # P's own prefix cache holds the reusable prefix, so P computes only the uncached part.
+        self.prefill[decision.prefill_id].submit(i, n_in - cached, cached, self._prefilled)
+
+    def _fabric_s(self, nbytes: float, a, b) -> float:
+        gbps = min(a.gpu.interconnect_gbps, b.gpu.interconnect_gbps)
+        return self.fleet.fabric.latency_ms / 1000.0 + nbytes * 8 / (gbps * 1e9)
+
+    def _prefilled(self, i: int) -> None:
+        p_id, r_id, m_id = self.route[i]
+        pipeline = Pipeline.CHOICES[self.pipe[i]]
+        kv = self.fleet.model.kv_bytes_per_token
+        now = self.loop.now
+        if self.idc:
+            md = self.main[m_id]
+            delay = self._fabric_s(self.n_in[i] * kv, self.prefill[p_id], md)
+            self.loop.at(now + delay, self._kv_at_main, i, 0.0, 0.0)
+            return
+        if r_id is not None and pipeline != Pipeline.P_MD:
+            rld = self.relay[r_id]
+            delay = self._fabric_s(self.n_in[i] * kv, self.prefill[p_id], rld)
+            self.loop.at(now + delay, self._kv_at_relay, i)
+        if m_id is not None:
+            md = self.main[m_id]
+            # MD lacks what its DRC does not hold; P sends that delta (from its own cache too).
+            delta = self.n_in[i] - self.md_hit[i]
+            link = self.links[md.state.datacenter]
+            link.send(delta * kv, lambda t, w, i=i: self._kv_at_main(i, t, w))
+
+    def _ctx(self, i: int) -> int:
+        return self.n_in[i] + self.n_out[i] // 2
+
+    def _kv_at_relay(self, i: int) -> None:
+        rld = self.relay[self.route[i][1]]
+        rld.admit(self._ctx(i), lambda tpot, i=i: self._relay_start(i, tpot))
+
+    def _relay_start(self, i: int, tpot: float) -> None:
+        rld = self.relay[self.route[i][1]]
+        now = self.loop.now
+        if self.md_took_all[i]:
+            rld.release(self._ctx(i))  # MD got the KV first and took the whole request
+            return
+        self.rld_start[i], self.rld_tpot[i] = now, tpot
+        self.ttft[i] = now + tpot - self.arr[i]
+        self.loop.at(now + self.n_out[i] * tpot, self._relay_end, i)
+
+    def _relay_end(self, i: int) -> None:
+        if self.handed[i]:
+            return
+        self.relay[self.route[i][1]].release(self._ctx(i))
+        self.rld_tokens[i] = self.n_out[i]
+        self.finish[i] = self.loop.now
+
+    def _kv_at_main(self, i: int, transfer_s: float, wait_s: float) -> None:
+        if not self.idc:
+            self.wan_s[i], self.wan_wait[i] = transfer_s, wait_s
+        md = self.main[self.route[i][2]]
+        if not math.isnan(self.finish[i]):
+            # RLD already produced every token: MD only ingests the context to stay aligned.
+            md.cache_put(self.session[i], self.version[i], self.n_in[i] + self.n_out[i])
+            return
+        md.admit(self._ctx(i), lambda tpot, i=i: self._main_start(i, tpot))
+
+    def _main_start(self, i: int, tpot: float) -> None:
+        md = self.main[self.route[i][2]]
+        now = self.loop.now
+        n_out = self.n_out[i]
+        ctx = self._ctx(i)
+        md.cache_put(self.session[i], self.version[i], self.n_in[i] + n_out)
+        if self.pipe[i] != PIPELINE_CODES[Pipeline.P_RLD_MD] or math.isnan(self.rld_start[i]):
+            if self.pipe[i] == PIPELINE_CODES[Pipeline.P_RLD_MD]:
+                self.md_took_all[i] = True
+            self.ttft[i] = now + tpot - self.arr[i]
+            self.md_tokens[i] = n_out
+            self.loop.at(now + n_out * tpot, self._main_end, i, ctx)
+            return
+        if not math.isnan(self.finish[i]):
+            self.loop.at(now + tpot, md.release, ctx)  # ingest only: one extend step
+            return
+        rtt = self.fleet.links[md.state.datacenter].rtt_ms / 1000.0
+        # One-shot: RLD stops now; MD receives the ids (half an RTT), recomputes their KV in one
+        # extend step and continues, a stall the user sees. Catch-up: RLD keeps decoding while
+        # MD catches up on a first batch, so RLD stops one round later and nobody stalls.
+        one_shot = self.mode[i] == 1
+        stop = now if one_shot else now + rtt + tpot
+        generated = int((stop - self.rld_start[i]) / self.rld_tpot[i])
+        if generated >= n_out:
+            self.loop.at(now + tpot, md.release, ctx)  # RLD finishes first; MD ingests only
+            return
+        self.handed[i] = True
+        self.loop.at(stop, self.relay[self.route[i][1]].release, ctx)
+        self.rld_tokens[i] = generated
+        self.md_tokens[i] = n_out - generated
+        resume = now + rtt / 2 + tpot if one_shot else stop
+        self.loop.at(resume + (n_out - generated) * tpot, self._main_end, i, ctx)
+
+    def _main_end(self, i: int, ctx: int) -> None:
+        self.main[self.route[i][2]].release(ctx)
+        self.finish[i] = self.loop.now

@@ -1,0 +1,115 @@
+"""A WAN link: bandwidth shared fairly among concurrent transfers, RTT, a bounded pool.
+
+Fair sharing is processor sharing with a per-connection cap (a TCP stream over a long RTT is
+window-limited): every active transfer gets min(cap, bandwidth / active). Because all active
+transfers progress at the same rate, the link tracks one "attained bytes" clock and a heap of
+finish marks, so each arrival or departure costs O(log n) instead of touching every transfer.
+A transfer that finds all pool connections busy waits FIFO for one.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from planner.events import EventLoop
+from planner.spec import check_positive
+
+Done = Callable[[float, float], None]  # (transfer seconds incl. pool wait, pool wait seconds)
+
+
+@dataclass(slots=True)
+class WanLinkSpec:
+    bandwidth_gbps: float = 20.0
+    rtt_ms: float = 20.0
+    per_connection_gbps: float = 0.225
+    pool_size: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("bandwidth_gbps", "rtt_ms", "per_connection_gbps", "pool_size"):
+            check_positive(self, name)
+
+
+class WanLink:
+    def __init__(self, spec: WanLinkSpec, loop: EventLoop) -> None:
+        self.spec = spec
+        self.loop = loop
+        self.capacity = spec.bandwidth_gbps * 1e9 / 8  # bytes/s
+        self.cap = spec.per_connection_gbps * 1e9 / 8
+        self.rtt = spec.rtt_ms / 1000.0
+        self.attained = 0.0  # bytes every active transfer has received since the link began
+        self.last = 0.0
+        self.active: list[tuple[float, int, float, float, Done]] = []  # finish mark heap
+        self.waiting: deque[tuple[float, float, Done]] = deque()
+        self.version = 0
+        self._seq = 0
+        # Statistics, integrated over time.
+        self.bytes_sent = 0.0
+        self.pool_busy_integral = 0.0
+        self.waits: list[float] = []
+
+    # --- state the policy reads ---------------------------------------------------------------
+    @property
+    def rate(self) -> float:
+        n = len(self.active)
+        return min(self.cap, self.capacity / n) if n else self.cap
+
+    @property
+    def utilisation(self) -> float:
+        n = len(self.active)
+        return min(n * self.rate / self.capacity, 1.0) if n else 0.0
+
+    @property
+    def pool_utilisation(self) -> float:
+        return len(self.active) / self.spec.pool_size
+
+    # --- transfers ------------------------------------------------------------------------------
+    def send(self, nbytes: float, done: Done) -> None:
+        """Start (or queue for a connection) a transfer of ``nbytes``; ``done`` fires on arrival."""
+        self._advance()
+        now = self.loop.now
+        if len(self.active) < self.spec.pool_size:
+            self._start(now, nbytes, done, 0.0)
+        else:
+            self.waiting.append((now, nbytes, done))
+        self._reschedule()
+
+    def _start(self, start: float, nbytes: float, done: Done, wait: float) -> None:
+        self._seq += 1
+        heapq.heappush(self.active, (self.attained + nbytes, self._seq, start - wait, wait, done))
+        self.bytes_sent += nbytes
+
+    def _advance(self) -> None:
+        now = self.loop.now
+        n = len(self.active)
+        if n:
+            self.attained += self.rate * (now - self.last)
+            self.pool_busy_integral += n / self.spec.pool_size * (now - self.last)
+        self.last = now
+
+    def _reschedule(self) -> None:
+        self.version += 1
+        if self.active:
+            remaining = max(self.active[0][0] - self.attained, 0.0)
+            self.loop.at(self.loop.now + remaining / self.rate, self._on_finish, self.version)
+
+    def _on_finish(self, version: int) -> None:
+        if version != self.version:
+            return  # superseded by a later arrival or departure
+        self._advance()
+        now = self.loop.now
+        finished = []
+        # A relative tolerance absorbs float drift in the attained-bytes clock.
+        while self.active and self.active[0][0] <= self.attained * (1 + 1e-12) + 1e-3:
+            finished.append(heapq.heappop(self.active))
+        while self.waiting and len(self.active) < self.spec.pool_size:
+            queued_at, nbytes, done = self.waiting.popleft()
+            self._start(now, nbytes, done, now - queued_at)
+        self._reschedule()
+        for _, _, enqueued, wait, done in finished:
+            # The last byte lands half an RTT later and the receiver's ack/notify takes the
+            # other half, so the sender learns of completion one RTT after the data drains.
+            self.waits.append(wait)
+            self.loop.at(now + self.rtt, done, now + self.rtt - enqueued, wait)

@@ -1,0 +1,493 @@
+"""The PDD routing policy: plain data in (request, live-state snapshot, settings), a decision out.
+
+The gateway, the planner's simulator and the tests all call :func:`decide`, so this module stays
+pure: no Django, no I/O, no numpy. It picks the pipeline (P-MD, P-RLD-MD or RLD-only for
+singular traffic), the handoff mode (one-shot or catch-up) and the P / RLD / MD instances, and
+says why in a human-readable reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+class Pipeline:
+    """Which roles a request flows through."""
+
+    P_MD = "p-md"  # high hit: the small KV delta goes straight over the WAN to MD
+    P_RLD_MD = "p-rld-md"  # low hit: RLD decodes at once, hands off to MD when MD holds the KV
+    RLD_ONLY = "rld-only"  # singular traffic or the no-MD fallback: RLD finishes, no WAN transfer
+    # P-RLD finishes ordinary traffic on RLD. decide() never returns it: it lets MD's cache fall
+    # behind P's and the relay pool collapses. Only the simulator uses it, to show the collapse.
+    P_RLD = "p-rld"
+
+    CHOICES = (P_MD, P_RLD_MD, RLD_ONLY, P_RLD)
+
+
+class HandoffMode:
+    """How RLD hands decoding to MD (only meaningful for P-RLD-MD)."""
+
+    ONE_SHOT = "one-shot"  # all generated token ids at once; RLD held the shortest
+    CATCH_UP = "catch-up"  # batches while RLD keeps decoding; no stall, slightly more RLD load
+    NONE = "none"
+
+    CHOICES = (ONE_SHOT, CATCH_UP, NONE)
+
+
+class Role:
+    PREFILL = "prefill"
+    RELAY_DECODE = "relay_decode"
+    MAIN_DECODE = "main_decode"
+
+    CHOICES = (PREFILL, RELAY_DECODE, MAIN_DECODE)
+
+
+class LinkStatus:
+    UP = "up"
+    DEGRADED = "degraded"
+    DOWN = "down"
+
+    CHOICES = (UP, DEGRADED, DOWN)
+
+
+class Fallback:
+    """What to do when a role a pipeline needs has no healthy instance."""
+
+    RLD_ONLY = "rld-only"  # no MD path: RLD finishes the request
+    P_MD = "p-md"  # no RLD: send low-hit requests straight to MD anyway
+    REJECT = "reject"  # raise NoHealthyPath
+
+
+class NoHealthyPath(Exception):
+    """No pipeline can serve the request with the instances that are healthy now."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PolicySettings:
+    """Operator-tunable policy knobs; stored by the gateway as JSON (``to_dict``/``from_dict``).
+
+    Relay rule: a request takes P-RLD-MD when its estimated WAN time exceeds
+    ``wan_time_threshold_s`` or, if ``min_hit_rate`` is set, its hit rate is below it. At least
+    one of the two must be set.
+
+    Handoff rule (hysteresis from live state, so the policy itself stays stateless): the chosen
+    RLD's load below ``rld_load_catch_up_below`` gives catch-up, at or above
+    ``rld_load_one_shot_above`` gives one-shot, and in between the RLD keeps the mode it is
+    running in (``InstanceState.handoff_mode``), catch-up if it has none.
+
+    Singular rule: prompt >= ``singular_min_prompt_tokens`` AND max_tokens <=
+    ``singular_max_output_tokens`` AND hit rate < ``singular_max_hit_rate`` finishes on RLD.
+    """
+
+    wan_time_threshold_s: float | None = 1.0
+    min_hit_rate: float | None = None
+    catch_up_batch_tokens: int = 64
+    rld_load_catch_up_below: float = 0.5
+    rld_load_one_shot_above: float = 0.8
+    singular_enabled: bool = True
+    singular_min_prompt_tokens: int = 100_000
+    singular_max_output_tokens: int = 16
+    singular_max_hit_rate: float = 0.5
+    fallback_no_main_decode: str = Fallback.RLD_ONLY
+    fallback_no_relay: str = Fallback.P_MD
+    # KV bytes per token of the served model; 4.4 KB is DeepSeek-V4-pro's compressed KV as
+    # derived in PDD.md (80 x 64K-token requests held ~23 GB).
+    kv_bytes_per_token: int = 4_400
+    # Instances at or above this load are skipped while a less loaded one exists.
+    saturated_load: float = 0.95
+    # Floor on the share of a busy link a new transfer is assumed to get (TCP fairness gives it
+    # at least some share), so the estimate stays finite at 100% utilisation.
+    wan_min_share: float = 0.05
+    # A degraded link is assumed to deliver this fraction of its nominal bandwidth.
+    degraded_bandwidth_factor: float = 0.5
+
+    def __post_init__(self) -> None:
+        _check_optional_number(self, "wan_time_threshold_s", lo=0.0)
+        _check_optional_number(self, "min_hit_rate", lo=0.0, hi=1.0)
+        if self.wan_time_threshold_s is None and self.min_hit_rate is None:
+            raise ValueError("wan_time_threshold_s: set it or min_hit_rate (both are None)")
+        _check_int(self, "catch_up_batch_tokens", lo=1)
+        _check_number(self, "rld_load_catch_up_below", lo=0.0)
+        _check_number(self, "rld_load_one_shot_above", lo=0.0)
+        if self.rld_load_catch_up_below > self.rld_load_one_shot_above:
+            raise ValueError(
+                "rld_load_catch_up_below: must be <= rld_load_one_shot_above "
+                f"({self.rld_load_catch_up_below} > {self.rld_load_one_shot_above})"
+            )
+        if not isinstance(self.singular_enabled, bool):
+            raise ValueError("singular_enabled: must be true or false")
+        _check_int(self, "singular_min_prompt_tokens", lo=1)
+        _check_int(self, "singular_max_output_tokens", lo=0)
+        _check_number(self, "singular_max_hit_rate", lo=0.0, hi=1.0)
+        if self.fallback_no_main_decode not in (Fallback.RLD_ONLY, Fallback.REJECT):
+            raise ValueError(
+                f"fallback_no_main_decode: must be {Fallback.RLD_ONLY!r} or {Fallback.REJECT!r}"
+            )
+        if self.fallback_no_relay not in (Fallback.P_MD, Fallback.REJECT):
+            raise ValueError(f"fallback_no_relay: must be {Fallback.P_MD!r} or {Fallback.REJECT!r}")
+        _check_int(self, "kv_bytes_per_token", lo=1)
+        _check_number(self, "saturated_load", lo=0.0)
+        _check_number(self, "wan_min_share", lo=1e-6, hi=1.0)
+        _check_number(self, "degraded_bandwidth_factor", lo=1e-6, hi=1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PolicySettings:
+        """Build settings from JSON-like data; missing keys take defaults.
+
+        Raises ValueError naming the offending field (unknown key, wrong type, out of range).
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError("settings: must be a mapping")
+        known = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ValueError(f"{key}: unknown policy setting")
+        try:
+            return cls(**dict(data))
+        except TypeError as exc:  # pragma: no cover - the key check above catches these
+            raise ValueError(str(exc)) from exc
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_number(obj: object, name: str, lo: float | None = None, hi: float | None = None) -> None:
+    value = getattr(obj, name)
+    if not _is_number(value) or not math.isfinite(value):
+        raise ValueError(f"{name}: must be a finite number, got {value!r}")
+    if lo is not None and value < lo:
+        raise ValueError(f"{name}: must be >= {lo}, got {value!r}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name}: must be <= {hi}, got {value!r}")
+
+
+def _check_optional_number(
+    obj: object, name: str, lo: float | None = None, hi: float | None = None
+) -> None:
+    if getattr(obj, name) is not None:
+        _check_number(obj, name, lo, hi)
+
+
+def _check_int(obj: object, name: str, lo: int | None = None) -> None:
+    value = getattr(obj, name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name}: must be an integer, got {value!r}")
+    if lo is not None and value < lo:
+        raise ValueError(f"{name}: must be >= {lo}, got {value!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Live state
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class InstanceState:
+    """One engine instance as the policy sees it. Mutable so a simulator can update it in place.
+
+    ``load`` is the fraction of capacity in use (running / capacity; may exceed 1 when queued).
+    ``cached_prefix_blocks`` is the set of prefix-block hashes the instance's prefix cache holds
+    (the DRC on MD); a request's hit is the longest leading run of its hashes found there.
+    ``handoff_mode`` is the mode an RLD is running in now (for hysteresis), if any.
+    """
+
+    id: str
+    role: str
+    datacenter: str = ""
+    healthy: bool = True
+    load: float = 0.0
+    queue_depth: int = 0
+    cached_prefix_blocks: frozenset[str] = field(default_factory=frozenset)
+    handoff_mode: str | None = None
+
+
+@dataclass(slots=True)
+class WanLinkState:
+    """The WAN link from the prefill datacenter to one MD datacenter."""
+
+    bandwidth_gbps: float
+    rtt_ms: float
+    utilisation: float = 0.0  # fraction of bandwidth in use by other transfers, 0..1
+    status: str = LinkStatus.UP
+    # What one transfer's connection can reach on its own (a TCP stream over a long RTT is
+    # window-limited, far below the line rate); None when the line rate is reachable.
+    per_connection_gbps: float | None = None
+
+    def available_bytes_per_s(self, settings: PolicySettings) -> float:
+        share = max(1.0 - self.utilisation, settings.wan_min_share)
+        if self.status == LinkStatus.DEGRADED:
+            share *= settings.degraded_bandwidth_factor
+        gbps = self.bandwidth_gbps * share
+        if self.per_connection_gbps is not None:
+            gbps = min(gbps, self.per_connection_gbps)
+        return gbps * 1e9 / 8.0
+
+
+@dataclass(slots=True)
+class RequestInfo:
+    """What the policy needs to know about one request."""
+
+    prompt_tokens: int
+    max_tokens: int
+    prefix_block_hashes: tuple[str, ...] = ()
+    block_tokens: int = 64  # tokens per prefix block; must match the agents' cache hashing
+
+
+@dataclass(slots=True)
+class ClusterSnapshot:
+    """Live state for one decision: healthy-or-not instances per role and the WAN links.
+
+    ``wan_links`` is keyed by MD datacenter. ``prefix_hits`` optionally gives, per MD id, how
+    many of this request's prompt tokens that MD already holds, when the caller has measured it
+    (a cache index, the simulator); otherwise the policy matches ``prefix_block_hashes``.
+    """
+
+    prefill: tuple[InstanceState, ...] = ()
+    relay_decode: tuple[InstanceState, ...] = ()
+    main_decode: tuple[InstanceState, ...] = ()
+    wan_links: Mapping[str, WanLinkState] = field(default_factory=dict)
+    prefix_hits: Mapping[str, int] | None = None
+
+    @classmethod
+    def from_instances(
+        cls,
+        instances: Iterable[InstanceState],
+        wan_links: Mapping[str, WanLinkState],
+        prefix_hits: Mapping[str, int] | None = None,
+    ) -> ClusterSnapshot:
+        by_role: dict[str, list[InstanceState]] = {r: [] for r in Role.CHOICES}
+        for inst in instances:
+            if inst.role not in by_role:
+                raise ValueError(f"role: unknown role {inst.role!r} on instance {inst.id!r}")
+            by_role[inst.role].append(inst)
+        return cls(
+            prefill=tuple(by_role[Role.PREFILL]),
+            relay_decode=tuple(by_role[Role.RELAY_DECODE]),
+            main_decode=tuple(by_role[Role.MAIN_DECODE]),
+            wan_links=wan_links,
+            prefix_hits=prefix_hits,
+        )
+
+
+@dataclass(slots=True)
+class Decision:
+    pipeline: str
+    handoff_mode: str
+    prefill_id: str
+    relay_id: str | None
+    main_id: str | None
+    cached_tokens: int
+    delta_tokens: int
+    est_wan_s: float | None
+    reason: str
+    catch_up_batch: int = 0
+    fallback: bool = False
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.cached_tokens + self.delta_tokens
+        return self.cached_tokens / total if total else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decision
+# ---------------------------------------------------------------------------------------------
+
+
+def prefix_hit_tokens(request: RequestInfo, instance: InstanceState) -> int:
+    """Prompt tokens covered by the longest leading run of the request's blocks the cache holds."""
+    cached = instance.cached_prefix_blocks
+    if not cached:
+        return 0
+    hit_blocks = 0
+    for block_hash in request.prefix_block_hashes:
+        if block_hash not in cached:
+            break
+        hit_blocks += 1
+    return min(hit_blocks * request.block_tokens, request.prompt_tokens)
+
+
+def estimate_wan_s(delta_tokens: int, link: WanLinkState, settings: PolicySettings) -> float:
+    """One RTT plus the delta's bytes over the bandwidth left by the link's current use."""
+    delta_bytes = delta_tokens * settings.kv_bytes_per_token
+    return link.rtt_ms / 1000.0 + delta_bytes / link.available_bytes_per_s(settings)
+
+
+def _least_loaded(candidates: Iterable[InstanceState], saturated: float) -> InstanceState | None:
+    best: InstanceState | None = None
+    best_key: tuple[bool, float, int, str] | None = None
+    for inst in candidates:
+        if not inst.healthy:
+            continue
+        key = (inst.load >= saturated, inst.load, inst.queue_depth, inst.id)
+        if best_key is None or key < best_key:
+            best, best_key = inst, key
+    return best
+
+
+def _choose_main_decode(
+    request: RequestInfo, snapshot: ClusterSnapshot, settings: PolicySettings
+) -> tuple[InstanceState | None, int, WanLinkState | None]:
+    """Cache-aware MD choice: longest cached prefix among unsaturated MDs, load breaks ties."""
+    best: InstanceState | None = None
+    best_key: tuple[bool, int, float, int, str] | None = None
+    best_hit = 0
+    best_link: WanLinkState | None = None
+    hits = snapshot.prefix_hits
+    links = snapshot.wan_links
+    for inst in snapshot.main_decode:
+        if not inst.healthy:
+            continue
+        link = links.get(inst.datacenter)
+        if link is None or link.status == LinkStatus.DOWN:
+            continue  # a down (or unknown) WAN link means no path to this MD
+        hit = hits.get(inst.id, 0) if hits is not None else prefix_hit_tokens(request, inst)
+        key = (inst.load >= settings.saturated_load, -hit, inst.load, inst.queue_depth, inst.id)
+        if best_key is None or key < best_key:
+            best, best_key, best_hit, best_link = inst, key, hit, link
+    return best, min(best_hit, request.prompt_tokens), best_link
+
+
+def _handoff_mode(relay: InstanceState, settings: PolicySettings) -> tuple[str, str]:
+    load = relay.load
+    if load < settings.rld_load_catch_up_below:
+        return HandoffMode.CATCH_UP, f"RLD load {load:.2f} < {settings.rld_load_catch_up_below}"
+    if load >= settings.rld_load_one_shot_above:
+        return HandoffMode.ONE_SHOT, f"RLD load {load:.2f} >= {settings.rld_load_one_shot_above}"
+    current = relay.handoff_mode
+    mode = current if current in (HandoffMode.CATCH_UP, HandoffMode.ONE_SHOT) else None
+    mode = mode or HandoffMode.CATCH_UP
+    return mode, f"RLD load {load:.2f} in hysteresis band, keeps {mode}"
+
+
+def decide(request: RequestInfo, snapshot: ClusterSnapshot, settings: PolicySettings) -> Decision:
+    """Choose pipeline, handoff mode and instances for one request.
+
+    Never returns ``Pipeline.P_RLD``. Raises :class:`NoHealthyPath` when no P is healthy, when
+    neither an RLD nor an MD path is, or when a fallback the settings reject would be needed.
+    """
+    prefill = _least_loaded(snapshot.prefill, settings.saturated_load)
+    if prefill is None:
+        raise NoHealthyPath("no healthy prefill instance")
+    relay = _least_loaded(snapshot.relay_decode, settings.saturated_load)
+    main, cached, link = _choose_main_decode(request, snapshot, settings)
+    prompt = request.prompt_tokens
+    delta = prompt - cached
+    hit_rate = cached / prompt if prompt > 0 else 1.0
+
+    if main is None or link is None:
+        if relay is None:
+            raise NoHealthyPath("no healthy relay decode and no reachable main decode")
+        if settings.fallback_no_main_decode == Fallback.REJECT:
+            raise NoHealthyPath("no reachable main decode and fallback is reject")
+        return Decision(
+            pipeline=Pipeline.RLD_ONLY,
+            handoff_mode=HandoffMode.NONE,
+            prefill_id=prefill.id,
+            relay_id=relay.id,
+            main_id=None,
+            cached_tokens=0,
+            delta_tokens=prompt,
+            est_wan_s=None,
+            reason="fallback: no healthy main decode with a WAN link up; relay decode finishes",
+            fallback=True,
+        )
+
+    est_wan_s = estimate_wan_s(delta, link, settings)
+
+    if (
+        settings.singular_enabled
+        and relay is not None
+        and prompt >= settings.singular_min_prompt_tokens
+        and request.max_tokens <= settings.singular_max_output_tokens
+        and hit_rate < settings.singular_max_hit_rate
+    ):
+        return Decision(
+            pipeline=Pipeline.RLD_ONLY,
+            handoff_mode=HandoffMode.NONE,
+            prefill_id=prefill.id,
+            relay_id=relay.id,
+            main_id=None,
+            cached_tokens=cached,
+            delta_tokens=delta,
+            est_wan_s=est_wan_s,
+            reason=(
+                f"singular traffic: prompt {prompt} tokens, max_tokens {request.max_tokens}, "
+                f"hit {hit_rate:.1%}; WAN transfer ({est_wan_s:.2f} s) cut, relay decode finishes"
+            ),
+        )
+
+    threshold = settings.wan_time_threshold_s
+    min_hit = settings.min_hit_rate
+    slow_wan = threshold is not None and est_wan_s > threshold
+    low_hit = min_hit is not None and hit_rate < min_hit
+    if not (slow_wan or low_hit):
+        return Decision(
+            pipeline=Pipeline.P_MD,
+            handoff_mode=HandoffMode.NONE,
+            prefill_id=prefill.id,
+            relay_id=None,
+            main_id=main.id,
+            cached_tokens=cached,
+            delta_tokens=delta,
+            est_wan_s=est_wan_s,
+            reason=f"high hit {hit_rate:.1%}: est WAN {est_wan_s:.3f} s for {delta} delta tokens",
+        )
+
+    why = (
+        f"est WAN {est_wan_s:.3f} s > {threshold} s"
+        if slow_wan
+        else f"hit {hit_rate:.1%} < {min_hit:.1%}"
+    )
+    if relay is None:
+        if settings.fallback_no_relay == Fallback.REJECT:
+            raise NoHealthyPath(f"low hit ({why}) needs a relay decode; none healthy")
+        return Decision(
+            pipeline=Pipeline.P_MD,
+            handoff_mode=HandoffMode.NONE,
+            prefill_id=prefill.id,
+            relay_id=None,
+            main_id=main.id,
+            cached_tokens=cached,
+            delta_tokens=delta,
+            est_wan_s=est_wan_s,
+            reason=f"fallback: low hit ({why}) but no healthy relay decode; straight to MD",
+            fallback=True,
+        )
+
+    mode, mode_why = _handoff_mode(relay, settings)
+    batch = settings.catch_up_batch_tokens if mode == HandoffMode.CATCH_UP else 0
+    return Decision(
+        pipeline=Pipeline.P_RLD_MD,
+        handoff_mode=mode,
+        prefill_id=prefill.id,
+        relay_id=relay.id,
+        main_id=main.id,
+        cached_tokens=cached,
+        delta_tokens=delta,
+        est_wan_s=est_wan_s,
+        reason=(
+            f"low hit {hit_rate:.1%}: {why}; relay decodes while the delta crosses; "
+            f"{mode_why} -> {mode}"
+        ),
+        catch_up_batch=batch,
+    )

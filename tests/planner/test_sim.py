@@ -1,0 +1,126 @@
+"""Specification of the fleet simulator: it routes through routing.policy and shows the
+published directions on small scenarios (seconds each)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import routing.policy
+from planner.api import run_case, simulate
+from planner.cli import main
+from planner.scenario import deep_merge, load_scenario
+
+SMALL_POOLS = [
+    {"role": "prefill", "gpu": "GPU-A", "count": 4, "datacenter": "A"},
+    {"role": "relay_decode", "gpu": "GPU-A", "count": 1, "datacenter": "A"},
+    {"role": "main_decode", "gpu": "GPU-B", "count": 4, "datacenter": "B"},
+]
+
+
+def small_config(system: str, **workload) -> dict:
+    base = load_scenario({"name": "t", "include": "_common.json"})["base"]
+    return deep_merge(
+        base,
+        {
+            "fleet": {"system": system, "pools": SMALL_POOLS},
+            "workload": {"rps": 8, "duration_s": 240, "seed": 3, **workload},
+            "warmup_s": 30,
+        },
+    )
+
+
+def test_pdd_routes_every_request_through_the_policy_module(monkeypatch) -> None:
+    calls = []
+    real = routing.policy.decide
+
+    def spy(request, snapshot, settings):
+        decision = real(request, snapshot, settings)
+        calls.append(decision.pipeline)
+        return decision
+
+    monkeypatch.setattr(routing.policy, "decide", spy)
+    result = run_case("pdd", small_config("pdd", duration_s=60), "fleet")
+    # Every arrival (warm-up included) is decided by the policy module.
+    assert len(calls) >= result.summary["requests"] > 0
+    assert routing.policy.Pipeline.P_RLD_MD in calls
+    assert routing.policy.Pipeline.P_RLD not in calls
+
+
+def test_pdd_ttft_tail_is_below_cdc_pd_on_skewed_traffic() -> None:
+    cdc = run_case("cdc", small_config("cdc-pd"), "fleet").summary
+    pdd = run_case("pdd", small_config("pdd"), "fleet").summary
+    assert pdd["ttft_s"]["p90"] < 0.8 * cdc["ttft_s"]["p90"]
+    assert pdd["ttft_s"]["p99"] < cdc["ttft_s"]["p99"]
+    assert 0.0 < pdd["tokens"]["relay_share"] < 0.2
+    assert cdc["tokens"]["relay_share"] == 0.0
+
+
+def test_p_rld_relay_load_grows_while_pdd_stays_flat() -> None:
+    def early_late(system: str) -> tuple[float, float, float, float]:
+        series = run_case(system, small_config(system, rps=10, duration_s=900), "fleet").series
+        load, hit = np.array(series["rld_load"][1:]), np.array(series["md_hit_rate"][1:])
+        third = len(load) // 3
+        return (
+            float(load[:third].mean()),
+            float(load[-third:].mean()),
+            float(np.nanmean(hit[:third])),
+            float(np.nanmean(hit[-third:])),
+        )
+
+    pdd_load0, pdd_load1, pdd_hit0, pdd_hit1 = early_late("pdd")
+    prld_load0, prld_load1, prld_hit0, prld_hit1 = early_late("p-rld")
+    # P-RLD: MD's cache falls behind, its hit rate decays and the relay takes ever more load.
+    assert prld_hit1 < prld_hit0 - 0.1
+    assert prld_load1 > 1.5 * prld_load0
+    assert prld_load1 > 5 * pdd_load1
+    # PDD: every request ends on MD, so MD's hit rate and the relay load stay level.
+    assert abs(pdd_hit1 - pdd_hit0) < 0.05
+    assert pdd_load1 < 0.15
+
+
+def test_idc_pd_needs_no_wan() -> None:
+    pools = [
+        {"role": "prefill", "gpu": "GPU-A", "count": 4, "datacenter": "A"},
+        {"role": "main_decode", "gpu": "GPU-A", "count": 4, "datacenter": "A"},
+    ]
+    config = small_config("idc-pd", duration_s=60)
+    config["fleet"]["pools"] = pools
+    summary = run_case("idc", config, "fleet").summary
+    assert summary["wan_transfer_s"]["n"] == 0
+    assert summary["unfinished"] == 0
+
+
+def test_simulate_accepts_a_parsed_scenario_dict() -> None:
+    scenario = {
+        "name": "tiny",
+        "include": "_common.json",
+        "base": small_config("pdd", duration_s=40),
+        "cases": {"pdd": {}},
+    }
+    result = simulate(scenario)
+    assert result.cases["pdd"].summary["requests"] > 30
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "no-such-scenario"], "no such scenario"),
+        (["plan", "paper-ttft"], "no search_space"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_nonzero(capsys, args, message) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_cli_reports_a_bad_field_in_a_scenario_file(tmp_path, capsys) -> None:
+    path = tmp_path / "bad.json"
+    config = small_config("pdd")
+    config["fleet"]["engine"]["max_decode_batch"] = 0
+    path.write_text(json.dumps({"base": config}))
+    assert main(["run", str(path), "--no-plots", "--out", str(tmp_path)]) == 2
+    assert "max_decode_batch" in capsys.readouterr().err
