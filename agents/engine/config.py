@@ -1,0 +1,114 @@
+"""Model and engine configuration for the node agent's PyTorch engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """Return the torch dtype for "float32" / "bfloat16" / "float16" (or a dtype itself)."""
+    if isinstance(name, torch.dtype):
+        if name not in _DTYPES.values():
+            raise ValueError(f"unsupported dtype {name}; use one of {sorted(_DTYPES)}")
+        return name
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    """Shape of a Llama-family decoder (Llama, Qwen2 = Llama + q/k/v biases)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_position: int = 2048
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    name: str = "llama"
+    # Qwen2 puts biases on q/k/v only; Llama's `attention_bias` also covers o_proj.
+    attention_bias: bool = False
+    attention_out_bias: bool = False
+    mlp_bias: bool = False
+    # Llama 3 style frequency scaling, as HF's rope_scaling dict ({"rope_type": "llama3", ...}).
+    rope_scaling: dict[str, float | str] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("head_dim", "intermediate_size", "max_position"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
+            raise ValueError("ModelConfig.rope_theta and rms_norm_eps must be > 0")
+        self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
+        for tid in (
+            *self.eos_token_ids,
+            *(() if self.bos_token_id is None else (self.bos_token_id,)),
+        ):
+            if not 0 <= tid < self.vocab_size:
+                raise ValueError(f"ModelConfig special token id {tid} outside vocab")
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            if kind not in ("default", "llama3"):
+                raise ValueError(f"unsupported rope_scaling type {kind!r} (default, llama3)")
+
+    def kv_bytes_per_token(self, element_size: int = 4) -> int:
+        """KV cache bytes one token occupies (K and V, all layers) at `element_size` bytes."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Capacity and batching limits of one engine instance."""
+
+    block_size: int = 16
+    num_blocks: int = 1024  # KV pool capacity in blocks
+    max_running: int = 32  # requests decoding at once
+    max_queued: int = 256  # requests waiting for admission; beyond this submit raises EngineFull
+    max_batch_tokens: int = 2048  # new tokens one forward may process (prefill chunking bound)
+    dtype: str = "float32"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"EngineConfig.block_size must be >= 1, got {self.block_size}")
+        if self.num_blocks < 1:
+            raise ValueError(f"EngineConfig.num_blocks must be >= 1, got {self.num_blocks}")
+        if self.max_running < 1:
+            raise ValueError(f"EngineConfig.max_running must be >= 1, got {self.max_running}")
+        if self.max_queued < 0:
+            raise ValueError(f"EngineConfig.max_queued must be >= 0, got {self.max_queued}")
+        if self.max_batch_tokens < 1:
+            raise ValueError(
+                f"EngineConfig.max_batch_tokens must be >= 1, got {self.max_batch_tokens}"
+            )
+        parse_dtype(self.dtype)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return parse_dtype(self.dtype)

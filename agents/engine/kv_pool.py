@@ -1,0 +1,214 @@
+"""Paged KV cache pool: fixed-size blocks of K/V for every layer, a free list, and the byte
+format in which a request's KV for a token range is shipped between engines."""
+
+from __future__ import annotations
+
+import struct
+import sys
+import warnings
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+import torch
+
+# Wire format of export_kv / import_kv (all little-endian):
+#   header, 24 bytes, struct "<4sBBHHHIII":
+#     magic b"BKV1" | version u8 (=1) | dtype code u8 (0 float32, 1 bfloat16, 2 float16)
+#     | num_layers u16 | num_kv_heads u16 | head_dim u16
+#     | start_token u32 | end_token u32 | reserved u32 (=0)
+#   body: one C-order tensor shaped [2, num_layers, end_token - start_token, num_kv_heads,
+#     head_dim] of the header's dtype; index 0 of the first axis is K, 1 is V. Keys are stored
+#     after RoPE (as the attention reads them), so the receiver copies them verbatim.
+KV_MAGIC = b"BKV1"
+KV_VERSION = 1
+_HEADER = struct.Struct("<4sBBHHHIII")
+KV_HEADER_BYTES = _HEADER.size
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
+
+assert KV_HEADER_BYTES == 24, "header must stay 8-byte aligned for the body's elements"
+assert sys.byteorder == "little", "the KV wire format assumes a little-endian host"
+
+
+class OutOfBlocks(RuntimeError):
+    """The pool has fewer free blocks than requested."""
+
+
+class KVHeader(NamedTuple):
+    dtype: torch.dtype
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    start_token: int
+    end_token: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end_token - self.start_token
+
+
+def read_kv_header(payload: bytes | bytearray | memoryview) -> KVHeader:
+    """Parse and check the header of a KV payload (does not read the body)."""
+    if len(payload) < KV_HEADER_BYTES:
+        raise ValueError(f"KV payload too short for its header: {len(payload)} bytes")
+    magic, version, code, layers, heads, dim, start, end, _ = _HEADER.unpack_from(payload, 0)
+    if magic != KV_MAGIC or version != KV_VERSION:
+        raise ValueError(f"not a KV payload of version {KV_VERSION} (magic {magic!r}, v{version})")
+    if code not in _CODE_DTYPES:
+        raise ValueError(f"KV payload has unknown dtype code {code}")
+    if end < start:
+        raise ValueError(f"KV payload range is reversed: [{start}, {end})")
+    return KVHeader(_CODE_DTYPES[code], layers, heads, dim, start, end)
+
+
+class KVPool(ABC):
+    """A paged KV store. Block ids index the second axis of `k_cache` / `v_cache`."""
+
+    block_size: int
+    num_blocks: int
+    k_cache: torch.Tensor  # [num_layers, num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor  # same shape as k_cache
+
+    @property
+    @abstractmethod
+    def num_free_blocks(self) -> int:
+        """Blocks available to `allocate` (read-only)."""
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks handed out and not yet freed (read-only)."""
+        return self.num_blocks - self.num_free_blocks
+
+    @abstractmethod
+    def allocate(self, n: int) -> list[int]:
+        """Mutates: take `n` free blocks (contents undefined). Raises OutOfBlocks if short."""
+
+    @abstractmethod
+    def free(self, blocks: list[int]) -> None:
+        """Mutates: return blocks to the free list. Freeing a free block is an error."""
+
+    @abstractmethod
+    def export_kv(self, block_table: list[int], start_token: int, end_token: int) -> bytes:
+        """Read-only: the KV of positions [start_token, end_token) of the sequence whose
+        positions live in `block_table`, in the wire format above."""
+
+    @abstractmethod
+    def import_kv(self, payload: bytes | bytearray | memoryview, blocks: list[int]) -> KVHeader:
+        """Mutates the given blocks only: write a payload's KV into freshly allocated `blocks`,
+        the first of which holds position start_token (which must be block-aligned)."""
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold `num_tokens` positions."""
+        return -(-num_tokens // self.block_size)
+
+
+class PagedKVPool(KVPool):
+    """KVPool over two preallocated tensors with a LIFO free list."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if dtype not in _DTYPE_CODES:
+            raise ValueError(f"unsupported KV dtype {dtype}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        # Pop from the end so block 0 is handed out first (easier to read in tests and dumps).
+        self._free = list(range(num_blocks - 1, -1, -1))
+        self._is_free = [True] * num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n < 0:
+            raise ValueError(f"cannot allocate {n} blocks")
+        if n > len(self._free):
+            raise OutOfBlocks(f"need {n} KV blocks, {len(self._free)} free of {self.num_blocks}")
+        blocks = [self._free.pop() for _ in range(n)]
+        for b in blocks:
+            self._is_free[b] = False
+        return blocks
+
+    def free(self, blocks: list[int]) -> None:
+        for b in blocks:
+            assert 0 <= b < self.num_blocks, f"block {b} outside pool of {self.num_blocks}"
+            assert not self._is_free[b], f"double free of KV block {b}"
+            self._is_free[b] = True
+            self._free.append(b)
+
+    def slots(self, block_table: list[int], start_token: int, end_token: int) -> torch.Tensor:
+        """Flat slot index (block * block_size + offset) of each position in the range."""
+        assert 0 <= start_token <= end_token, f"bad range [{start_token}, {end_token})"
+        assert end_token <= len(block_table) * self.block_size, (
+            f"range end {end_token} beyond {len(block_table)} blocks of {self.block_size}"
+        )
+        pos = torch.arange(start_token, end_token)
+        table = torch.tensor(block_table, dtype=torch.long)
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def _flat(self) -> tuple[torch.Tensor, torch.Tensor]:
+        layers, blocks, bs, heads, dim = self.k_cache.shape
+        shape = (layers, blocks * bs, heads, dim)
+        return self.k_cache.view(shape), self.v_cache.view(shape)
+
+    def export_kv(self, block_table: list[int], start_token: int, end_token: int) -> bytes:
+        layers, _, _, heads, dim = self.k_cache.shape
+        slots = self.slots(block_table, start_token, end_token)
+        k, v = self._flat()
+        body = torch.stack((k[:, slots], v[:, slots])).contiguous()  # [2, L, n, KVH, D]
+        header = _HEADER.pack(
+            KV_MAGIC,
+            KV_VERSION,
+            _DTYPE_CODES[self.k_cache.dtype],
+            layers,
+            heads,
+            dim,
+            start_token,
+            end_token,
+            0,
+        )
+        return header + body.view(torch.uint8).numpy().tobytes()
+
+    def import_kv(self, payload: bytes | bytearray | memoryview, blocks: list[int]) -> KVHeader:
+        header = read_kv_header(payload)
+        layers, _, bs, heads, dim = self.k_cache.shape
+        if (header.num_layers, header.num_kv_heads, header.head_dim) != (layers, heads, dim):
+            raise ValueError(
+                f"KV payload shape (layers, kv_heads, head_dim) = "
+                f"{(header.num_layers, header.num_kv_heads, header.head_dim)} does not match "
+                f"this pool's {(layers, heads, dim)}"
+            )
+        if header.dtype != self.k_cache.dtype:
+            raise ValueError(f"KV payload dtype {header.dtype} != pool dtype {self.k_cache.dtype}")
+        if header.start_token % bs:
+            raise ValueError(f"KV payload start {header.start_token} is not a multiple of {bs}")
+        n = header.num_tokens
+        if len(blocks) != self.blocks_for(n):
+            raise ValueError(f"{n} tokens need {self.blocks_for(n)} blocks, got {len(blocks)}")
+        elem = self.k_cache.element_size()
+        expected = KV_HEADER_BYTES + 2 * layers * n * heads * dim * elem
+        if len(payload) != expected:
+            raise ValueError(f"KV payload is {len(payload)} bytes, expected {expected}")
+        if n == 0:
+            return header
+        with warnings.catch_warnings():
+            # The body is only read (then copied into the pool), so a read-only buffer is fine.
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.frombuffer(payload, dtype=torch.uint8, offset=KV_HEADER_BYTES)
+        body = raw.view(header.dtype).view(2, layers, n, heads, dim)
+        slots = self.slots(blocks, 0, n)
+        k, v = self._flat()
+        k[:, slots] = body[0]
+        v[:, slots] = body[1]
+        return header
