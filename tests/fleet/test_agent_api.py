@@ -1,0 +1,241 @@
+"""The agent-facing API and the control plane's bookkeeping of agents: registration,
+heartbeats, health, and the plan that brings reported states to desired ones."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from fleet import agent_services, services
+from fleet.choices import ActualState, NodeStatus
+from fleet.models import FleetEvent, Instance, Node
+
+pytestmark = pytest.mark.django_db
+
+
+def agent_client(token: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"AgentToken {token}")
+    return client
+
+
+def state_doc(*instances: dict) -> dict:
+    return {"node": "x", "datacenter": "dc-a", "protocol": 1, "instances": list(instances)}
+
+
+def report(instance: Instance, state: str = "running", running: int = 1) -> dict:
+    return {
+        "instance_id": str(instance.pk),
+        "role": instance.role,
+        "model": "baton-tiny",
+        "state": state,
+        "load": {"running": running, "queued": 0, "max_running": 32},
+        "kv": {"used_blocks": 3, "total_blocks": 64, "block_size": 16},
+    }
+
+
+@pytest.fixture
+def token_a(node_a) -> str:
+    return services.node_rotate_token(node=node_a)
+
+
+def register(token: str, endpoint: str = "http://127.0.0.1:9101", *instances: dict):
+    return agent_client(token).post(
+        "/api/v1/agent/register", {**state_doc(*instances), "endpoint": endpoint}, format="json"
+    )
+
+
+def test_registration_records_endpoint_and_returns_command_token_and_links(
+    node_a, token_a, link_ab
+):
+    response = register(token_a)
+    assert response.status_code == 200, response.json()
+    body = response.json()
+    node_a.refresh_from_db()
+    assert body["node_id"] == node_a.pk
+    assert body["hostname"] == "a-1"
+    assert body["datacenter"] == "dc-a"
+    assert body["heartbeat_interval_s"] == 2.0
+    assert body["command_token"] == node_a.command_token and len(body["command_token"]) > 20
+    assert body["links"] == {
+        "dc-b": {"bandwidth_gbps": 20.0, "rtt_ms": 30.0, "pool_size": 16, "status": "up"}
+    }
+    assert node_a.agent_endpoint == "http://127.0.0.1:9101"
+    assert node_a.status == NodeStatus.ONLINE
+
+
+def test_each_registration_issues_a_new_command_token(node_a, token_a):
+    first = register(token_a).json()["command_token"]
+    second = register(token_a).json()["command_token"]
+    assert first != second
+
+
+def test_heartbeat_updates_instance_states_and_load(node_a, token_a, prefill_a):
+    register(token_a)
+    response = agent_client(token_a).post(
+        "/api/v1/agent/heartbeat", state_doc(report(prefill_a, "running", running=3)), format="json"
+    )
+    assert response.status_code == 200
+    prefill_a.refresh_from_db()
+    assert prefill_a.actual_state == ActualState.RUNNING
+    assert prefill_a.last_report["load"] == {"running": 3, "queued": 0, "max_running": 32}
+    assert FleetEvent.objects.filter(instance=prefill_a, kind="instance.state").exists()
+
+
+def test_heartbeat_before_registration_is_404(token_a):
+    response = agent_client(token_a).post("/api/v1/agent/heartbeat", state_doc(), format="json")
+    assert response.status_code == 404
+
+
+def test_an_instance_missing_from_the_report_is_stopped(node_a, token_a, prefill_a):
+    register(token_a, "http://127.0.0.1:9101", report(prefill_a))
+    agent_client(token_a).post("/api/v1/agent/heartbeat", state_doc(), format="json")
+    prefill_a.refresh_from_db()
+    assert prefill_a.actual_state == ActualState.STOPPED
+
+
+def test_a_token_cannot_report_for_another_nodes_instance(node_a, node_b, token_a, tiny_model):
+    md = services.instance_create(
+        role="main_decode", node=node_b, served_model=tiny_model, gpu_count=1
+    )
+    register(token_a)
+    agent_client(token_a).post("/api/v1/agent/heartbeat", state_doc(report(md)), format="json")
+    md.refresh_from_db()
+    assert md.actual_state == ActualState.PENDING
+    node_b.refresh_from_db()
+    assert node_b.last_heartbeat_at is None
+
+
+def test_bad_agent_token_is_401(db):
+    response = agent_client("bnt_000000000000_nope").post(
+        "/api/v1/agent/heartbeat", state_doc(), format="json"
+    )
+    assert response.status_code == 401
+
+
+def test_operator_token_cannot_use_the_agent_api(operator):
+    response = operator.post("/api/v1/agent/heartbeat", state_doc(), format="json")
+    assert response.status_code in (401, 403)
+
+
+def test_agent_token_cannot_read_or_write_operator_resources(token_a):
+    client = agent_client(token_a)
+    assert client.get("/api/v1/nodes/").status_code == 401
+    assert client.post("/api/v1/datacenters/", {"name": "x", "region": "y"}).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"instances": [{"instance_id": "1", "state": "exploded"}]}, "instances"),
+        ({"instances": "all of them"}, "instances"),
+        ({}, "instances"),
+    ],
+)
+def test_malformed_heartbeat_is_400_and_changes_nothing(node_a, token_a, body, field):
+    register(token_a)
+    node_a.refresh_from_db()
+    before = node_a.last_heartbeat_at
+    response = agent_client(token_a).post("/api/v1/agent/heartbeat", body, format="json")
+    assert response.status_code == 400
+    assert field in response.json()
+    node_a.refresh_from_db()
+    assert node_a.last_heartbeat_at == before
+
+
+def test_registration_needs_an_endpoint_url(token_a):
+    response = agent_client(token_a).post(
+        "/api/v1/agent/register", {**state_doc(), "endpoint": "not a url"}, format="json"
+    )
+    assert response.status_code == 400
+    assert "endpoint" in response.json()
+
+
+def test_silent_node_goes_offline_and_instances_unavailable_then_returns(
+    node_a, token_a, prefill_a
+):
+    register(token_a, "http://127.0.0.1:9101", report(prefill_a))
+    Node.objects.filter(pk=node_a.pk).update(
+        last_heartbeat_at=timezone.now() - timedelta(seconds=7)
+    )
+    assert agent_services.nodes_mark_offline() == [node_a.pk]
+    node_a.refresh_from_db()
+    prefill_a.refresh_from_db()
+    assert node_a.status == NodeStatus.OFFLINE
+    assert prefill_a.actual_state == ActualState.UNAVAILABLE
+    agent_client(token_a).post(
+        "/api/v1/agent/heartbeat", state_doc(report(prefill_a)), format="json"
+    )
+    node_a.refresh_from_db()
+    prefill_a.refresh_from_db()
+    assert node_a.status == NodeStatus.ONLINE
+    assert prefill_a.actual_state == ActualState.RUNNING
+
+
+def test_a_node_within_its_grace_stays_online(node_a, token_a):
+    register(token_a)
+    Node.objects.filter(pk=node_a.pk).update(
+        last_heartbeat_at=timezone.now() - timedelta(seconds=5)
+    )
+    assert agent_services.nodes_mark_offline() == []
+
+
+def _inst(pk: int, desired: str) -> Instance:
+    instance = Instance(desired_state=desired)
+    instance.pk = pk
+    return instance
+
+
+@pytest.mark.parametrize(
+    ("desired", "reported", "expected"),
+    [
+        ("running", None, ["start"]),
+        ("running", "stopped", ["start"]),
+        ("running", "failed", ["start"]),
+        ("running", "running", []),
+        ("running", "starting", []),
+        ("drained", "running", ["drain"]),
+        ("drained", "draining", []),
+        ("drained", "drained", []),
+        ("stopped", "running", ["stop"]),
+        ("stopped", "drained", ["stop"]),
+        ("stopped", None, []),
+        ("stopped", "stopped", []),
+    ],
+)
+def test_plan_actions(desired, reported, expected):
+    actions = agent_services.plan_actions(
+        desired=[_inst(1, desired)],
+        reported={} if reported is None else {1: reported},
+        known_ids={1},
+    )
+    assert [a.verb for a in actions] == expected
+
+
+def test_plan_stops_instances_the_fleet_does_not_know():
+    actions = agent_services.plan_actions(desired=[], reported={7: "running"}, known_ids=set())
+    assert [(a.verb, a.instance_id) for a in actions] == [("stop", 7)]
+
+
+def test_agent_command_prints_a_serve_line_with_a_working_token(node_a, capsys):
+    from django.core.management import call_command
+
+    call_command("agent_command", "a-1", "--control-plane", "http://cp.example:8000")
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(
+        "python -m agents serve --node a-1 --datacenter dc-a --listen 0.0.0.0:9000 "
+    )
+    assert "--control-plane http://cp.example:8000" in line
+    token = line.split("--token ")[1]
+    assert services.node_authenticate_token(token) == node_a
+
+
+def test_agent_command_for_an_unknown_node_is_a_one_line_error():
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="no node with hostname or id 'ghost'"):
+        call_command("agent_command", "ghost")
