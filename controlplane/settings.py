@@ -37,6 +37,8 @@ INSTALLED_APPS = [
     "channels",
     "controlplane",
     "fleet",
+    "billing",
+    "routing",
 ]
 
 MIDDLEWARE = [

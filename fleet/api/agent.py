@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.utils.functional import cached_property
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
@@ -134,3 +135,18 @@ class AgentHeartbeatView(AgentView):
             return Response({"detail": "Register first."}, status=404)
         agent_services.node_heartbeat(node=node, report=request.data)
         return Response({"ok": True})
+
+
+class AgentTokenScheme(OpenApiAuthenticationExtension):
+    """Documents the AgentToken header in the OpenAPI schema."""
+
+    target_class = "fleet.api.agent.AgentTokenAuthentication"
+    name = "agentToken"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
+            "description": "'AgentToken <token>': the node's agent token.",
+        }

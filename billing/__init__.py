@@ -1,0 +1,1 @@
+"""Tenants, API keys, rate limits and the usage ledger."""

@@ -1,0 +1,47 @@
+from django.contrib import admin, messages
+
+from billing import services
+from billing.models import ApiKey, Tenant, UsageEntry
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["name", "display_name", "requests_per_minute", "tokens_per_minute", "active"]
+    search_fields = ["name", "display_name"]
+    actions = ["issue_key"]
+
+    @admin.action(description="Issue a new API key (shown once)")
+    def issue_key(self, request, queryset):
+        for tenant in queryset:
+            _, raw = services.api_key_create(tenant=tenant, name="admin")
+            messages.warning(request, f"API key for {tenant.name} (shown once): {raw}")
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "tenant", "name", "created_at", "revoked_at", "last_used_at"]
+    list_filter = ["tenant"]
+    readonly_fields = ["prefix", "created_at", "revoked_at", "last_used_at"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request) -> bool:
+        return False  # keys are issued from the tenant list so the raw key can be shown once
+
+    @admin.action(description="Revoke")
+    def revoke(self, request, queryset):
+        for key in queryset:
+            services.api_key_revoke(key=key)
+
+
+@admin.register(UsageEntry)
+class UsageEntryAdmin(admin.ModelAdmin):
+    list_display = [
+        "created_at",
+        "tenant",
+        "model",
+        "prompt_tokens",
+        "cached_tokens",
+        "completion_tokens",
+    ]
+    list_filter = ["tenant", "model"]
+    search_fields = ["request_id"]

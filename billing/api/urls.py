@@ -1,0 +1,10 @@
+from rest_framework.routers import DefaultRouter
+
+from billing.api import views
+
+router = DefaultRouter()
+router.register("tenants", views.TenantViewSet, basename="tenant")
+router.register("api-keys", views.ApiKeyViewSet, basename="apikey")
+router.register("usage", views.UsageEntryViewSet, basename="usage")
+
+urlpatterns = router.urls

@@ -1,0 +1,80 @@
+"""Tenant API keys (hashed, shown once) and the idempotent usage ledger."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from billing.models import ApiKey, Tenant, UsageEntry
+
+KEY_SCHEME = "sk-baton"
+
+
+def _hash(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def api_key_create(*, tenant: Tenant, name: str = "") -> tuple[ApiKey, str]:
+    """A new key for the tenant, returned with its raw value, which is not recoverable later."""
+    prefix = secrets.token_hex(4)
+    raw = f"{KEY_SCHEME}-{prefix}-{secrets.token_urlsafe(32)}"
+    key = ApiKey.objects.create(tenant=tenant, name=name, prefix=prefix, key_hash=_hash(raw))
+    return key, raw
+
+
+def api_key_authenticate(raw: str) -> ApiKey | None:
+    """The active key for a raw value, or None (unknown, malformed, revoked, inactive tenant)."""
+    if not raw.startswith(f"{KEY_SCHEME}-"):
+        return None
+    parts = raw[len(KEY_SCHEME) + 1 :].split("-", 1)
+    if len(parts) != 2:
+        return None
+    key = ApiKey.objects.select_related("tenant").filter(prefix=parts[0]).first()
+    if key is None or not hmac.compare_digest(key.key_hash, _hash(raw)) or not key.is_active:
+        return None
+    now = timezone.now()
+    if key.last_used_at is None or now - key.last_used_at > timedelta(minutes=1):
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+    return key
+
+
+def api_key_revoke(*, key: ApiKey) -> ApiKey:
+    if key.revoked_at is None:
+        key.revoked_at = timezone.now()
+        key.save(update_fields=["revoked_at"])
+    return key
+
+
+def usage_record(
+    *,
+    request_id: str,
+    tenant: Tenant,
+    api_key: ApiKey | None,
+    model: str,
+    prompt_tokens: int,
+    cached_tokens: int,
+    completion_tokens: int,
+) -> tuple[UsageEntry, bool]:
+    """Write the ledger line for a request once; a second call returns the first line."""
+    existing = UsageEntry.objects.filter(request_id=request_id).first()
+    if existing is not None:
+        return existing, False
+    try:
+        with transaction.atomic():
+            entry = UsageEntry.objects.create(
+                request_id=request_id,
+                tenant=tenant,
+                api_key=api_key,
+                model=model,
+                prompt_tokens=prompt_tokens,
+                cached_tokens=min(cached_tokens, prompt_tokens),
+                completion_tokens=completion_tokens,
+            )
+    except IntegrityError:  # a concurrent writer won the race: keep its line
+        return UsageEntry.objects.get(request_id=request_id), False
+    return entry, True

@@ -1,0 +1,74 @@
+"""Routing API: the request log, the decision log, and the live policy settings."""
+
+from __future__ import annotations
+
+import django_filters
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, viewsets
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from routing import services
+from routing.api import serializers as s
+from routing.models import RequestRecord, RoutingDecision
+
+
+class RequestFilterSet(django_filters.FilterSet):
+    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    tenant_name = django_filters.CharFilter(field_name="tenant__name")
+
+    class Meta:
+        model = RequestRecord
+        fields = ["tenant", "model", "pipeline", "handoff_mode", "status", "stream", "request_id"]
+
+
+class DecisionFilterSet(django_filters.FilterSet):
+    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    request_id = django_filters.CharFilter(field_name="request__request_id")
+
+    class Meta:
+        model = RoutingDecision
+        fields = ["pipeline", "handoff_mode", "fallback", "policy_version"]
+
+
+class RequestRecordViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    queryset = RequestRecord.objects.select_related("tenant", "decision")
+    serializer_class = s.RequestRecordSerializer
+    filterset_class = RequestFilterSet
+    ordering_fields = ["created_at", "ttft_s", "e2e_s"]
+
+
+class RoutingDecisionViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    queryset = RoutingDecision.objects.select_related("request")
+    serializer_class = s.RoutingDecisionSerializer
+    filterset_class = DecisionFilterSet
+    ordering_fields = ["created_at"]
+
+
+class RoutingPolicyView(APIView):
+    """The policy settings every gateway follows; a change reaches them within a second."""
+
+    @extend_schema(responses=s.RoutingPolicySerializer)
+    def get(self, request):
+        return Response(s.RoutingPolicySerializer(services.policy_current()).data)
+
+    @extend_schema(request=s.RoutingPolicySerializer, responses=s.RoutingPolicySerializer)
+    def patch(self, request):
+        body = s.RoutingPolicySerializer(data=request.data, partial=True)
+        body.is_valid(raise_exception=True)
+        try:
+            config = services.policy_update(
+                changes=body.validated_data.get("settings", {}), actor=request.user.username
+            )
+        except DjangoValidationError as exc:
+            # Name the field inside settings, e.g. {"settings": {"catch_up_batch_tokens": [...]}}.
+            raise serializers.ValidationError({"settings": exc.message_dict}) from exc
+        return Response(s.RoutingPolicySerializer(config).data)
+
+    put = patch

@@ -1,0 +1,117 @@
+"""Routing records: the live policy settings, every request, and the decision taken for it."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from routing.choices import HandoffChoice, PipelineChoice, RequestStatus
+
+
+class RoutingPolicyConfig(models.Model):
+    """The one row of policy settings every gateway follows; `version` bumps on each change."""
+
+    settings = models.JSONField(
+        default=dict,
+        help_text="routing.policy.PolicySettings as a dict; missing keys take the defaults.",
+    )
+    version = models.PositiveIntegerField(
+        default=1,
+        help_text="Increases on every change; gateways reload when it moves.",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        verbose_name = "routing policy"
+
+    def __str__(self) -> str:
+        return f"routing policy v{self.version}"
+
+
+class RequestRecord(models.Model):
+    request_id = models.CharField(
+        max_length=64,
+        unique=True,
+        help_text="Gateway request id (also the OpenAI response id).",
+    )
+    tenant = models.ForeignKey(
+        "billing.Tenant",
+        on_delete=models.PROTECT,
+        related_name="requests",
+        help_text="Who sent it.",
+    )
+    model = models.CharField(max_length=128, help_text="Served model name.")
+    endpoint = models.CharField(max_length=32, help_text="chat.completions or completions.")
+    stream = models.BooleanField(default=False)
+    status = models.CharField(max_length=16, choices=RequestStatus.choices)
+    error = models.TextField(blank=True, help_text="What went wrong, if it did.")
+    pipeline = models.CharField(max_length=16, choices=PipelineChoice.choices, blank=True)
+    handoff_mode = models.CharField(max_length=16, choices=HandoffChoice.choices, blank=True)
+    handoff_at_token = models.IntegerField(
+        null=True, blank=True, help_text="Output index MD took over at."
+    )
+    handoff_batches = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(
+        default=0, help_text="Prompt tokens served from cache."
+    )
+    completion_tokens = models.PositiveIntegerField(default=0)
+    tokens_by_rld = models.PositiveIntegerField(
+        default=0, help_text="Output tokens decoded by RLD."
+    )
+    tokens_by_md = models.PositiveIntegerField(default=0, help_text="Output tokens decoded by MD.")
+    ttft_s = models.FloatField(null=True, blank=True, help_text="Time to first token, seconds.")
+    tpot_s = models.FloatField(
+        null=True, blank=True, help_text="Mean time per output token after the first, s."
+    )
+    e2e_s = models.FloatField(null=True, blank=True, help_text="End-to-end latency, seconds.")
+    kv_bytes_intra_dc = models.BigIntegerField(
+        default=0, help_text="KV bytes over the intra-DC fabric."
+    )
+    kv_bytes_wan = models.BigIntegerField(default=0, help_text="KV bytes over the WAN.")
+    handoff_bytes = models.BigIntegerField(
+        default=0, help_text="Bytes of token ids handed RLD -> MD."
+    )
+    prefill_instance = models.CharField(max_length=32, blank=True)
+    relay_instance = models.CharField(max_length=32, blank=True)
+    main_instance = models.CharField(max_length=32, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["tenant", "created_at"]),
+            models.Index(fields=["pipeline", "created_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} {self.pipeline or '-'} {self.status}"
+
+
+class RoutingDecision(models.Model):
+    request = models.OneToOneField(
+        "routing.RequestRecord",
+        on_delete=models.CASCADE,
+        related_name="decision",
+        help_text="The request this decision routed.",
+    )
+    policy_version = models.PositiveIntegerField(help_text="RoutingPolicyConfig.version used.")
+    pipeline = models.CharField(max_length=16, choices=PipelineChoice.choices)
+    handoff_mode = models.CharField(max_length=16, choices=HandoffChoice.choices)
+    cached_tokens = models.PositiveIntegerField()
+    delta_tokens = models.PositiveIntegerField()
+    est_wan_s = models.FloatField(
+        null=True, blank=True, help_text="Estimated WAN time of the KV delta, s."
+    )
+    fallback = models.BooleanField(default=False)
+    reason = models.TextField(help_text="Why, in words.")
+    inputs = models.JSONField(
+        default=dict, help_text="The snapshot and request facts the policy saw."
+    )
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.pipeline}/{self.handoff_mode}: {self.reason[:60]}"

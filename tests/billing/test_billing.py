@@ -1,0 +1,168 @@
+"""Tenants, hashed API keys with a visible prefix, revocation, the ledger, and rate limits."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+from django.contrib.auth.models import Group, User
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from billing import services
+from billing.models import ApiKey, Tenant, UsageEntry
+from billing.ratelimit import RateLimiter
+
+
+@pytest.fixture
+def operator(db) -> APIClient:
+    user = User.objects.create_user("ops")
+    user.groups.add(Group.objects.get(name="operator"))
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
+@pytest.fixture
+def tenant(db) -> Tenant:
+    return Tenant.objects.create(name="acme", requests_per_minute=3, tokens_per_minute=100)
+
+
+def test_api_key_is_shown_once_and_stored_hashed(tenant):
+    key, raw = services.api_key_create(tenant=tenant, name="ci")
+    assert raw.startswith(f"sk-baton-{key.prefix}-")
+    assert raw not in key.key_hash
+    assert services.api_key_authenticate(raw) == key
+
+
+@pytest.mark.parametrize(
+    "raw", ["", "sk-baton-", "sk-baton-abcd", "Bearer x", "sk-baton-00000000-zzz"]
+)
+def test_malformed_or_unknown_keys_are_refused(tenant, raw):
+    services.api_key_create(tenant=tenant)
+    assert services.api_key_authenticate(raw) is None
+
+
+def test_revoked_key_is_refused(tenant):
+    key, raw = services.api_key_create(tenant=tenant)
+    services.api_key_revoke(key=key)
+    assert services.api_key_authenticate(raw) is None
+
+
+def test_inactive_tenant_key_is_refused(tenant):
+    _, raw = services.api_key_create(tenant=tenant)
+    Tenant.objects.filter(pk=tenant.pk).update(active=False)
+    assert services.api_key_authenticate(raw) is None
+
+
+def test_usage_is_recorded_once_per_request_id(tenant):
+    kwargs = dict(
+        request_id="req-1",
+        tenant=tenant,
+        api_key=None,
+        model="baton-tiny",
+        prompt_tokens=100,
+        cached_tokens=90,
+        completion_tokens=7,
+    )
+    first, created = services.usage_record(**kwargs)
+    again, created_again = services.usage_record(**{**kwargs, "completion_tokens": 999})
+    assert (created, created_again) == (True, False)
+    assert again.pk == first.pk
+    assert UsageEntry.objects.get().completion_tokens == 7
+
+
+def test_api_creates_a_key_and_shows_it_only_then(operator, tenant):
+    created = operator.post("/api/v1/api-keys/", {"tenant": tenant.id, "name": "laptop"})
+    assert created.status_code == 201, created.json()
+    raw = created.json()["key"]
+    assert services.api_key_authenticate(raw) is not None
+    listed = operator.get("/api/v1/api-keys/").json()["results"]
+    assert "key" not in listed[0]
+    assert listed[0]["display"] == f"sk-baton-{created.json()['prefix']}-..."
+
+
+def test_api_revokes_a_key(operator, tenant):
+    key, raw = services.api_key_create(tenant=tenant)
+    response = operator.post(f"/api/v1/api-keys/{key.id}/revoke/")
+    assert response.status_code == 200
+    assert response.json()["active"] is False
+    assert services.api_key_authenticate(raw) is None
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"name": "Bad Name"}, "name"),
+        ({"name": "t", "requests_per_minute": 0}, "requests_per_minute"),
+        ({"name": "t", "tokens_per_minute": -5}, "tokens_per_minute"),
+    ],
+)
+def test_bad_tenant_fields_are_400(operator, payload, field):
+    response = operator.post("/api/v1/tenants/", payload)
+    assert response.status_code == 400
+    assert field in response.json()
+    assert Tenant.objects.count() == 0
+
+
+def test_tenant_key_command_creates_tenant_and_prints_a_key(db, capsys):
+    from django.core.management import call_command
+
+    call_command("tenant_key", "newco", "--rpm", "5")
+    raw = capsys.readouterr().out.strip()
+    key = services.api_key_authenticate(raw)
+    assert key.tenant.name == "newco"
+    assert key.tenant.requests_per_minute == 5
+    assert ApiKey.objects.count() == 1
+
+
+# --- rate limits ------------------------------------------------------------------------------
+
+
+def _exercise(limiter: RateLimiter, tenant: str) -> list[tuple[bool, str]]:
+    now = 1_000_020.0  # 20 s into a minute window
+    calls = [
+        limiter.check(tenant=tenant, rpm=3, tpm=100, tokens=40, now=now),
+        limiter.check(tenant=tenant, rpm=3, tpm=100, tokens=40, now=now + 1),
+        limiter.check(tenant=tenant, rpm=3, tpm=100, tokens=40, now=now + 2),  # tokens: 120 > 100
+        limiter.check(tenant=tenant, rpm=3, tpm=100, tokens=10, now=now + 3),
+        limiter.check(tenant=tenant, rpm=3, tpm=100, tokens=1, now=now + 4),  # 4th request
+        limiter.check(tenant=tenant, rpm=3, tpm=100, tokens=1, now=now + 60),  # next window
+        limiter.check(tenant=tenant, rpm=3, tpm=100, tokens=500, now=now + 61),  # never fits
+    ]
+    return [(d.allowed, d.limit) for d in calls]
+
+
+EXPECTED = [
+    (True, ""),
+    (True, ""),
+    (False, "tokens"),
+    (True, ""),
+    (False, "requests"),
+    (True, ""),
+    (False, "tokens"),
+]
+
+
+def test_in_process_rate_limits_requests_and_tokens_per_minute():
+    assert _exercise(RateLimiter(""), "acme") == EXPECTED
+
+
+def test_refusal_says_when_to_retry():
+    limiter = RateLimiter("")
+    limiter.check(tenant="t", rpm=1, tpm=100, tokens=1, now=1_000_020.0)
+    refused = limiter.check(tenant="t", rpm=1, tpm=100, tokens=1, now=1_000_030.0)
+    assert refused.allowed is False
+    assert refused.retry_after_s == pytest.approx(50.0)
+
+
+@pytest.mark.redis
+def test_redis_rate_limits_are_the_same_and_shared_between_limiters():
+    prefix = f"test-rl-{uuid.uuid4().hex[:8]}"
+    assert _exercise(RateLimiter(os.environ["REDIS_URL"], prefix=prefix), "acme") == EXPECTED
+    # Two gateways share one budget: a second limiter sees the first one's count.
+    first = RateLimiter(os.environ["REDIS_URL"], prefix=prefix + "b")
+    second = RateLimiter(os.environ["REDIS_URL"], prefix=prefix + "b")
+    assert first.check(tenant="x", rpm=1, tpm=10, tokens=1, now=5_000_000.0).allowed is True
+    assert second.check(tenant="x", rpm=1, tpm=10, tokens=1, now=5_000_001.0).allowed is False
