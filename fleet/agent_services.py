@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from fleet import live
 from fleet.agent_client import AgentClient, AgentError, AgentNotRegistered
 from fleet.choices import ActualState, DesiredState, NodeStatus
 from fleet.models import Instance, Node, WANLink
@@ -123,6 +124,16 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
             actor="agent",
         )
     node.save(update_fields=fields)
+    hostname, datacenter, endpoint = node.hostname, node.datacenter.name, node.agent_endpoint
+    transaction.on_commit(
+        lambda: live.publish_report(
+            node_id=node.pk,
+            hostname=hostname,
+            datacenter=datacenter,
+            endpoint=endpoint,
+            report=report,
+        )
+    )
     reported: dict[int, dict[str, Any]] = {}
     for item in report.get("instances", []):
         try:
