@@ -13,6 +13,7 @@ def healthz(request):
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    path("", include("routing.gateway.urls")),
     path("api/v1/", include("fleet.api.urls")),
     path("api/v1/", include("billing.api.urls")),
     path("api/v1/", include("routing.api.urls")),

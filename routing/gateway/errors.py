@@ -1,0 +1,63 @@
+"""Errors in the OpenAI error shape: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+from django.http import JsonResponse
+
+
+class GatewayError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> JsonResponse:
+        response = JsonResponse(self.body(), status=self.status)
+        for name, value in self.headers.items():
+            response[name] = value
+        return response
+
+
+def bad_request(message: str, param: str | None = None) -> GatewayError:
+    return GatewayError(400, message, param=param, code="invalid_value" if param else None)
+
+
+def unauthorized(message: str = "Invalid API key.") -> GatewayError:
+    return GatewayError(401, message, type_="authentication_error", code="invalid_api_key")
+
+
+def rate_limited(limit: str, retry_after_s: float) -> GatewayError:
+    return GatewayError(
+        429,
+        f"Rate limit reached for {limit} per minute; retry in {retry_after_s:.0f} s.",
+        type_="rate_limit_error" if limit == "requests" else "tokens",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(max(1, int(retry_after_s + 0.999)))},
+    )
+
+
+def unavailable(message: str) -> GatewayError:
+    return GatewayError(503, message, type_="server_error", code="no_healthy_path")

@@ -1,0 +1,118 @@
+"""What the gateway writes when a request ends: the request record, its decision, and the
+tenant's usage line, in one transaction and at most once per request id."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+
+from billing.models import ApiKey
+from billing.services import usage_record
+from routing.models import RequestRecord, RoutingDecision
+from routing.policy import Decision
+
+log = logging.getLogger(__name__)
+
+# Called with each new RequestRecord after commit (telemetry); set by the app that aggregates.
+record_observers: list = []
+
+
+@dataclass(slots=True)
+class Outcome:
+    status: str
+    error: str = ""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    tokens_by_rld: int = 0
+    tokens_by_md: int = 0
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    kv_bytes_intra_dc: int = 0
+    kv_bytes_wan: int = 0
+    handoff_bytes: int = 0
+    handoff_at_token: int | None = None
+    handoff_batches: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def record_request(
+    *,
+    request_id: str,
+    api_key: ApiKey,
+    model: str,
+    endpoint: str,
+    stream: bool,
+    decision: Decision | None,
+    policy_version: int,
+    decision_inputs: dict[str, Any],
+    outcome: Outcome,
+) -> RequestRecord:
+    existing = RequestRecord.objects.filter(request_id=request_id).first()
+    if existing is not None:
+        return existing
+    with transaction.atomic():
+        record = RequestRecord.objects.create(
+            request_id=request_id,
+            tenant=api_key.tenant,
+            model=model,
+            endpoint=endpoint,
+            stream=stream,
+            status=outcome.status,
+            error=outcome.error[:2000],
+            pipeline=decision.pipeline if decision else "",
+            handoff_mode=decision.handoff_mode if decision else "",
+            handoff_at_token=outcome.handoff_at_token,
+            handoff_batches=outcome.handoff_batches,
+            prompt_tokens=outcome.prompt_tokens,
+            cached_tokens=min(outcome.cached_tokens, outcome.prompt_tokens),
+            completion_tokens=outcome.completion_tokens,
+            tokens_by_rld=outcome.tokens_by_rld,
+            tokens_by_md=outcome.tokens_by_md,
+            ttft_s=outcome.ttft_s,
+            tpot_s=outcome.tpot_s,
+            e2e_s=outcome.e2e_s,
+            kv_bytes_intra_dc=outcome.kv_bytes_intra_dc,
+            kv_bytes_wan=outcome.kv_bytes_wan,
+            handoff_bytes=outcome.handoff_bytes,
+            prefill_instance=(decision.prefill_id if decision else "") or "",
+            relay_instance=(decision.relay_id if decision else "") or "",
+            main_instance=(decision.main_id if decision else "") or "",
+        )
+        if decision is not None:
+            RoutingDecision.objects.create(
+                request=record,
+                policy_version=policy_version,
+                pipeline=decision.pipeline,
+                handoff_mode=decision.handoff_mode,
+                cached_tokens=decision.cached_tokens,
+                delta_tokens=decision.delta_tokens,
+                est_wan_s=decision.est_wan_s,
+                fallback=decision.fallback,
+                reason=decision.reason,
+                inputs=decision_inputs,
+            )
+        if outcome.status in ("ok", "cancelled") and outcome.prompt_tokens:
+            usage_record(
+                request_id=request_id,
+                tenant=api_key.tenant,
+                api_key=api_key,
+                model=model,
+                prompt_tokens=outcome.prompt_tokens,
+                cached_tokens=outcome.cached_tokens,
+                completion_tokens=outcome.completion_tokens,
+            )
+
+        def notify() -> None:
+            for observer in record_observers:
+                try:
+                    observer(record)
+                except Exception:  # telemetry must never fail a request
+                    log.warning("record observer failed", exc_info=True)
+
+        transaction.on_commit(notify)
+    return record

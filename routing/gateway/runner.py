@@ -1,0 +1,99 @@
+"""Runs one routed request on the agents: a single streaming call to the chosen prefill agent,
+which ships KV to the decode side and relays the ordered token stream back (agents/PROTOCOL.md,
+data plane)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from routing.live import Endpoint, LiveView
+from routing.policy import Decision, Pipeline
+
+# One client per process: connection pooling to the agents.
+_client: httpx.AsyncClient | None = None
+
+
+def http_client() -> httpx.AsyncClient:
+    global _client
+    if _client is None:
+        _client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=30.0)
+        )
+    return _client
+
+
+class AgentRunError(Exception):
+    """The agents could not run the request (unreachable, refused, failed mid-way)."""
+
+
+@dataclass(slots=True)
+class Sampling:
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+
+
+def _target(endpoint: Endpoint | None) -> dict[str, Any] | None:
+    if endpoint is None:
+        return None
+    return {
+        "instance": endpoint.instance_id,
+        "http": endpoint.http,
+        "kv_host": endpoint.kv_host,
+        "kv_port": endpoint.kv_port,
+        "datacenter": endpoint.datacenter,
+    }
+
+
+def build_plan(
+    *,
+    request_id: str,
+    prompt_ids: list[int],
+    sampling: Sampling,
+    decision: Decision,
+    view: LiveView,
+) -> tuple[str, dict[str, Any]]:
+    """The P agent's URL and the body of its /v1/pdd/generate call for this decision."""
+    prefill = view.endpoints[decision.prefill_id]
+    relay = view.endpoints.get(decision.relay_id) if decision.relay_id else None
+    main = view.endpoints.get(decision.main_id) if decision.main_id else None
+    pipeline = decision.pipeline
+    body = {
+        "request_id": request_id,
+        "instance": prefill.instance_id,
+        "prompt_ids": prompt_ids,
+        "sampling": {
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": sampling.seed,
+        },
+        "pipeline": pipeline,
+        "handoff_mode": decision.handoff_mode,
+        "catch_up_batch": decision.catch_up_batch or None,
+        "relay": _target(relay) if pipeline in (Pipeline.P_RLD_MD, Pipeline.RLD_ONLY) else None,
+        "main": _target(main) if pipeline in (Pipeline.P_MD, Pipeline.P_RLD_MD) else None,
+        "main_cached_tokens": decision.cached_tokens if main is not None else None,
+    }
+    return prefill.http.rstrip("/") + "/v1/pdd/generate", body
+
+
+async def run_events(url: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """Yield the agent's NDJSON events; closing the generator closes the stream, which the
+    agents take as a cancellation."""
+    try:
+        async with http_client().stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                detail = (await response.aread()).decode(errors="replace")[:500]
+                raise AgentRunError(f"prefill agent answered HTTP {response.status_code}: {detail}")
+            async for line in response.aiter_lines():
+                if line.strip():
+                    yield json.loads(line)
+    except httpx.HTTPError as exc:
+        raise AgentRunError(f"prefill agent unreachable: {exc}") from exc

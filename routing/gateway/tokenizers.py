@@ -1,0 +1,40 @@
+"""Tokenizers for served models on the gateway (torch-free): bytes for baton-tiny, a Hugging
+Face tokenizer.json for checkpoints the gateway can read."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from agents.engine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, apply_chat_template
+from routing.gateway.errors import GatewayError
+
+_cache: dict[tuple[str, str], Tokenizer] = {}
+_lock = threading.Lock()
+
+__all__ = ["apply_chat_template", "tokenizer_for"]
+
+
+def tokenizer_for(*, name: str, source: str, tokenizer: str) -> Tokenizer:
+    key = (source, tokenizer)
+    with _lock:
+        found = _cache.get(key)
+    if found is not None:
+        return found
+    if not tokenizer and source == "baton-tiny":
+        found = ByteTokenizer()
+    else:
+        path = Path(tokenizer or source)
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if not path.is_file():
+            raise GatewayError(
+                503,
+                f"The tokenizer of model '{name}' ({path}) is not available on this gateway.",
+                type_="server_error",
+                code="tokenizer_unavailable",
+            )
+        found = HFTokenizer(path)
+    with _lock:
+        _cache[key] = found
+    return found

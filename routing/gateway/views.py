@@ -1,0 +1,457 @@
+"""OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions, /v1/models."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import transaction
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from agents.prefix import prefix_block_hashes
+from billing.models import ApiKey
+from billing.ratelimit import RateLimiter
+from billing.services import api_key_authenticate
+from fleet.models import ServedModel
+from routing.gateway import parsing
+from routing.gateway.errors import (
+    GatewayError,
+    bad_request,
+    rate_limited,
+    unauthorized,
+    unavailable,
+)
+from routing.gateway.records import Outcome, record_request
+from routing.gateway.runner import AgentRunError, Sampling, build_plan, run_events
+from routing.gateway.stream import TextAssembler
+from routing.gateway.tokenizers import apply_chat_template, tokenizer_for
+from routing.live import LiveViewCache
+from routing.policy import NoHealthyPath, RequestInfo, decide
+from routing.policy_cache import PolicyCache
+
+log = logging.getLogger(__name__)
+
+live_views = LiveViewCache()
+policies = PolicyCache()
+_limiter: RateLimiter | None = None
+
+
+def limiter() -> RateLimiter:
+    global _limiter
+    if _limiter is None:
+        _limiter = RateLimiter(settings.REDIS_URL)
+    return _limiter
+
+
+def _authenticate(request: HttpRequest) -> ApiKey:
+    header = request.headers.get("Authorization", "")
+    scheme, _, raw = header.partition(" ")
+    if scheme.lower() != "bearer" or not raw.strip():
+        raise unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
+    key = api_key_authenticate(raw.strip())
+    if key is None:
+        raise unauthorized("Invalid, revoked or inactive API key.")
+    return key
+
+
+def _served_model(name: str) -> ServedModel:
+    model = ServedModel.objects.filter(name=name).first()
+    if model is None:
+        raise GatewayError(
+            404, f"The model '{name}' does not exist.", param="model", code="model_not_found"
+        )
+    return model
+
+
+class Prepared:
+    """Everything decided before the agents run: who, what, where and why."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+
+def _prepare(request: HttpRequest, kind: str) -> Prepared:
+    key = _authenticate(request)
+    body = parsing.parse_json(request.body)
+    greq = (
+        parsing.parse_chat(body, apply_chat_template)
+        if kind == "chat.completions"
+        else parsing.parse_completion(body)
+    )
+    model = _served_model(greq.model)
+    tokenizer = tokenizer_for(name=model.name, source=model.source, tokenizer=model.tokenizer)
+    prompt_ids = tokenizer.encode(greq.prompt_text)
+    total = len(prompt_ids) + greq.max_tokens
+    if total > model.max_context_tokens:
+        raise bad_request(
+            f"This model's maximum context length is {model.max_context_tokens} tokens; the "
+            f"prompt ({len(prompt_ids)}) plus max_tokens ({greq.max_tokens}) is {total}.",
+            "max_tokens",
+        )
+    tenant = key.tenant
+    verdict = limiter().check(
+        tenant=tenant.name,
+        rpm=tenant.requests_per_minute,
+        tpm=tenant.tokens_per_minute,
+        tokens=total,
+    )
+    if not verdict.allowed:
+        raise rate_limited(verdict.limit, verdict.retry_after_s)
+    request_id = f"{'chatcmpl' if kind == 'chat.completions' else 'cmpl'}-{uuid.uuid4().hex}"
+    view = live_views.get(model.name)
+    policy, version = policies.current()
+    info = RequestInfo(
+        prompt_tokens=len(prompt_ids),
+        max_tokens=greq.max_tokens,
+        prefix_block_hashes=prefix_block_hashes(prompt_ids, model.kv_block_size),
+        block_tokens=model.kv_block_size,
+    )
+    inputs = {
+        "prompt_tokens": len(prompt_ids),
+        "max_tokens": greq.max_tokens,
+        "instances": {
+            i.id: {
+                "role": i.role,
+                "healthy": i.healthy,
+                "load": round(i.load, 3),
+                "dc": i.datacenter,
+            }
+            for i in (
+                *view.snapshot.prefill,
+                *view.snapshot.relay_decode,
+                *view.snapshot.main_decode,
+            )
+        },
+        "wan_links": {
+            dc: {
+                "gbps": link.bandwidth_gbps,
+                "rtt_ms": link.rtt_ms,
+                "use": round(link.utilisation, 3),
+                "status": link.status,
+            }
+            for dc, link in view.snapshot.wan_links.items()
+        },
+    }
+    try:
+        decision = decide(info, view.snapshot, policy)
+    except NoHealthyPath as exc:
+        record_request(
+            request_id=request_id,
+            api_key=key,
+            model=model.name,
+            endpoint=kind,
+            stream=greq.stream,
+            decision=None,
+            policy_version=version,
+            decision_inputs=inputs,
+            outcome=Outcome(
+                status="rejected", error=f"no healthy path: {exc}", prompt_tokens=len(prompt_ids)
+            ),
+        )
+        raise unavailable(f"No healthy path for model '{model.name}': {exc}") from exc
+    url, plan = build_plan(
+        request_id=request_id,
+        prompt_ids=prompt_ids,
+        sampling=Sampling(greq.max_tokens, greq.temperature, greq.top_p, greq.seed),
+        decision=decision,
+        view=view,
+    )
+    return Prepared(
+        key=key,
+        greq=greq,
+        model=model,
+        tokenizer=tokenizer,
+        prompt_ids=prompt_ids,
+        request_id=request_id,
+        decision=decision,
+        version=version,
+        inputs=inputs,
+        url=url,
+        plan=plan,
+        kind=kind,
+    )
+
+
+def _usage(p: Prepared, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": len(p.prompt_ids),
+        "completion_tokens": completion_tokens,
+        "total_tokens": len(p.prompt_ids) + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+class Run:
+    """Drives one request's agent stream and assembles text, finish reason and the outcome."""
+
+    def __init__(self, p: Prepared) -> None:
+        self.p = p
+        self.text = TextAssembler(p.tokenizer, stop=p.greq.stop)
+        self.started = time.monotonic()
+        self.first_at: float | None = None
+        self.token_count = 0
+        self.by_role = {"relay_decode": 0, "main_decode": 0}
+        self.stats: dict[str, Any] = {}
+        self.finish_reason: str | None = None
+        self.status = "ok"
+        self.error = ""
+
+    async def deltas(self):
+        """Yield text pieces in order as tokens arrive; set finish_reason at the end."""
+        events = run_events(self.p.url, self.p.plan)
+        try:
+            async for event in events:
+                kind = event.get("type")
+                if kind == "token":
+                    if event.get("index") != self.token_count:
+                        raise AgentRunError(
+                            f"token stream out of order: got index {event.get('index')}, "
+                            f"expected {self.token_count}"
+                        )
+                    self.token_count += 1
+                    if self.first_at is None:
+                        self.first_at = time.monotonic()
+                    role = event.get("role", "")
+                    if role in self.by_role:
+                        self.by_role[role] += 1
+                    piece, stopped = self.text.push(int(event["token_id"]))
+                    if piece:
+                        yield piece
+                    if stopped:
+                        self.finish_reason = "stop"
+                        return
+                elif kind == "done":
+                    self.stats = event.get("stats") or {}
+                    reason = event.get("finish_reason")
+                    self.finish_reason = "length" if reason in ("length", "max_tokens") else "stop"
+                elif kind == "error":
+                    raise AgentRunError(str(event.get("message", "agent error")))
+            tail = self.text.flush()
+            if tail:
+                yield tail
+            if self.finish_reason is None:
+                raise AgentRunError("the agent stream ended without a 'done' event")
+        finally:
+            await events.aclose()
+
+    def outcome(self) -> Outcome:
+        now = time.monotonic()
+        s = self.stats
+        kv = s.get("kv_bytes") or {}
+        handoff = s.get("handoff") or {}
+        by_role = s.get("tokens_by_role") or {}
+        ttft = (self.first_at - self.started) if self.first_at is not None else None
+        tpot = (
+            (now - self.first_at) / (self.token_count - 1)
+            if self.first_at is not None and self.token_count > 1
+            else None
+        )
+        return Outcome(
+            status=self.status,
+            error=self.error,
+            prompt_tokens=len(self.p.prompt_ids),
+            cached_tokens=int(s.get("cached_tokens", self.p.decision.cached_tokens) or 0),
+            completion_tokens=self.token_count,
+            tokens_by_rld=int(by_role.get("rld", self.by_role["relay_decode"])),
+            tokens_by_md=int(by_role.get("md", self.by_role["main_decode"])),
+            ttft_s=ttft,
+            tpot_s=tpot,
+            e2e_s=now - self.started,
+            kv_bytes_intra_dc=int(kv.get("intra_dc", 0) or 0),
+            kv_bytes_wan=int(kv.get("wan", 0) or 0),
+            handoff_bytes=int(s.get("handoff_bytes", 0) or 0),
+            handoff_at_token=handoff.get("at_token"),
+            handoff_batches=int(handoff.get("batches", 0) or 0),
+        )
+
+    async def record(self) -> None:
+        p = self.p
+        try:
+            await sync_to_async(record_request)(
+                request_id=p.request_id,
+                api_key=p.key,
+                model=p.model.name,
+                endpoint=p.kind,
+                stream=p.greq.stream,
+                decision=p.decision,
+                policy_version=p.version,
+                decision_inputs=p.inputs,
+                outcome=self.outcome(),
+            )
+        except Exception:
+            log.exception("could not record request %s", p.request_id)
+
+
+def _chunk(p: Prepared, created: int, text: str | None, finish: str | None, usage=None) -> dict:
+    if p.kind == "chat.completions":
+        delta = {} if text is None else {"content": text}
+        return {
+            "id": p.request_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": p.model.name,
+            "choices": []
+            if usage is not None
+            else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "usage": usage,
+        }
+    return {
+        "id": p.request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": p.model.name,
+        "choices": []
+        if usage is not None
+        else [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}],
+        "usage": usage,
+    }
+
+
+def _sse(data: dict | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()
+
+
+async def _stream(p: Prepared):
+    run = Run(p)
+    created = int(time.time())
+    try:
+        if p.kind == "chat.completions":
+            yield _sse(
+                _chunk(p, created, None, None)
+                | {
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ]
+                }
+            )
+        async for piece in run.deltas():
+            yield _sse(_chunk(p, created, piece, None))
+        yield _sse(
+            _chunk(p, created, None if p.kind == "chat.completions" else "", run.finish_reason)
+        )
+        if p.greq.include_usage:
+            cached = run.outcome().cached_tokens
+            yield _sse(_chunk(p, created, None, None, usage=_usage(p, run.token_count, cached)))
+        yield _sse("[DONE]")
+    except AgentRunError as exc:
+        run.status, run.error = "error", str(exc)
+        yield _sse(
+            GatewayError(
+                500, f"The request failed on the agents: {exc}", type_="server_error"
+            ).body()
+        )
+    except BaseException as exc:  # client went away (CancelledError / GeneratorExit)
+        run.status, run.error = "cancelled", f"client disconnected ({type(exc).__name__})"
+        raise
+    finally:
+        await run.record()
+
+
+async def _complete(p: Prepared) -> JsonResponse:
+    run = Run(p)
+    created = int(time.time())
+    pieces: list[str] = []
+    try:
+        async for piece in run.deltas():
+            pieces.append(piece)
+    except AgentRunError as exc:
+        run.status, run.error = "error", str(exc)
+        await run.record()
+        raise GatewayError(
+            502, f"The request failed on the agents: {exc}", type_="server_error"
+        ) from exc
+    except BaseException as exc:
+        run.status, run.error = "cancelled", f"client disconnected ({type(exc).__name__})"
+        await run.record()
+        raise
+    await run.record()
+    text = "".join(pieces)
+    usage = _usage(p, run.token_count, run.outcome().cached_tokens)
+    if p.kind == "chat.completions":
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": run.finish_reason,
+        }
+        body = {
+            "id": p.request_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": p.model.name,
+            "choices": [choice],
+            "usage": usage,
+        }
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": run.finish_reason}
+        body = {
+            "id": p.request_id,
+            "object": "text_completion",
+            "created": created,
+            "model": p.model.name,
+            "choices": [choice],
+            "usage": usage,
+        }
+    return JsonResponse(body)
+
+
+async def _handle(request: HttpRequest, kind: str):
+    if request.method != "POST":
+        return GatewayError(405, "Use POST.", code="method_not_allowed").response()
+    try:
+        p = await sync_to_async(_prepare)(request, kind)
+        if p.greq.stream:
+            response = StreamingHttpResponse(_stream(p), content_type="text/event-stream")
+            response["Cache-Control"] = "no-cache"
+            response["X-Request-Id"] = p.request_id
+            return response
+        return await _complete(p)
+    except GatewayError as exc:
+        return exc.response()
+
+
+# Async views cannot run inside ATOMIC_REQUESTS; the record write is its own transaction.
+@csrf_exempt
+@transaction.non_atomic_requests
+async def chat_completions(request: HttpRequest):
+    return await _handle(request, "chat.completions")
+
+
+@csrf_exempt
+@transaction.non_atomic_requests
+async def completions(request: HttpRequest):
+    return await _handle(request, "completions")
+
+
+def _list_models(request: HttpRequest) -> JsonResponse:
+    _authenticate(request)
+    data = [
+        {
+            "id": m.name,
+            "object": "model",
+            "created": int(m.created_at.timestamp()),
+            "owned_by": "baton",
+        }
+        for m in ServedModel.objects.all()
+    ]
+    return JsonResponse({"object": "list", "data": data})
+
+
+@transaction.non_atomic_requests
+async def models(request: HttpRequest):
+    try:
+        return await sync_to_async(_list_models)(request)
+    except GatewayError as exc:
+        return exc.response()

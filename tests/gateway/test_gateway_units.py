@@ -1,0 +1,202 @@
+"""Gateway pieces that need no agent: request parsing, OpenAI error shapes, stop strings and
+incremental detokenisation, authentication and limits before any agent is called."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from agents.engine.tokenizer import ByteTokenizer, apply_chat_template
+from billing import services as billing
+from billing.models import Tenant
+from fleet.models import ServedModel
+from routing.gateway import parsing
+from routing.gateway.errors import GatewayError
+from routing.gateway.stream import TextAssembler
+
+
+def test_chat_body_becomes_a_request_with_defaults():
+    req = parsing.parse_chat(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]}, apply_chat_template
+    )
+    assert (req.endpoint, req.model, req.max_tokens, req.stream) == (
+        "chat.completions",
+        "m",
+        256,
+        False,
+    )
+    assert req.prompt_text == "<|user|>\nhi\n<|assistant|>\n"
+
+
+def test_completion_body_takes_max_tokens_and_stream_options():
+    req = parsing.parse_completion(
+        {
+            "model": "m",
+            "prompt": "abc",
+            "max_tokens": 5,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
+    assert (req.max_tokens, req.stream, req.include_usage) == (5, True, True)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "x"}, "model"),
+        ({"model": "m", "prompt": ""}, "prompt"),
+        ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "max_tokens": "5"}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "temperature": 3}, "temperature"),
+        ({"model": "m", "prompt": "x", "top_p": -0.1}, "top_p"),
+        ({"model": "m", "prompt": "x", "n": 2}, "n"),
+        ({"model": "m", "prompt": "x", "stream": "yes"}, "stream"),
+        ({"model": "m", "prompt": "x", "stop": [1]}, "stop"),
+        ({"model": "m", "prompt": "x", "seed": 1.5}, "seed"),
+    ],
+)
+def test_bad_completion_parameters_are_400_naming_the_parameter(body, param):
+    with pytest.raises(GatewayError) as err:
+        parsing.parse_completion(body)
+    assert err.value.status == 400
+    assert err.value.body()["error"]["param"] == param
+
+
+def test_bad_chat_messages_are_400():
+    with pytest.raises(GatewayError) as err:
+        parsing.parse_chat(
+            {"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, apply_chat_template
+        )
+    assert (err.value.status, err.value.param) == (400, "messages")
+
+
+def test_invalid_json_is_400():
+    with pytest.raises(GatewayError) as err:
+        parsing.parse_json(b"{nope")
+    assert err.value.status == 400
+    assert err.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def _feed(assembler: TextAssembler, text: str) -> tuple[list[str], bool]:
+    out = []
+    for token in ByteTokenizer().encode(text):
+        piece, stopped = assembler.push(token)
+        if piece:
+            out.append(piece)
+        if stopped:
+            return out, True
+    tail = assembler.flush()
+    if tail:
+        out.append(tail)
+    return out, False
+
+
+def test_multibyte_characters_are_released_whole():
+    pieces, stopped = _feed(TextAssembler(ByteTokenizer()), "h\u00e9\u20ac!")
+    assert "".join(pieces) == "h\u00e9\u20ac!"
+    assert all("\ufffd" not in p for p in pieces)
+    assert stopped is False
+
+
+def test_stop_string_ends_the_text_before_it():
+    pieces, stopped = _feed(TextAssembler(ByteTokenizer(), stop=["END"]), "abc ENDxyz")
+    assert "".join(pieces) == "abc "
+    assert stopped is True
+
+
+def test_partial_stop_prefix_is_released_when_it_does_not_complete():
+    pieces, stopped = _feed(TextAssembler(ByteTokenizer(), stop=["END"]), "an ENigma")
+    assert "".join(pieces) == "an ENigma"
+    assert stopped is False
+
+
+# --- through the HTTP endpoints, before any agent is involved ---------------------------------
+
+
+@pytest.fixture
+def tenant_key(db):
+    tenant = Tenant.objects.create(name="acme", requests_per_minute=2, tokens_per_minute=10_000)
+    ServedModel.objects.create(
+        name="baton-tiny",
+        source="baton-tiny",
+        num_layers=4,
+        kv_bytes_per_token=4096,
+        max_context_tokens=512,
+    )
+    _, raw = billing.api_key_create(tenant=tenant)
+    return raw
+
+
+def _client(raw: str | None) -> APIClient:
+    client = APIClient()
+    if raw:
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return client
+
+
+def test_missing_key_is_401_in_openai_shape(tenant_key):
+    response = _client(None).post(
+        "/v1/completions", {"model": "baton-tiny", "prompt": "x"}, format="json"
+    )
+    assert response.status_code == 401
+    assert response.json()["error"]["type"] == "authentication_error"
+
+
+def test_revoked_key_is_401(tenant_key):
+    key = billing.api_key_authenticate(tenant_key)
+    billing.api_key_revoke(key=key)
+    response = _client(tenant_key).post(
+        "/v1/completions", {"model": "baton-tiny", "prompt": "x"}, format="json"
+    )
+    assert response.status_code == 401
+
+
+def test_unknown_model_is_404_model_not_found(tenant_key):
+    response = _client(tenant_key).post(
+        "/v1/completions", {"model": "gpt-9", "prompt": "x"}, format="json"
+    )
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "model_not_found"
+
+
+def test_prompt_over_the_context_is_400(tenant_key):
+    response = _client(tenant_key).post(
+        "/v1/completions",
+        {"model": "baton-tiny", "prompt": "x" * 500, "max_tokens": 20},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "max_tokens"
+
+
+def test_no_healthy_path_is_503_and_recorded(tenant_key):
+    from routing.models import RequestRecord
+
+    response = _client(tenant_key).post(
+        "/v1/completions", {"model": "baton-tiny", "prompt": "x"}, format="json"
+    )
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "no_healthy_path"
+    assert RequestRecord.objects.get().status == "rejected"
+
+
+def test_over_the_request_rate_is_429_with_retry_after(tenant_key):
+    client = _client(tenant_key)
+    for _ in range(2):
+        assert (
+            client.post(
+                "/v1/completions", {"model": "baton-tiny", "prompt": "x"}, format="json"
+            ).status_code
+            == 503
+        )
+    response = client.post("/v1/completions", {"model": "baton-tiny", "prompt": "x"}, format="json")
+    assert response.status_code == 429
+    assert response.json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(response["Retry-After"]) >= 1
+
+
+def test_models_lists_served_models(tenant_key):
+    body = _client(tenant_key).get("/v1/models").json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == ["baton-tiny"]
