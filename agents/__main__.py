@@ -1,0 +1,89 @@
+"""Command line of the node agent: `python -m agents serve` and `python -m agents loopback`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+
+from agents.node.settings import ROLES, load_settings
+
+
+def _serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="run one node agent")
+    p.add_argument("--config", help="JSON file with settings (flags override it)")
+    p.add_argument("--role", choices=ROLES, help="standalone: start instance 0 with this role")
+    p.add_argument("--model", help="instance 0's model: baton-tiny or a checkpoint folder")
+    p.add_argument("--datacenter")
+    p.add_argument("--node", help="node name (hostname) reported to the control plane")
+    p.add_argument("--listen", help="HOST:PORT of the HTTP API")
+    p.add_argument("--kv-listen", help="HOST:PORT of the intra-DC KV fabric (port 0: free)")
+    p.add_argument("--wan-port", type=int, help="port of the WAN KV fabric (0: free)")
+    p.add_argument(
+        "--link",
+        action="append",
+        dest="links",
+        help="WAN link to a peer datacenter: PEER_DC=GBPS:RTT_MS[:POOL] (repeatable)",
+    )
+    p.add_argument("--control-plane", help="control plane URL (with --token)")
+    p.add_argument("--token", help="this node's agent token")
+    p.add_argument("--advertise-url", help="HTTP URL peers reach this agent at")
+    p.add_argument("--heartbeat-interval-s", type=float)
+    p.add_argument("--drain-grace-s", type=float, help="SIGTERM: wait this long for requests")
+    p.add_argument("--threads", type=int, help="torch threads")
+    p.add_argument("--num-blocks", type=int, help="KV blocks per engine instance")
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--max-running", type=int)
+    p.add_argument("--max-queued", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--kv-timeout-s", type=float)
+    p.add_argument("--handoff-timeout-s", type=float)
+    p.add_argument("--log-level", default="WARNING")
+
+
+def _loopback_parser(sub) -> None:
+    p = sub.add_parser("loopback", help="run one request through P, RLD and MD on loopback")
+    p.add_argument("--pipeline", choices=("single", "p-md", "p-rld-md"), default="p-rld-md")
+    p.add_argument("--handoff", choices=("one-shot", "catch-up"), default="one-shot")
+    p.add_argument("--prompt-len", type=int, default=200)
+    p.add_argument("--cached-len", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--wan-gbps", type=float, default=1.0)
+    p.add_argument("--wan-rtt-ms", type=float, default=20.0)
+    p.add_argument("--wan-pool", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--catch-up-batch", type=int, default=64)
+    p.add_argument("--handoff-at", type=int, default=0, help="RLD tokens before the handoff")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print one JSON object (always JSON)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agents", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    _loopback_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        logging.basicConfig(
+            level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+        flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "log_level")}
+        try:
+            settings = load_settings(args.config, flags)
+        except (ValueError, OSError) as exc:
+            parser.error(str(exc))
+        from agents.node.serve import serve
+
+        return asyncio.run(serve(settings))
+    from agents.node.loopback import run_loopback
+
+    result = run_loopback(args)
+    print(json.dumps(result, indent=None if args.json else 2))
+    return 0 if not result.get("error") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,473 @@
+"""The agent's state: engine instances by id, the two KV fabrics (servers and clients), WAN links
+per peer datacenter, the inbox where received transfers wait for their request, DRC
+reservations, drain, and the state document of agents/PROTOCOL.md."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from agents.engine import Engine, EngineConfig, load_model
+from agents.engine.loader import LoadedModel
+from agents.node.settings import ROLES, AgentSettings, split_host_port
+from agents.node.worker import EngineWorker
+from agents.transfer.client import FabricClient
+from agents.transfer.counters import Direction, FabricCounters, FabricName
+from agents.transfer.records import Transfer
+from agents.transfer.server import FabricServer
+from agents.transfer.shaping import LinkSettings, LinkShaper
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+# Transfer ids on the fabric: "<request id>|<target instance id>|<what>", what = "kv" or
+# "h<n>" / "h<n>.final" (a handoff batch of token ids).
+SEP = "|"
+
+
+class InstanceState:
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    DRAINED = "drained"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class AgentError(Exception):
+    """An error the HTTP layer turns into a status code and a JSON message."""
+
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+
+
+@dataclass(eq=False)
+class Instance:
+    instance_id: str
+    role: str
+    model: str
+    source: str
+    state: str = InstanceState.STARTING
+    worker: EngineWorker | None = None
+    error: str | None = None
+    active: int = 0  # requests in flight on this instance
+    tokens_emitted: int = 0  # output tokens this instance produced in its role
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def spec(self) -> tuple[str, str, str]:
+        return (self.role, self.model, self.source)
+
+    def admitting(self) -> bool:
+        return self.state == InstanceState.RUNNING and self.worker is not None
+
+
+@dataclass(slots=True)
+class _InboxEntry:
+    queue: asyncio.Queue
+    created_at: float
+    claimed: bool = False
+
+
+@dataclass(slots=True)
+class Reservation:
+    instance_id: str
+    node: Any  # radix TreeNode pinned on the engine thread
+    cached_tokens: int
+    created_at: float
+
+
+class Agent:
+    """One per process. Lives on the event loop's thread; engines live on their own threads."""
+
+    def __init__(self, settings: AgentSettings) -> None:
+        self.settings = settings
+        self.instances: dict[str, Instance] = {}
+        self.counters = FabricCounters()
+        self.links: dict[str, LinkShaper] = {}
+        self.wan_clients: dict[str, FabricClient] = {}
+        self.intra_client = FabricClient(FabricName.INTRA_DC, None, counters=self.counters)
+        self._unshaped_wan = FabricClient(FabricName.WAN, None, counters=self.counters)
+        self.intra_server: FabricServer | None = None
+        self.wan_server: FabricServer | None = None
+        self.draining = False
+        self.active_requests = 0
+        self.tokens_by_role = {role: 0 for role in ROLES}
+        self.command_token: str | None = None  # set by registration with a control plane
+        self.registered = False
+        self._inbox: dict[tuple[str, str], _InboxEntry] = {}
+        self.reservations: dict[str, Reservation] = {}
+        self._models: dict[str, LoadedModel] = {}
+        self._janitor: asyncio.Task | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.background: set[asyncio.Task] = set()
+        # Peer agents' data plane; no pooled-connection cap, streams can be long.
+        self.http = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=32)
+        )
+        for peer, link in settings.links.items():
+            self.set_link(peer, link)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        host, port = split_host_port(self.settings.kv_listen, "kv_listen")
+        self.intra_server = FabricServer(
+            self._on_transfer,
+            self._on_transfer_error,
+            host=host,
+            port=port,
+            fabric=FabricName.INTRA_DC,
+            counters=self.counters,
+        )
+        self.wan_server = FabricServer(
+            self._on_transfer,
+            self._on_transfer_error,
+            host=host,
+            port=self.settings.wan_port,
+            fabric=FabricName.WAN,
+            counters=self.counters,
+        )
+        await self.intra_server.start()
+        await self.wan_server.start()
+        self._janitor = asyncio.create_task(self._sweep())
+        if self.settings.role is not None:
+            await self.put_instance(
+                "0", self.settings.role, self.settings.model, self.settings.model
+            )
+            inst = self.instances["0"]
+            await inst.ready.wait()
+            if inst.state == InstanceState.FAILED:
+                raise RuntimeError(f"instance 0 failed to start: {inst.error}")
+
+    async def close(self) -> None:
+        if self._janitor is not None:
+            self._janitor.cancel()
+        for inst in list(self.instances.values()):
+            await self._stop_instance(inst)
+        for server in (self.intra_server, self.wan_server):
+            if server is not None:
+                await server.close()
+        await self.http.aclose()
+
+    # -- instances ---------------------------------------------------------------------------
+
+    async def put_instance(
+        self, instance_id: str, role: str, model: str, source: str, wait_s: float = 3.0
+    ) -> Instance:
+        """Start an instance (idempotent for the same spec; 409 for a different one)."""
+        if role not in ROLES:
+            raise AgentError(400, f"role must be one of {list(ROLES)}, got {role!r}", "role")
+        current = self.instances.get(instance_id)
+        if current is not None and current.state not in (
+            InstanceState.STOPPED,
+            InstanceState.FAILED,
+        ):
+            if current.spec != (role, model, source):
+                raise AgentError(
+                    409,
+                    f"instance {instance_id} runs {current.spec}; stop it before starting "
+                    f"{(role, model, source)}",
+                )
+            await asyncio.wait({asyncio.ensure_future(current.ready.wait())}, timeout=wait_s)
+            return current
+        if self.draining:
+            raise AgentError(503, "agent is draining; not starting instances")
+        inst = Instance(instance_id, role, model, source)
+        self.instances[instance_id] = inst
+        task = asyncio.create_task(self._load(inst))
+        await asyncio.wait({task}, timeout=wait_s)
+        return inst
+
+    async def _load(self, inst: Instance) -> None:
+        s = self.settings
+        config = EngineConfig(
+            block_size=s.block_size,
+            num_blocks=s.num_blocks,
+            max_running=s.max_running,
+            max_queued=s.max_queued,
+            seed=s.seed,
+        )
+        try:
+            loaded = self._models.get(inst.source)
+            if loaded is None:
+                loaded = await asyncio.to_thread(
+                    load_model, inst.source, config.torch_dtype, s.seed
+                )
+                self._models[inst.source] = loaded
+            engine = Engine(loaded, config)
+        except Exception as exc:  # noqa: BLE001 - reported in the state document
+            log.exception("instance %s failed to load %s", inst.instance_id, inst.source)
+            inst.state, inst.error = InstanceState.FAILED, f"{type(exc).__name__}: {exc}"
+        else:
+            if inst.state == InstanceState.STARTING:
+                loop = asyncio.get_running_loop()
+                inst.worker = EngineWorker(engine, loop, inst.instance_id)
+                inst.state = InstanceState.RUNNING
+        inst.ready.set()
+
+    async def drain_instance(self, instance_id: str) -> Instance:
+        inst = self.instances.get(instance_id)
+        if inst is None or inst.state == InstanceState.STOPPED:
+            raise AgentError(404, f"no instance {instance_id}")
+        if inst.state in (InstanceState.RUNNING, InstanceState.STARTING):
+            inst.state = InstanceState.DRAINING
+        self._check_drained(inst)
+        return inst
+
+    async def delete_instance(self, instance_id: str) -> None:
+        inst = self.instances.pop(instance_id, None)
+        if inst is not None:
+            await self._stop_instance(inst)
+
+    async def _stop_instance(self, inst: Instance) -> None:
+        inst.state = InstanceState.STOPPED
+        inst.ready.set()
+        if inst.worker is not None:
+            inst.worker.stop()
+            await asyncio.to_thread(inst.worker.join, 10.0)
+            inst.worker = None
+
+    def _check_drained(self, inst: Instance) -> None:
+        if inst.state == InstanceState.DRAINING and inst.active == 0:
+            inst.state = InstanceState.DRAINED
+
+    def instance(self, instance_id: str | None, role: str | None) -> Instance:
+        """The instance a data-plane request names (or the only one of `role`), admitting."""
+        if instance_id is None:
+            matches = [i for i in self.instances.values() if role is None or i.role == role]
+            if len(matches) != 1:
+                raise AgentError(
+                    400,
+                    f"instance: required when this agent has {len(matches)} "
+                    f"{role or 'any'} instances",
+                    "instance",
+                )
+            inst = matches[0]
+        else:
+            inst = self.instances.get(instance_id)
+            if inst is None:
+                raise AgentError(404, f"no instance {instance_id} on this agent", "instance")
+        if role is not None and inst.role != role:
+            raise AgentError(
+                400, f"instance {inst.instance_id} is a {inst.role}, not a {role}", "instance"
+            )
+        if self.draining or inst.state in (InstanceState.DRAINING, InstanceState.DRAINED):
+            raise AgentError(503, f"instance {inst.instance_id} is draining; not admitting")
+        if not inst.admitting():
+            raise AgentError(503, f"instance {inst.instance_id} is {inst.state}")
+        return inst
+
+    # -- request accounting (drain waits for these) ------------------------------------------
+
+    def begin(self, inst: Instance | None) -> None:
+        self.active_requests += 1
+        self._idle.clear()
+        if inst is not None:
+            inst.active += 1
+
+    def end(self, inst: Instance | None) -> None:
+        self.active_requests -= 1
+        if inst is not None:
+            inst.active -= 1
+            self._check_drained(inst)
+        if self.active_requests == 0:
+            self._idle.set()
+
+    def count_tokens(self, inst: Instance, n: int = 1) -> None:
+        inst.tokens_emitted += n
+        self.tokens_by_role[inst.role] += n
+
+    async def drain(self, grace_s: float) -> bool:
+        """Stop admitting; wait up to grace_s for in-flight requests. True if all finished."""
+        self.draining = True
+        for inst in self.instances.values():
+            if inst.state in (InstanceState.RUNNING, InstanceState.STARTING):
+                inst.state = InstanceState.DRAINING
+            self._check_drained(inst)
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+            return True
+        except TimeoutError:
+            return False
+
+    # -- links -------------------------------------------------------------------------------
+
+    def set_link(self, peer: str, link: LinkSettings) -> LinkSettings:
+        shaper = self.links.get(peer)
+        if shaper is None:
+            shaper = LinkShaper(link)
+            self.links[peer] = shaper
+            self.wan_clients[peer] = FabricClient(FabricName.WAN, shaper, counters=self.counters)
+            return shaper.settings
+        return shaper.update(
+            bandwidth_gbps=link.bandwidth_gbps, rtt_ms=link.rtt_ms, pool_size=link.pool_size
+        )
+
+    def wan_client(self, peer_datacenter: str | None) -> FabricClient:
+        """The WAN link's shaped client towards that datacenter; a peer with no configured
+        link gets unshaped WAN (still counted as WAN, and logged)."""
+        client = self.wan_clients.get(peer_datacenter) if peer_datacenter else None
+        if client is None:
+            log.warning("no link configured towards %s: WAN transfer is unshaped", peer_datacenter)
+            return self._unshaped_wan
+        return client
+
+    # -- inbox: received transfers wait here for their request -------------------------------
+
+    def inbox(self, request_id: str, instance_id: str) -> asyncio.Queue:
+        """The queue of transfers (or failures) for this request on this instance."""
+        entry = self._inbox.get((request_id, instance_id))
+        if entry is None:
+            entry = _InboxEntry(asyncio.Queue(), time.monotonic())
+            self._inbox[(request_id, instance_id)] = entry
+        entry.claimed = True
+        return entry.queue
+
+    def drop_inbox(self, request_id: str, instance_id: str) -> None:
+        self._inbox.pop((request_id, instance_id), None)
+
+    def fail_inbox(self, request_id: str, reason: str) -> None:
+        """Wake every consumer of request_id with a failure (a cancel, a failed send)."""
+        for (rid, _iid), entry in list(self._inbox.items()):
+            if rid == request_id:
+                entry.queue.put_nowait(RuntimeError(reason))
+
+    def _entry(self, transfer_id: str | None) -> tuple[_InboxEntry | None, str]:
+        if transfer_id is None or transfer_id.count(SEP) != 2:
+            return None, ""
+        request_id, instance_id, what = transfer_id.split(SEP)
+        key = (request_id, instance_id)
+        entry = self._inbox.get(key)
+        if entry is None:
+            entry = _InboxEntry(asyncio.Queue(), time.monotonic())
+            self._inbox[key] = entry
+        return entry, what
+
+    async def _on_transfer(self, transfer: Transfer) -> None:
+        entry, what = self._entry(transfer.request_id)
+        if entry is None:
+            log.warning("transfer %r names no request|instance|kind; dropped", transfer.request_id)
+            return
+        entry.queue.put_nowait((what, transfer))
+
+    async def _on_transfer_error(self, transfer_id: str | None, exc: Exception) -> None:
+        log.warning("transfer %s failed: %r", transfer_id, exc)
+        entry, _ = self._entry(transfer_id)
+        if entry is not None:
+            entry.queue.put_nowait(exc)
+
+    async def _sweep(self) -> None:
+        """Drop unclaimed inbox entries and stale DRC reservations."""
+        while True:
+            await asyncio.sleep(min(5.0, self.settings.reserve_ttl_s / 4))
+            now = time.monotonic()
+            for key, entry in list(self._inbox.items()):
+                if not entry.claimed and now - entry.created_at > self.settings.kv_timeout_s:
+                    self._inbox.pop(key, None)
+            for rid, res in list(self.reservations.items()):
+                if now - res.created_at > self.settings.reserve_ttl_s:
+                    await self.unreserve(rid)
+
+    async def unreserve(self, request_id: str) -> None:
+        res = self.reservations.pop(request_id, None)
+        if res is None:
+            return
+        inst = self.instances.get(res.instance_id)
+        if inst is not None and inst.worker is not None:
+            await inst.worker.call(lambda engine: engine.cache.unlock(res.node))
+
+    # -- state document ----------------------------------------------------------------------
+
+    def instance_state(self, inst: Instance) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "instance_id": inst.instance_id,
+            "role": inst.role,
+            "model": inst.model,
+            "source": inst.source,
+            "state": inst.state,
+            "tokens_generated": inst.tokens_emitted,
+            "kv_endpoint": self.kv_endpoint(),
+        }
+        if inst.error:
+            doc["error"] = inst.error
+        if inst.worker is not None:
+            st = inst.worker.stats
+            doc["load"] = {
+                "running": st.running,
+                "queued": st.queued,
+                "held": st.held,
+                "active_requests": inst.active,
+                "max_running": self.settings.max_running,
+            }
+            doc["kv"] = {
+                "used_blocks": st.kv_blocks_used,
+                "total_blocks": st.kv_blocks_total,
+                "block_size": self.settings.block_size,
+            }
+            doc["cache"] = {
+                "lookups": st.cache_lookups,
+                "hits": st.cache_hits,
+                "queried_tokens": st.cache_queried_tokens,
+                "matched_tokens": st.cache_matched_tokens,
+                "cached_blocks": st.cached_blocks,
+                "hit_rate": st.cache_hit_rate,
+            }
+            doc["engine"] = {
+                "tokens_computed": st.tokens_computed,
+                "tokens_sampled": st.tokens_generated,
+                "forwards": st.forwards,
+                "preemptions": st.preemptions,
+            }
+        return doc
+
+    def kv_endpoint(self) -> dict[str, Any] | None:
+        if self.intra_server is None or self.wan_server is None:
+            return None
+        return {
+            "host": self.intra_server.host,
+            "port": self.intra_server.port,
+            "wan_port": self.wan_server.port,
+        }
+
+    def state(self) -> dict[str, Any]:
+        fabrics = {}
+        for fabric in FabricName.ALL:
+            sent = self.counters.totals(fabric, Direction.SENT)
+            received = self.counters.totals(fabric, Direction.RECEIVED)
+            fabrics[fabric] = {
+                "sent_bytes": sent.wire_bytes,
+                "received_bytes": received.wire_bytes,
+                "sent_payload_bytes": sent.payload_bytes,
+                "received_payload_bytes": received.payload_bytes,
+                "transfers": sent.transfers + received.transfers,
+                "failures": sent.failures + received.failures,
+            }
+        return {
+            "node": self.settings.node,
+            "datacenter": self.settings.datacenter,
+            "protocol": PROTOCOL_VERSION,
+            "draining": self.draining,
+            "active_requests": self.active_requests,
+            "instances": [self.instance_state(i) for i in self.instances.values()],
+            "tokens_by_role": dict(self.tokens_by_role),
+            "fabrics": fabrics,
+            "links": {peer: link_json(s.settings) for peer, s in self.links.items()},
+        }
+
+
+def link_json(link: LinkSettings) -> dict[str, Any]:
+    return {
+        "bandwidth_gbps": link.bandwidth_gbps,
+        "rtt_ms": link.rtt_ms,
+        "pool_size": link.pool_size,
+    }

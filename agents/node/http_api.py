@@ -1,0 +1,310 @@
+"""The agent's HTTP API (starlette): health, state and operator commands from agents/PROTOCOL.md,
+and the data plane (`/v1/generate`, `/v1/pdd/*`) that streams NDJSON token events."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from agents.engine import EngineFull
+from agents.node import pipelines
+from agents.node.agent import Agent, AgentError, Instance, link_json
+from agents.node.settings import link_from_json
+from agents.node.wire import (
+    PIPELINES,
+    HandoffPlan,
+    Peer,
+    bad,
+    get_ids,
+    get_int,
+    get_str,
+    need_dict,
+    parse_sampling,
+)
+
+log = logging.getLogger(__name__)
+
+
+class EventStream(Response):
+    """NDJSON stream of event dicts. If the client goes away the producer is cancelled (so its
+    cleanup runs at once), and `on_close` always runs exactly once afterwards."""
+
+    media_type = "application/x-ndjson"
+
+    def __init__(
+        self, events: AsyncIterator[dict[str, Any]], on_close: Callable[[], Awaitable[None]]
+    ) -> None:
+        self.events = events
+        self.on_close = on_close
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"cache-control": "no-store"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def produce() -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for event in self.events:
+                line = json.dumps(event, separators=(",", ":")) + "\n"
+                await send({"type": "http.response.body", "body": line.encode(), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        async def listen() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        producer = asyncio.create_task(produce())
+        listener = asyncio.create_task(listen())
+        try:
+            await asyncio.wait({producer, listener}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (producer, listener):
+                task.cancel()
+            await asyncio.gather(producer, listener, return_exceptions=True)
+            try:
+                await self.events.aclose()
+            finally:
+                await self.on_close()
+
+
+def error(status: int, message: str, field: str | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"error": message}
+    if field:
+        body["field"] = field
+    return JSONResponse(body, status_code=status)
+
+
+def build_app(agent: Agent) -> Starlette:
+    def command(handler: Callable[[Request], Awaitable[Response]]):
+        async def wrapped(request: Request) -> Response:
+            token = agent.command_token
+            if token is not None:
+                given = request.headers.get("authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                    return error(401, "missing or wrong command token (Authorization: Bearer)")
+            return await guarded(handler, request)
+
+        return wrapped
+
+    async def guarded(handler, request: Request) -> Response:
+        try:
+            return await handler(request)
+        except AgentError as exc:
+            return error(exc.status, exc.message, exc.field)
+
+    def data(handler):
+        async def wrapped(request: Request) -> Response:
+            return await guarded(handler, request)
+
+        return wrapped
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        try:
+            raw = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise bad("body", "must be JSON") from None
+        return need_dict(raw)
+
+    # -- health, state, commands -------------------------------------------------------------
+
+    async def health(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "status": "draining" if agent.draining else "ok",
+                "node": agent.settings.node,
+                "protocol": 1,
+            }
+        )
+
+    async def state(request: Request) -> Response:
+        return JSONResponse(agent.state())
+
+    async def put_instance(request: Request) -> Response:
+        body = await body_of(request)
+        iid = request.path_params["instance_id"]
+        if "|" in iid:
+            raise bad("instance_id", "must not contain '|'")
+        role = get_str(body, "role")
+        model = get_str(body, "model", "baton-tiny")
+        source = get_str(body, "source", model)
+        inst = await agent.put_instance(iid, role, model, source)
+        return JSONResponse(agent.instance_state(inst))
+
+    async def drain_instance(request: Request) -> Response:
+        inst = await agent.drain_instance(request.path_params["instance_id"])
+        return JSONResponse(agent.instance_state(inst))
+
+    async def delete_instance(request: Request) -> Response:
+        await agent.delete_instance(request.path_params["instance_id"])
+        return JSONResponse({"state": "stopped"})
+
+    async def put_link(request: Request) -> Response:
+        body = await body_of(request)
+        try:
+            link = link_from_json(body)
+        except ValueError as exc:
+            field = str(exc).split(":")[0] if ":" in str(exc) else None
+            raise AgentError(400, str(exc), field) from None
+        applied = agent.set_link(request.path_params["peer"], link)
+        return JSONResponse(link_json(applied))
+
+    # -- data plane --------------------------------------------------------------------------
+
+    def check_prompt(inst: Instance, prompt: list[int], max_tokens: int) -> None:
+        cfg = inst.worker.engine.model_config
+        if len(prompt) + max_tokens > cfg.max_position:
+            raise bad(
+                "prompt_ids",
+                f"{len(prompt)} prompt tokens + max_tokens {max_tokens} exceed the model's "
+                f"context of {cfg.max_position}",
+            )
+        bs = agent.settings.block_size
+        need = -(-(len(prompt) + max_tokens) // bs)
+        if need > agent.settings.num_blocks:
+            raise bad(
+                "prompt_ids",
+                f"needs {need} KV blocks; the instance has {agent.settings.num_blocks}",
+            )
+
+    def vocab(inst: Instance) -> int:
+        return inst.worker.engine.model_config.vocab_size
+
+    def request_id_of(body: dict) -> str:
+        rid = get_str(body, "request_id", None)
+        return rid or f"req-{uuid.uuid4().hex[:16]}"
+
+    async def admit(inst: Instance, fn: Callable[[], Awaitable[Any]]) -> Any:
+        agent.begin(inst)
+        try:
+            return await fn()
+        except EngineFull as exc:
+            agent.end(inst)
+            raise AgentError(503, f"engine full: {exc}") from None
+        except ValueError as exc:
+            agent.end(inst)
+            raise AgentError(400, f"prompt_ids: {exc}", "prompt_ids") from None
+        except BaseException:
+            agent.end(inst)
+            raise
+
+    def stream(inst: Instance, events, cleanup=None) -> EventStream:
+        async def on_close() -> None:
+            try:
+                if cleanup is not None:
+                    await cleanup()
+            finally:
+                agent.end(inst)
+
+        return EventStream(events, on_close)
+
+    async def generate(request: Request) -> Response:
+        body = await body_of(request)
+        inst = agent.instance(get_str(body, "instance", None), None)
+        prompt = get_ids(body, "prompt_ids", vocab(inst))
+        sampling = parse_sampling(body.get("sampling"))
+        check_prompt(inst, prompt, sampling.max_tokens)
+        rid = request_id_of(body)
+        started = time.monotonic()
+        queue = await admit(
+            inst, lambda: pipelines.admit_single(agent, inst, rid, prompt, sampling)
+        )
+        return stream(inst, pipelines.run_single(agent, inst, rid, queue, started))
+
+    async def pdd_generate(request: Request) -> Response:
+        body = await body_of(request)
+        inst = agent.instance(get_str(body, "instance", None), "prefill")
+        prompt = get_ids(body, "prompt_ids", vocab(inst))
+        sampling = parse_sampling(body.get("sampling"))
+        check_prompt(inst, prompt, sampling.max_tokens)
+        pipeline = get_str(body, "pipeline", choices=PIPELINES)
+        plan = HandoffPlan.parse(body)
+        main = Peer.parse(body.get("main"), "main")
+        relay = None
+        if pipeline == "p-rld-md":
+            relay = Peer.parse(body.get("relay"), "relay")
+        req = pipelines.PddRequest(
+            request_id_of(body), prompt, sampling, pipeline, plan, main, relay
+        )
+        pre = await admit(inst, lambda: pipelines.admit_prefill(agent, inst, req))
+
+        async def cleanup() -> None:
+            # Idempotent: a held prefill (never streamed) is released; otherwise a no-op.
+            await pipelines.release_prefill(agent, inst, req.request_id)
+
+        return stream(inst, pipelines.run_prefill(agent, inst, req, pre), cleanup)
+
+    async def pdd_reserve(request: Request) -> Response:
+        body = await body_of(request)
+        inst = agent.instance(get_str(body, "instance", None), "main_decode")
+        prompt = get_ids(body, "prompt_ids", vocab(inst))
+        rid = get_str(body, "request_id")
+        cached = await pipelines.reserve_prefix(agent, inst, rid, prompt)
+        return JSONResponse({"request_id": rid, "cached_tokens": cached})
+
+    def decode_common(body: dict, inst: Instance) -> tuple[str, list[int], int, Any]:
+        prompt = get_ids(body, "prompt_ids", vocab(inst))
+        first = get_int(body, "first_token", minimum=0)
+        if first >= vocab(inst):
+            raise bad("first_token", "outside the vocabulary")
+        sampling = parse_sampling(body.get("sampling"))
+        check_prompt(inst, prompt, sampling.max_tokens)
+        return get_str(body, "request_id"), prompt, first, sampling
+
+    async def pdd_decode(request: Request) -> Response:
+        body = await body_of(request)
+        inst = agent.instance(get_str(body, "instance", None), "main_decode")
+        rid, prompt, first, sampling = decode_common(body, inst)
+        start = get_int(body, "start_token", 0, minimum=0)
+        if start > len(prompt) or start % agent.settings.block_size:
+            raise bad("start_token", "must be a whole number of blocks within the prompt")
+        hold = body.get("hold", False)
+        if not isinstance(hold, bool):
+            raise bad("hold", "must be a boolean")
+        req = pipelines.DecodeRequest(rid, prompt, first, sampling, start, hold)
+        agent.begin(inst)
+        return stream(inst, pipelines.run_main(agent, inst, req))
+
+    async def pdd_relay(request: Request) -> Response:
+        body = await body_of(request)
+        inst = agent.instance(get_str(body, "instance", None), "relay_decode")
+        rid, prompt, first, sampling = decode_common(body, inst)
+        main = None if body.get("main") is None else Peer.parse(body.get("main"), "main")
+        start = get_int(body, "main_start_token", 0, minimum=0)
+        req = pipelines.RelayRequest(
+            rid, prompt, first, sampling, main, start, HandoffPlan.parse(body)
+        )
+        agent.begin(inst)
+        return stream(inst, pipelines.run_relay(agent, inst, req))
+
+    async def pdd_cancel(request: Request) -> Response:
+        body = await body_of(request)
+        rid = get_str(body, "request_id")
+        found = await pipelines.cancel_local(agent, rid)
+        return JSONResponse({"request_id": rid, "aborted": found})
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/state", command(state), methods=["GET"]),
+        Route("/instances/{instance_id}", command(put_instance), methods=["PUT"]),
+        Route("/instances/{instance_id}", command(delete_instance), methods=["DELETE"]),
+        Route("/instances/{instance_id}/drain", command(drain_instance), methods=["POST"]),
+        Route("/links/{peer}", command(put_link), methods=["PUT"]),
+        Route("/v1/generate", data(generate), methods=["POST"]),
+        Route("/v1/pdd/generate", data(pdd_generate), methods=["POST"]),
+        Route("/v1/pdd/reserve", data(pdd_reserve), methods=["POST"]),
+        Route("/v1/pdd/decode", data(pdd_decode), methods=["POST"]),
+        Route("/v1/pdd/relay", data(pdd_relay), methods=["POST"]),
+        Route("/v1/pdd/cancel", data(pdd_cancel), methods=["POST"]),
+    ]
+    return Starlette(routes=routes)

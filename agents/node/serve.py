@@ -1,0 +1,91 @@
+"""`python -m agents serve`: one agent process (HTTP API on uvicorn, KV fabric servers, engine
+threads), optional control-plane registration, and drain-then-exit on SIGTERM / SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+
+import torch
+import uvicorn
+
+from agents.node.agent import Agent
+from agents.node.control import ControlPlaneLink
+from agents.node.http_api import build_app
+from agents.node.settings import AgentSettings, split_host_port
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the agent drains first, then stops it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def advertised_url(settings: AgentSettings, port: int) -> str:
+    if settings.advertise_url:
+        return settings.advertise_url.rstrip("/")
+    host, _ = split_host_port(settings.listen)
+    if host in ("0.0.0.0", "::", ""):
+        host = settings.node or socket.gethostname()
+    return f"http://{host}:{port}"
+
+
+async def serve(settings: AgentSettings) -> int:
+    torch.set_num_threads(settings.threads)
+    agent = Agent(settings)
+    await agent.start()
+    host, port = split_host_port(settings.listen)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound_port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        build_app(agent),
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+        access_log=False,
+        lifespan="off",
+        ws="none",
+    )
+    server = _Server(config)
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    serve_task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not serve_task.done():
+        await asyncio.sleep(0.02)
+    endpoint = advertised_url(settings, bound_port)
+    # One line the launcher (tests, loopback) reads: where everything listens.
+    print(
+        f"AGENT READY http={endpoint} kv={agent.intra_server.port} wan={agent.wan_server.port}",
+        flush=True,
+    )
+    control = None
+    if settings.control_plane:
+        control = asyncio.create_task(ControlPlaneLink(agent, endpoint).run())
+    stop_wait = asyncio.create_task(stopping.wait())
+    await asyncio.wait({serve_task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    clean = True
+    if stopping.is_set():
+        log.warning("signal received: draining (grace %.0f s)", settings.drain_grace_s)
+        clean = await agent.drain(settings.drain_grace_s)
+        if not clean:
+            log.warning("%d requests still in flight after the grace period", agent.active_requests)
+    server.should_exit = True
+    with contextlib.suppress(Exception):
+        await serve_task
+    stop_wait.cancel()
+    if control is not None:
+        control.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await control
+    await agent.close()
+    return 0

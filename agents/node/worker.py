@@ -1,0 +1,118 @@
+"""The one thread that drives an Engine: runs commands queued from the event loop, steps the
+engine while it has work (and blocks while it has none), and hands each request's tokens to the
+loop through per-request sinks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from agents.engine import Engine, EngineStats, TokenOutput
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Sink = Callable[[TokenOutput | BaseException], None]
+_STOP = object()
+# After step() returned nothing (the queue head waits for blocks held elsewhere), wait this long
+# for a command (e.g. a release) before trying again: waiting, not spinning.
+STALL_WAIT_S = 0.05
+
+
+class EngineWorker:
+    """Owns an Engine; only its thread touches it. Safe to call from the loop's thread."""
+
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, name: str) -> None:
+        self.engine = engine
+        self._loop = loop
+        self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._sinks: dict[str, Sink] = {}
+        self.stats: EngineStats = engine.stats()  # refreshed by the engine thread
+        self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
+        self._thread.start()
+
+    # -- loop side ---------------------------------------------------------------------------
+
+    def call(self, fn: Callable[[Engine], T]) -> asyncio.Future[T]:
+        """Run fn(engine) on the engine thread; the future resolves on the loop."""
+        future: asyncio.Future[T] = self._loop.create_future()
+        self._commands.put((fn, future))
+        return future
+
+    def add_sink(self, request_id: str, sink: Sink) -> None:
+        """Deliver request_id's step outputs to `sink` (called on the loop's thread)."""
+        self._sinks[request_id] = sink
+
+    def remove_sink(self, request_id: str) -> None:
+        self._sinks.pop(request_id, None)
+
+    def stop(self) -> None:
+        self._commands.put(_STOP)
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self._thread.join(timeout_s)
+
+    # -- engine thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        stalled = False
+        while True:
+            busy = self.engine.has_work()
+            try:
+                if busy and not stalled:
+                    item = self._commands.get_nowait()
+                else:
+                    item = self._commands.get(timeout=STALL_WAIT_S if busy else None)
+            except queue.Empty:
+                item = None
+            if item is _STOP:
+                self._fail_all(RuntimeError("engine instance stopped"))
+                return
+            if item is not None:
+                self._run_command(*item)
+                stalled = False
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # noqa: BLE001 - fail the requests, keep the agent alive
+                log.exception("engine step failed")
+                self._fail_all(exc)
+                outputs = []
+            stalled = not outputs
+            self.stats = self.engine.stats()
+            for out in outputs:
+                sink = self._sinks.get(out.request_id)
+                if sink is not None:
+                    self._loop.call_soon_threadsafe(sink, out)
+
+    def _run_command(self, fn: Callable[[Engine], Any], future: asyncio.Future) -> None:
+        try:
+            result = fn(self.engine)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            self._loop.call_soon_threadsafe(_settle, future, None, exc)
+        else:
+            self._loop.call_soon_threadsafe(_settle, future, result, None)
+        self.stats = self.engine.stats()
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for request_id, sink in list(self._sinks.items()):
+            self._loop.call_soon_threadsafe(sink, exc)
+            self._sinks.pop(request_id, None)
+        for req_id in list(self.engine.requests):
+            try:
+                self.engine.abort(req_id)
+            except Exception:  # noqa: BLE001
+                log.exception("abort of %s failed", req_id)
+
+
+def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)

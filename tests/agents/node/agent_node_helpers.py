@@ -1,0 +1,72 @@
+"""Helpers for the agent-process tests (imported by conftest.py and the tests)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import httpx
+
+from agents.node.launch import AgentProcess
+from agents.node.loopback import make_prompt, pdd_body, stream_events, summarize
+
+FAST_LINK = "1:5:16"  # 1 Gbit/s, 5 ms RTT
+
+
+def agent_args(role: str, dc: str, *extra: str) -> list[str]:
+    return [
+        "--role",
+        role,
+        "--datacenter",
+        dc,
+        "--listen",
+        "127.0.0.1:0",
+        "--kv-listen",
+        "127.0.0.1:0",
+        "--threads",
+        "1",
+        "--num-blocks",
+        "256",
+        *extra,
+    ]
+
+
+@contextlib.contextmanager
+def running(*procs: AgentProcess) -> Iterator[tuple[AgentProcess, ...]]:
+    started: list[AgentProcess] = []
+    try:
+        for proc in procs:
+            started.append(proc.start())
+        yield tuple(started)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.cleanup()
+
+
+def run_single(agent: AgentProcess, prompt: list[int], max_tokens: int) -> dict:
+    events, _, _ = stream_events(
+        f"{agent.http}/v1/generate",
+        {"prompt_ids": prompt, "sampling": {"max_tokens": max_tokens, "ignore_eos": True}},
+    )
+    return summarize(events)
+
+
+def run_pdd(p, rld, md, request_id, prompt, max_tokens, pipeline, handoff="one-shot", **kw):
+    body = pdd_body(request_id, prompt, max_tokens, pipeline, handoff, p, rld, md, **kw)
+    events, _, _ = stream_events(f"{p.http}/v1/pdd/generate", body)
+    return summarize(events)
+
+
+def warm(agent: AgentProcess, prompt: list[int]) -> None:
+    events, _, _ = stream_events(
+        f"{agent.http}/v1/generate", {"prompt_ids": prompt, "sampling": {"max_tokens": 1}}
+    )
+    assert events[-1]["type"] == "done", events
+
+
+def get(agent: AgentProcess, path: str, **kw) -> httpx.Response:
+    return httpx.get(f"{agent.http}{path}", timeout=30, **kw)
+
+
+__all__ = ["make_prompt", "stream_events", "summarize"]

@@ -1,0 +1,253 @@
+"""The agent's HTTP API as a real process: health, state, instance and link commands, input
+errors, back-pressure, the command token after registration, and SIGTERM drain."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from agent_node_helpers import agent_args, get, make_prompt, run_single, running
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from agents.node.launch import AgentProcess
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def agent():
+    with running(AgentProcess(agent_args("main_decode", "dc-a", "--node", "n1"), "http")) as (a,):
+        yield a
+
+
+def test_health_and_state_document(agent):
+    assert get(agent, "/health").json() == {"status": "ok", "node": "n1", "protocol": 1}
+    run_single(agent, make_prompt(40, 1), 4)
+    state = get(agent, "/state").json()
+    (inst,) = state["instances"]
+    assert inst["instance_id"] == "0" and inst["role"] == "main_decode"
+    assert inst["state"] == "running"
+    assert inst["kv"]["total_blocks"] == 256 and inst["kv"]["block_size"] == 16
+    assert inst["load"]["max_running"] == 32
+    assert inst["tokens_generated"] >= 4
+    assert state["tokens_by_role"]["main_decode"] >= 4
+    assert inst["cache"]["cached_blocks"] >= 2
+    assert set(state["fabrics"]) == {"intra_dc", "wan"}
+
+
+def test_instance_put_is_idempotent_conflicts_and_deletes(agent):
+    url = f"{agent.http}/instances/7"
+    spec = {"role": "relay_decode", "model": "baton-tiny", "source": "baton-tiny"}
+    first = httpx.put(url, json=spec, timeout=60)
+    assert first.status_code == 200
+    again = httpx.put(url, json=spec, timeout=60)
+    assert again.status_code == 200 and again.json()["role"] == "relay_decode"
+    assert httpx.put(url, json={**spec, "role": "prefill"}, timeout=60).status_code == 409
+    drained = httpx.post(f"{url}/drain", timeout=60).json()
+    assert drained["state"] == "drained"
+    refused = httpx.post(
+        f"{agent.http}/v1/generate",
+        json={"instance": "7", "prompt_ids": [65, 66]},
+        timeout=60,
+    )
+    assert refused.status_code == 503 and "draining" in refused.json()["error"]
+    assert httpx.delete(url, timeout=60).json() == {"state": "stopped"}
+    assert httpx.delete(url, timeout=60).json() == {"state": "stopped"}
+    ids = [i["instance_id"] for i in get(agent, "/state").json()["instances"]]
+    assert ids == ["0"]
+
+
+def test_link_put_changes_the_shaper(agent):
+    body = {"bandwidth_gbps": 2.5, "rtt_ms": 12.0, "pool_size": 3}
+    assert httpx.put(f"{agent.http}/links/dc-z", json=body, timeout=30).json() == body
+    body2 = {"bandwidth_gbps": 5.0, "rtt_ms": 1.0, "pool_size": 8}
+    httpx.put(f"{agent.http}/links/dc-z", json=body2, timeout=30)
+    assert get(agent, "/state").json()["links"]["dc-z"] == body2
+    bad = httpx.put(
+        f"{agent.http}/links/dc-z",
+        json={"bandwidth_gbps": -1, "rtt_ms": 1, "pool_size": 1},
+        timeout=30,
+    )
+    assert bad.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/generate", {}, "prompt_ids"),
+        ("/v1/generate", {"prompt_ids": "abc"}, "prompt_ids"),
+        ("/v1/generate", {"prompt_ids": [1, 2], "sampling": {"max_tokens": "x"}}, "max_tokens"),
+        ("/v1/generate", {"prompt_ids": [1] * 4090, "sampling": {"max_tokens": 16}}, "prompt_ids"),
+        ("/v1/generate", {"prompt_ids": [100000]}, "prompt_ids"),
+        ("/v1/pdd/decode", {"prompt_ids": [1, 2]}, "first_token"),
+        ("/v1/pdd/decode", {"prompt_ids": [1, 2], "first_token": 5}, "request_id"),
+        ("/v1/pdd/reserve", {"request_id": "r", "prompt_ids": [1], "instance": "0"}, None),
+    ],
+)
+def test_bad_input_is_a_400_naming_the_field(agent, path, body, field):
+    response = httpx.post(f"{agent.http}{path}", json=body, timeout=30)
+    if field is None:  # a valid reserve: 200
+        assert response.status_code == 200
+        httpx.post(f"{agent.http}/v1/pdd/cancel", json={"request_id": "r"}, timeout=30)
+        return
+    assert response.status_code == 400, response.text
+    assert field in response.json()["error"]
+
+
+def test_unknown_pipeline_and_wrong_role_are_400(agent):
+    body = {"prompt_ids": [1, 2], "pipeline": "p-d"}
+    response = httpx.post(f"{agent.http}/v1/pdd/generate", json=body, timeout=30)
+    assert response.status_code == 400 and "instance" in response.json()["error"]
+
+
+def test_engine_full_is_a_503_not_a_crash():
+    with running(AgentProcess(agent_args("prefill", "dc-a", "--max-queued", "0"), "full")) as (a,):
+        response = httpx.post(f"{a.http}/v1/generate", json={"prompt_ids": [65] * 20}, timeout=30)
+        assert response.status_code == 503 and "engine full" in response.json()["error"]
+        assert get(a, "/health").json()["status"] == "ok"
+
+
+class FakeControlPlane:
+    def __init__(self) -> None:
+        self.registrations: list[dict] = []
+        self.heartbeats = 0
+
+        async def register(request: Request):
+            assert request.headers["authorization"] == "AgentToken agent-secret"
+            self.registrations.append(await request.json())
+            return JSONResponse(
+                {
+                    "node_id": 1,
+                    "hostname": "n2",
+                    "datacenter": "dc-a",
+                    "heartbeat_interval_s": 0.2,
+                    "command_token": "cmd-secret",
+                    "links": {
+                        "dc-b": {
+                            "bandwidth_gbps": 3.0,
+                            "rtt_ms": 7.0,
+                            "pool_size": 2,
+                            "status": "up",
+                        }
+                    },
+                }
+            )
+
+        async def heartbeat(request: Request):
+            self.heartbeats += 1
+            return JSONResponse({"ok": True})
+
+        app = Starlette(
+            routes=[
+                Route("/api/v1/agent/register", register, methods=["POST"]),
+                Route("/api/v1/agent/heartbeat", heartbeat, methods=["POST"]),
+            ]
+        )
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, log_level="warning", lifespan="off", ws="none")
+        )
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def test_commands_need_the_command_token_once_registered():
+    with FakeControlPlane() as cp:
+        args = [
+            "--node",
+            "n2",
+            "--datacenter",
+            "dc-a",
+            "--listen",
+            "127.0.0.1:0",
+            "--control-plane",
+            cp.url,
+            "--token",
+            "agent-secret",
+            "--threads",
+            "1",
+        ]
+        with running(AgentProcess(args, "registered")) as (a,):
+            deadline = time.monotonic() + 60
+            while cp.heartbeats < 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert cp.registrations and cp.registrations[0]["endpoint"] == a.http
+            assert cp.heartbeats >= 1
+            assert get(a, "/health").status_code == 200
+            assert get(a, "/state").status_code == 401
+            wrong = {"Authorization": "Bearer nope"}
+            assert get(a, "/state", headers=wrong).status_code == 401
+            ok = {"Authorization": "Bearer cmd-secret"}
+            state = get(a, "/state", headers=ok).json()
+            assert state["links"]["dc-b"] == {"bandwidth_gbps": 3.0, "rtt_ms": 7.0, "pool_size": 2}
+            put = httpx.put(
+                f"{a.http}/instances/5",
+                json={"role": "prefill", "model": "baton-tiny", "source": "baton-tiny"},
+                timeout=60,
+            )
+            assert put.status_code == 401
+            put = httpx.put(
+                f"{a.http}/instances/5",
+                json={"role": "prefill", "model": "baton-tiny", "source": "baton-tiny"},
+                headers=ok,
+                timeout=60,
+            )
+            assert put.status_code == 200
+
+
+def test_sigterm_drains_the_in_flight_request_then_exits_0():
+    with running(AgentProcess(agent_args("main_decode", "dc-a"), "drain")) as (a,):
+        events: list[dict] = []
+        first = threading.Event()
+
+        def consume() -> None:
+            body = {
+                "prompt_ids": make_prompt(40, 3),
+                "sampling": {"max_tokens": 300, "ignore_eos": True},
+            }
+            with httpx.Client(timeout=httpx.Timeout(30, read=120)) as http:
+                with http.stream("POST", f"{a.http}/v1/generate", json=body) as response:
+                    for line in response.iter_lines():
+                        if line.strip():
+                            events.append(json.loads(line))
+                            first.set()
+
+        thread = threading.Thread(target=consume)
+        thread.start()
+        assert first.wait(60)
+        import os
+        import signal
+
+        os.killpg(a.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        refused = None
+        while refused is None and time.monotonic() < deadline:
+            try:
+                r = httpx.post(f"{a.http}/v1/generate", json={"prompt_ids": [65, 66]}, timeout=30)
+            except httpx.HTTPError:
+                break
+            if r.status_code == 503:
+                refused = r
+        thread.join(120)
+        assert a.proc.wait(60) == 0
+        tokens = [e for e in events if e["type"] == "token"]
+        assert len(tokens) == 300 and events[-1]["type"] == "done"
+        if refused is not None:
+            assert "draining" in refused.json()["error"]

@@ -1,0 +1,271 @@
+"""PDD pipelines across real agent processes on loopback: token identity with `single`, the DRC
+delta, WAN shaping, eviction under pressure, a corrupt frame, and MD dying mid-handoff."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import httpx
+import pytest
+from agent_node_helpers import (
+    agent_args,
+    get,
+    make_prompt,
+    run_pdd,
+    run_single,
+    running,
+    stream_events,
+    summarize,
+    warm,
+)
+
+from agents.engine.kv_pool import KV_HEADER_BYTES
+from agents.node.launch import AgentProcess
+from agents.node.loopback import pdd_body
+from agents.transfer.frames import FrameKind, encode_end, encode_frame
+
+pytestmark = pytest.mark.slow
+KV_BYTES_PER_TOKEN = 2 * 4 * 2 * 64 * 4  # baton-tiny: K and V, 4 layers, 2 KV heads, dim 64, f32
+
+CASES = [
+    pytest.param("p-md", "one-shot", {}, id="p-md"),
+    pytest.param("p-rld-md", "one-shot", {"handoff_at": 0}, id="one-shot-asap"),
+    pytest.param("p-rld-md", "one-shot", {"handoff_at": 9}, id="one-shot-at-9"),
+    pytest.param(
+        "p-rld-md",
+        "catch-up",
+        {"handoff_at": 8, "catch_up_batch": 4, "max_catch_up_batches": 2},
+        id="catch-up",
+    ),
+]
+
+
+def assert_one_ordered_stream(result: dict) -> None:
+    assert result["error"] is None, result["error"]
+    assert result["indexes"] == list(range(len(result["output_token_ids"])))
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+@pytest.mark.parametrize(("pipeline", "handoff", "extra"), CASES)
+def test_greedy_output_is_token_identical_to_single(cluster, seed, pipeline, handoff, extra):
+    prompt = make_prompt(40 + 30 * (seed - 11), seed)
+    max_tokens = 40
+    expected = run_single(cluster["single"], prompt, max_tokens)["output_token_ids"]
+    body_extra = {k: v for k, v in extra.items() if k != "max_catch_up_batches"}
+    result = (
+        run_pdd(
+            cluster["p"],
+            cluster["rld"],
+            cluster["md"],
+            f"ident-{pipeline}-{handoff}-{seed}-{extra.get('handoff_at', 0)}",
+            prompt,
+            max_tokens,
+            pipeline,
+            handoff,
+            **body_extra,
+        )
+        if "max_catch_up_batches" not in extra
+        else _run_with_max_batches(cluster, seed, prompt, max_tokens, extra)
+    )
+    assert_one_ordered_stream(result)
+    assert result["output_token_ids"] == expected
+    roles = result["stats"]["tokens_by_role"]
+    assert roles["prefill"] == 1 and roles["prefill"] + roles["rld"] + roles["md"] == max_tokens
+    if pipeline == "p-md":
+        assert roles["rld"] == 0
+        return
+    handoff_stats = result["stats"]["handoff"]
+    assert handoff_stats["mode"] == handoff
+    assert handoff_stats["completed"] is True, handoff_stats
+    at = handoff_stats["at_token"]
+    assert at >= extra.get("handoff_at", 0) + 1
+    assert result["roles"][1:at] == ["rld"] * (at - 1)
+    assert result["roles"][at:] == ["md"] * (max_tokens - at)
+    assert result["stats"]["handoff_bytes"] > 0
+    if handoff == "catch-up":
+        # At least one catch-up batch of >= 4 tokens (8 were pending), at most two, then the
+        # final one.
+        assert 2 <= handoff_stats["batches"] <= 3
+
+
+def _run_with_max_batches(cluster, seed, prompt, max_tokens, extra):
+    body = pdd_body(
+        f"ident-catch-up-{seed}",
+        prompt,
+        max_tokens,
+        "p-rld-md",
+        "catch-up",
+        cluster["p"],
+        cluster["rld"],
+        cluster["md"],
+        catch_up_batch=extra["catch_up_batch"],
+        handoff_at=extra["handoff_at"],
+    )
+    body["max_catch_up_batches"] = extra["max_catch_up_batches"]
+    events, _, _ = stream_events(f"{cluster['p'].http}/v1/pdd/generate", body)
+    return summarize(events)
+
+
+def test_shared_prefix_sends_only_the_delta_over_the_wan(cluster):
+    prompt = make_prompt(150, 21)
+    warm(cluster["md"], prompt[:100])  # MD's DRC now holds 96 tokens (6 whole blocks)
+    result = run_pdd(cluster["p"], cluster["rld"], cluster["md"], "delta", prompt, 8, "p-md")
+    assert_one_ordered_stream(result)
+    stats = result["stats"]
+    assert stats["cached_tokens"] == 96
+    assert stats["kv_bytes"]["wan"] == KV_HEADER_BYTES + (150 - 96) * KV_BYTES_PER_TOKEN
+    assert (
+        result["output_token_ids"] == run_single(cluster["single"], prompt, 8)["output_token_ids"]
+    )
+
+
+def test_p_rld_md_sends_the_full_kv_intra_dc_and_the_delta_over_the_wan(cluster):
+    prompt = make_prompt(120, 22)
+    warm(cluster["md"], prompt[:64])
+    result = run_pdd(cluster["p"], cluster["rld"], cluster["md"], "both", prompt, 8, "p-rld-md")
+    assert_one_ordered_stream(result)
+    kv = result["stats"]["kv_bytes"]
+    assert kv["intra_dc"] == KV_HEADER_BYTES + 120 * KV_BYTES_PER_TOKEN
+    assert kv["wan"] == KV_HEADER_BYTES + (120 - 64) * KV_BYTES_PER_TOKEN
+
+
+def test_unreachable_md_leaves_rld_to_finish_the_request(cluster):
+    prompt = make_prompt(60, 23)
+    body = pdd_body(
+        "no-md", prompt, 16, "p-rld-md", "one-shot", cluster["p"], cluster["rld"], cluster["md"]
+    )
+    body["main"]["http"] = "http://127.0.0.1:9"  # nothing listens there
+    events, _, _ = stream_events(f"{cluster['p'].http}/v1/pdd/generate", body)
+    result = summarize(events)
+    assert_one_ordered_stream(result)
+    assert (
+        result["output_token_ids"] == run_single(cluster["single"], prompt, 16)["output_token_ids"]
+    )
+    assert result["stats"]["tokens_by_role"]["md"] == 0
+
+
+def test_corrupt_frame_fails_one_request_and_not_the_agent(cluster):
+    md = cluster["md"]
+    prompt = make_prompt(40, 24)
+    outcome: dict = {}
+
+    def decode() -> None:
+        events, _, _ = stream_events(
+            f"{md.http}/v1/pdd/decode",
+            {
+                "request_id": "corrupt",
+                "instance": "0",
+                "prompt_ids": prompt,
+                "first_token": 65,
+                "sampling": {"max_tokens": 4},
+                "start_token": 0,
+            },
+        )
+        outcome["events"] = events
+
+    thread = threading.Thread(target=decode)
+    thread.start()
+    frame = bytearray(
+        encode_frame(FrameKind.KV_BLOCKS, "corrupt|0|kv", b"x" * 4096, block_end=3, token_end=40)
+    )
+    frame[-1] ^= 0xFF  # payload no longer matches its CRC
+    import socket
+
+    with socket.create_connection(("127.0.0.1", md.wan_port), timeout=10) as sock:
+        sock.sendall(bytes(frame) + encode_end("corrupt|0|kv", payload_bytes=4096, frames=1))
+    thread.join(120)
+    assert not thread.is_alive()
+    events = outcome["events"]
+    assert events[-1]["type"] == "error" and "KV transfer failed" in events[-1]["message"]
+    assert get(md, "/health").json()["status"] == "ok"
+    assert run_single(md, prompt, 4)["finish_reason"] == "length"
+
+
+def test_eviction_under_pressure_keeps_the_reserved_prefix(cluster):
+    p, single = cluster["p"], cluster["single"]
+    with running(
+        AgentProcess(agent_args("main_decode", "dc-b", "--num-blocks", "40"), "md-small")
+    ) as (md,):
+        kept, other = make_prompt(64, 31), make_prompt(64, 32)
+        warm(md, kept)
+        warm(md, other)  # 4 + 4 cached blocks, 32 free
+        reserve = httpx.post(
+            f"{md.http}/v1/pdd/reserve",
+            json={"request_id": "pinned", "instance": "0", "prompt_ids": kept + [70] * 20},
+            timeout=30,
+        ).json()
+        assert reserve["cached_tokens"] == 64
+        flood = run_single(md, make_prompt(560, 33), 8)  # needs 36 blocks: must evict
+        assert flood["finish_reason"] == "length"
+
+        def cached(prompt, rid):
+            return httpx.post(
+                f"{md.http}/v1/pdd/reserve",
+                json={"request_id": rid, "instance": "0", "prompt_ids": prompt},
+                timeout=30,
+            ).json()["cached_tokens"]
+
+        assert cached(other, "probe-other") == 0  # the unpinned prefix was evicted
+        assert cached(kept, "probe-kept") == 64  # the pinned one was kept
+        httpx.post(f"{md.http}/v1/pdd/cancel", json={"request_id": "probe-kept"}, timeout=30)
+        httpx.post(f"{md.http}/v1/pdd/cancel", json={"request_id": "probe-other"}, timeout=30)
+        prompt = kept + [70] * 20
+        result = run_pdd(p, None, md, "pinned", prompt, 8, "p-md")
+        assert_one_ordered_stream(result)
+        assert result["stats"]["cached_tokens"] == 64
+        assert result["output_token_ids"] == run_single(single, prompt, 8)["output_token_ids"]
+
+
+def test_wan_shaping_cannot_deliver_faster_than_its_bandwidth(cluster):
+    gbps, rtt_ms = 0.02, 10.0  # 2.5 MB/s
+    with running(
+        AgentProcess(agent_args("prefill", "dc-a", "--link", f"dc-b={gbps}:{rtt_ms}:4"), "p-slow")
+    ) as (p,):
+        prompt = make_prompt(200, 41)
+        result = run_pdd(p, None, cluster["md"], "shaped", prompt, 4, "p-md")
+        assert_one_ordered_stream(result)
+        wire = result["stats"]["kv_wire_bytes"]["wan"]
+        rate = gbps * 1e9 / 8
+        allowance = 32 * 1024 + rate * 0.005  # one quantum + the catch-up window
+        floor_s = (wire - allowance) / rate + rtt_ms / 1000
+        delivered_s = result["stats"]["e2e_s"] - result["stats"]["ttft_s"]
+        assert wire > 200 * KV_BYTES_PER_TOKEN
+        assert delivered_s >= floor_s
+        state = get(p, "/state").json()
+        assert state["fabrics"]["wan"]["sent_bytes"] == wire
+        assert state["links"]["dc-b"]["bandwidth_gbps"] == gbps
+
+
+def test_md_killed_mid_handoff_leaves_rld_to_finish_with_the_same_tokens(cluster):
+    rld, single = cluster["rld"], cluster["single"]
+    # A slow WAN keeps MD short of "ready" while it is killed, so the handoff cannot complete.
+    with running(
+        AgentProcess(agent_args("prefill", "dc-a", "--link", "dc-b=0.01:10:4"), "p-slow"),
+        AgentProcess(agent_args("main_decode", "dc-b"), "md-doomed"),
+    ) as (p, md):
+        prompt = make_prompt(200, 51)
+        body = pdd_body("doomed", prompt, 48, "p-rld-md", "one-shot", p, rld, md)
+        events: list[dict] = []
+        with httpx.Client(timeout=httpx.Timeout(30, read=120)) as http:
+            with http.stream("POST", f"{p.http}/v1/pdd/generate", json=body) as response:
+                assert response.status_code == 200
+                import json
+
+                for line in response.iter_lines():
+                    if not line.strip():
+                        continue
+                    events.append(json.loads(line))
+                    if events[-1].get("index") == 1:
+                        os.killpg(md.proc.pid, signal.SIGKILL)
+        result = summarize(events)
+        assert md.proc.wait(30) is not None
+        assert_one_ordered_stream(result)
+        assert result["output_token_ids"] == run_single(single, prompt, 48)["output_token_ids"]
+        handoff = result["stats"]["handoff"]
+        assert handoff["completed"] is False
+        assert handoff["failed"]
+        assert result["stats"]["tokens_by_role"]["rld"] == 47
+        assert get(rld, "/health").json()["status"] == "ok"
+        assert get(p, "/health").json()["status"] == "ok"
