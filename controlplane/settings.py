@@ -39,6 +39,7 @@ INSTALLED_APPS = [
     "fleet",
     "billing",
     "routing",
+    "frontend",
 ]
 
 MIDDLEWARE = [

@@ -20,4 +20,5 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api-auth/", include("rest_framework.urls")),
+    path("", include("frontend.urls")),
 ]

@@ -1,0 +1,90 @@
+/* Overview: headline figures for the chosen window and live charts fed by the socket. */
+(function () {
+  "use strict";
+  const B = window.Baton;
+  const PIPES = [["p-md", "P-MD", "#2563eb"], ["p-rld-md", "P-RLD-MD", "#dc2626"], ["rld-only", "RLD only", "#9333ea"]];
+  const PCT = [["P50", [1, 0]], ["P90", [6, 3]], ["P99", [2, 2]]];
+  let windowName = "1m";
+  const labels = { "1m": "last minute", "5m": "last 5 minutes", "1h": "last hour" };
+  const charts = {};
+  let wanLinks = null;
+
+  function set(name, text) { document.querySelectorAll('[data-metric="' + name + '"]').forEach((el) => { el.textContent = text; }); }
+
+  function headline(snap) {
+    const w = snap.windows[windowName];
+    const ttft = w.ttft.all || {};
+    const models = Object.keys(w.sla_met);
+    set("rps", B.num(w.rps)); set("requests", w.requests + " requests");
+    set("goodput_rps", B.num(w.goodput_rps));
+    set("sla", models.length ? models.map((m) => m + (w.sla_met[m] ? " meets SLA" : " misses SLA")).join(", ") : "SLA: no traffic");
+    set("ttft", B.secs(ttft.p90) + " / " + B.secs(ttft.p99)); set("ttft_p50", "P50 " + B.secs(ttft.p50));
+    set("tpot", B.secs((w.tpot.all || {}).p50)); set("e2e", "E2E P90 " + B.secs((w.e2e.all || {}).p90));
+    set("cost", B.num(snap.fleet.cost_per_hour, 2) + " " + snap.fleet.currency);
+    set("unpriced", snap.fleet.unpriced_instances.length ? snap.fleet.unpriced_instances.length + " running without a price" : "");
+    set("bcr", w.bcr === null ? "–" : B.num(w.bcr, 4));
+    set("share", B.pct(w.rld_share) + " / " + B.pct(w.md_share));
+    set("tokens", w.tokens.rld + " RLD · " + w.tokens.md + " MD tokens");
+    set("cache", B.pct(w.cache_hit_rate));
+    const links = Object.entries(w.wan);
+    set("wan", links.length ? "WAN " + links.map(([k, v]) => k + " " + B.pct(v.utilisation)).join(", ") : "WAN idle");
+  }
+
+  function ttftValues(p) {
+    const out = [];
+    PIPES.forEach(([key]) => PCT.forEach((_, i) => { const v = p.ttft[key]; out.push(v ? v[i] : null); }));
+    return out;
+  }
+
+  function makeCharts(links) {
+    const el = (id) => document.getElementById(id);
+    const ttftSeries = [];
+    PIPES.forEach(([, label, color]) => PCT.forEach(([pl, dash]) => ttftSeries.push({ label: label + " " + pl, stroke: color, dash })));
+    charts.ttft = B.liveChart(el("chart-ttft"), ttftSeries);
+    charts.rps = B.liveChart(el("chart-rps"), [{ label: "requests/s", stroke: "#64748b" }, { label: "goodput", stroke: "#16a34a", fill: "rgba(22,163,74,.08)" }]);
+    charts.share = B.liveChart(el("chart-share"), [{ label: "RLD %", stroke: "#dc2626" }, { label: "MD %", stroke: "#2563eb" }], { y: { range: [0, 100] } });
+    charts.bcr = B.liveChart(el("chart-bcr"), [{ label: "BCR", stroke: "#0d9488" }]);
+    const colors = ["#ea580c", "#7c3aed", "#0891b2", "#be123c"];
+    wanLinks = links;
+    charts.wan = B.liveChart(el("chart-wan"), links.map((l, i) => ({ label: l + " %", stroke: colors[i % colors.length] })), { y: { range: [0, 100] } });
+    charts.day = B.liveChart(el("chart-day"), [{ label: "requests/s", stroke: "#64748b" }, { label: "goodput", stroke: "#16a34a" }], { cap: 1440 });
+  }
+
+  function feed(p) {
+    const t = p.t;
+    charts.ttft.push(t, ttftValues(p));
+    charts.rps.push(t, [p.rps, p.goodput_rps]);
+    charts.share.push(t, [p.rld_share === null ? null : p.rld_share * 100, p.md_share === null ? null : p.md_share * 100]);
+    charts.bcr.push(t, [p.bcr]);
+    charts.wan.push(t, wanLinks.map((l) => (p.wan[l] === undefined || p.wan[l] === null ? 0 : p.wan[l] * 100)));
+  }
+
+  let pendingHistory = null;
+  B.on("history", (msg) => { if (msg.scale === "live") pendingHistory = msg.points; });
+  B.on("snapshot", (snap) => {
+    if (!charts.ttft) {
+      makeCharts(snap.fleet.links.map((l) => l.name));
+      (pendingHistory || []).forEach(feed);
+      pendingHistory = null;
+      loadDay();
+    }
+    headline(snap);
+    feed(snap.point);
+  });
+
+  async function loadDay() {
+    try {
+      const res = await fetch("/telemetry/history/?scale=day", { credentials: "same-origin" });
+      const body = await res.json();
+      charts.day.reset(body.points.map((p) => [p.t, [p.rps, p.goodput_rps]]));
+    } catch (err) { console.warn("day history unavailable", err); }
+  }
+  setInterval(() => { if (charts.day) loadDay(); }, 60000);
+
+  document.querySelectorAll("#window-select button").forEach((btn) => btn.addEventListener("click", () => {
+    windowName = btn.dataset.window;
+    document.querySelectorAll("#window-select button").forEach((b) => b.classList.toggle("on", b === btn));
+    document.getElementById("window-label").textContent = labels[windowName];
+    if (B.last) headline(B.last);
+  }));
+})();

@@ -1,0 +1,137 @@
+"""What the dashboard reads from fleet rows: cost per hour, instance load, links, placement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from fleet.choices import ActualState
+from fleet.models import Instance, UnitPrice, WANLink
+
+
+@dataclass(slots=True)
+class FleetState:
+    """One read of the fleet: enough to price it, draw it and resolve WAN bytes to links."""
+
+    cost_per_hour: float
+    currency: str
+    unpriced_instances: list[int]
+    instances: list[dict[str, Any]]
+    links: list[dict[str, Any]]
+    # instance id (as records spell it) -> datacenter name
+    instance_dc: dict[str, str] = field(default_factory=dict)
+    # (from dc, to dc) -> link name
+    link_by_dcs: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def link_of(self, pairs) -> dict[tuple[str, str], str]:
+        """Map (prefill instance, main instance) pairs of WAN counters to link names."""
+        out: dict[tuple[str, str], str] = {}
+        for src, dst in pairs:
+            a, b = self.instance_dc.get(src), self.instance_dc.get(dst)
+            name = self.link_by_dcs.get((a, b)) or self.link_by_dcs.get((b, a))
+            out[(src, dst)] = name or "unresolved"
+        return out
+
+    def link_bandwidth(self) -> dict[str, float]:
+        return {link["name"]: link["bandwidth_gbps"] for link in self.links}
+
+
+def link_name(from_dc: str, to_dc: str) -> str:
+    return f"{from_dc}->{to_dc}"
+
+
+def instance_load(report: dict[str, Any]) -> dict[str, Any]:
+    """Load figures of an instance from its last heartbeat (agents/PROTOCOL.md)."""
+    load = report.get("load") or {}
+    kv = report.get("kv") or {}
+    cache = report.get("cache") or {}
+    running, cap = load.get("running"), load.get("max_running")
+    used, total = kv.get("used_blocks"), kv.get("total_blocks")
+    queried, matched = cache.get("queried_tokens"), cache.get("matched_tokens")
+    return {
+        "running": running,
+        "queued": load.get("queued"),
+        "max_running": cap,
+        "utilisation": (running / cap) if running is not None and cap else None,
+        "kv_usage": (used / total) if used is not None and total else None,
+        "cache_hit_rate": (matched / queried) if matched is not None and queried else None,
+    }
+
+
+def fleet_cost_per_hour(*, when: datetime | None = None) -> tuple[float, str, list[int]]:
+    """Sum over running instances of GPUs x the unit price in force for their node's GPU type
+    and datacenter. Returns (cost per hour, currency, ids of running instances without a price).
+    """
+    when = when or timezone.now()
+    prices: dict[tuple[int, int], UnitPrice] = {}
+    for price in UnitPrice.objects.effective_at(when):
+        prices[(price.gpu_type_id, price.datacenter_id)] = price
+    total = 0.0
+    currencies: set[str] = set()
+    unpriced: list[int] = []
+    running = Instance.objects.filter(actual_state=ActualState.RUNNING).select_related("node")
+    for inst in running:
+        price = prices.get((inst.node.gpu_type_id, inst.node.datacenter_id))
+        if price is None:
+            unpriced.append(inst.pk)
+            continue
+        total += inst.gpu_count * float(price.price_per_gpu_hour)
+        currencies.add(price.currency)
+    currency = ",".join(sorted(currencies)) if currencies else "USD"
+    return total, currency, unpriced
+
+
+def fleet_state(*, when: datetime | None = None) -> FleetState:
+    cost, currency, unpriced = fleet_cost_per_hour(when=when)
+    instances = []
+    instance_dc: dict[str, str] = {}
+    rows = Instance.objects.select_related(
+        "node", "node__datacenter", "node__gpu_type", "served_model"
+    )
+    for inst in rows:
+        dc = inst.node.datacenter.name
+        instance_dc[str(inst.pk)] = dc
+        instances.append(
+            {
+                "id": inst.pk,
+                "role": inst.role,
+                "model": inst.served_model.name,
+                "node": inst.node.hostname,
+                "node_id": inst.node_id,
+                "datacenter": dc,
+                "gpu_type": inst.node.gpu_type.model,
+                "gpu_count": inst.gpu_count,
+                "desired_state": inst.desired_state,
+                "actual_state": inst.actual_state,
+                "load": instance_load(inst.last_report or {}),
+            }
+        )
+    links = []
+    link_by_dcs: dict[tuple[str, str], str] = {}
+    for link in WANLink.objects.select_related("from_datacenter", "to_datacenter"):
+        a, b = link.from_datacenter.name, link.to_datacenter.name
+        name = link_name(a, b)
+        link_by_dcs[(a, b)] = name
+        links.append(
+            {
+                "id": link.pk,
+                "name": name,
+                "from": a,
+                "to": b,
+                "bandwidth_gbps": link.bandwidth_gbps,
+                "rtt_ms": link.rtt_ms,
+                "status": link.status,
+            }
+        )
+    return FleetState(
+        cost_per_hour=cost,
+        currency=currency,
+        unpriced_instances=unpriced,
+        instances=instances,
+        links=links,
+        instance_dc=instance_dc,
+        link_by_dcs=link_by_dcs,
+    )

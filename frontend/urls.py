@@ -1,0 +1,23 @@
+"""Routes of the operator UI and /metrics, mounted at the site root by controlplane/urls.py."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from frontend import views
+from frontend.metrics import metrics_view
+
+app_name = "frontend"
+
+urlpatterns = [
+    path("", views.OverviewView.as_view(), name="overview"),
+    path("login/", views.LoginView.as_view(), name="login"),
+    path("logout/", views.LogoutView.as_view(), name="logout"),
+    path("fleet/", views.FleetView.as_view(), name="fleet"),
+    path("fleet/instances/<int:pk>/", views.InstanceDetailView.as_view(), name="instance"),
+    path("fleet/links/<int:pk>/", views.LinkDetailView.as_view(), name="link"),
+    path("requests/", views.RequestsView.as_view(), name="requests"),
+    path("telemetry/snapshot/", views.SnapshotJSONView.as_view(), name="snapshot"),
+    path("telemetry/history/", views.HistoryJSONView.as_view(), name="history"),
+    path("metrics", metrics_view, name="metrics"),
+]

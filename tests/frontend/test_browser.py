@@ -1,0 +1,184 @@
+"""Browser tests: headless Debian Chromium (Playwright driver) against a real uvicorn server.
+
+Skipped only when /usr/bin/chromium (or playwright) is missing and CI is not "true"; in CI a
+missing browser fails. Screenshots go to test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = os.environ.get("BATON_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PASSWORD = "browser-operator-pw"
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def _missing() -> str | None:
+    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+        return f"{CHROMIUM} is missing (apt-get install -y chromium)"
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed"
+    return None
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    reason = _missing()
+    if reason:
+        if os.environ.get("CI", "") == "true":
+            pytest.fail(f"browser tests need Chromium in CI: {reason}")
+        pytest.skip(reason)
+    var = tmp_path_factory.mktemp("browser-var")
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL"}} | {
+        "BATON_VAR_DIR": str(var),
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+    }
+    manage = [sys.executable, str(ROOT / "manage.py")]
+
+    def run(*args: str) -> str:
+        out = subprocess.run(
+            [*manage, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, f"{args}: {out.stderr[-2000:]}"
+        return out.stdout
+
+    run("migrate", "--noinput")
+    run("seed_demo")
+    run("baton_user", "ops", "--role", "operator", "--password", PASSWORD)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(var / "uvicorn.log", "wb")
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "uvicorn"),
+            "controlplane.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(base + "/healthz", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.close()
+                pytest.fail("uvicorn did not start: " + (var / "uvicorn.log").read_text()[-2000:])
+            time.sleep(0.3)
+    try:
+        yield {"base": base, "run": run}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        context = browser.new_context(viewport={"width": 1366, "height": 800})
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.console_errors = errors  # type: ignore[attr-defined]
+        yield page
+        context.close()
+        browser.close()
+
+
+def login(page, base: str) -> None:
+    page.goto(base + "/")
+    assert "/login/" in page.url
+    page.fill("input[name=username]", "ops")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(base + "/")
+
+
+def metric(page, name: str) -> str:
+    return page.locator(f'[data-metric="{name}"]').first.inner_text()
+
+
+def test_overview_goes_live_and_moves_with_traffic(server, page):
+    base = server["base"]
+    login(page, base)
+    page.wait_for_selector("body[data-ws=open]")
+    page.wait_for_function("Number(document.body.dataset.snapshots || 0) >= 1")
+    assert page.locator("#chart-ttft .uplot").count() == 1
+    before = metric(page, "requests")
+    page.screenshot(path=str(ARTIFACTS / "overview-before-traffic.png"), full_page=True)
+
+    server["run"]("telemetry_synthetic", "--count", "300", "--seed", "11")
+    page.wait_for_function(
+        "(b) => document.querySelector('[data-metric=requests]').textContent !== b", arg=before
+    )
+    page.wait_for_function("document.querySelector('[data-metric=rps]').textContent !== '0.00'")
+    assert metric(page, "requests") == "300 requests"
+    assert metric(page, "ttft") != "– / –"
+    assert "%" in metric(page, "share")
+    page.screenshot(path=str(ARTIFACTS / "overview-after-traffic.png"), full_page=True)
+    assert page.console_errors == []
+
+
+def test_fleet_page_shows_the_topology_and_live_state(server, page):
+    base = server["base"]
+    login(page, base)
+    page.goto(base + "/fleet/")
+    page.wait_for_selector("body[data-ws=open]")
+    page.wait_for_function("Number(document.body.dataset.snapshots || 0) >= 1")
+    svg = page.locator("svg#topology")
+    assert svg.locator("g.dc").count() == 2
+    assert svg.locator("g.link").count() == 1
+    assert svg.locator("g.inst").count() == 3
+    assert "Gbit/s" in svg.locator("g.link").text_content()
+    assert page.locator("#instances button[data-action=drain]").count() == 3
+    page.locator("#instances button[data-action=drain]").first.click()
+    page.wait_for_function("document.getElementById('action-result').textContent.length > 0")
+    assert "drain requested" in page.locator("#action-result").inner_text()
+    page.screenshot(path=str(ARTIFACTS / "fleet.png"), full_page=True)
+    page.goto(base + "/requests/?pipeline=p-rld-md")
+    assert page.locator("#request-log tbody tr").count() >= 1
+    page.screenshot(path=str(ARTIFACTS / "requests.png"), full_page=True)
+    assert page.console_errors == []
