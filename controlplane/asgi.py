@@ -16,9 +16,12 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from controlplane.embedded_beat import start_embedded_beat  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
 
 http_app = ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http
+
+start_embedded_beat()
 
 application = ProtocolTypeRouter(
     {

@@ -171,7 +171,9 @@ SPECTACULAR_SETTINGS = {
 # Agents: heartbeat period, and how many missed beats make a node offline.
 BATON_HEARTBEAT_INTERVAL_S = float(env_str("BATON_HEARTBEAT_INTERVAL_S", "2.0"))
 BATON_HEARTBEAT_MISSES = env_int("BATON_HEARTBEAT_MISSES", 3)
-BATON_RECONCILE_INTERVAL_S = float(env_str("BATON_RECONCILE_INTERVAL_S", "10.0"))
+BATON_RECONCILE_INTERVAL_S = float(env_str("BATON_RECONCILE_INTERVAL_S", "5.0"))
+# Without a broker the ASGI process runs the beat schedule itself (see embedded_beat.py).
+BATON_EMBEDDED_BEAT = env_bool("BATON_EMBEDDED_BEAT", default=True)
 CELERY_BEAT_SCHEDULE = {
     "fleet-health-check": {"task": "fleet.health_check", "schedule": BATON_HEARTBEAT_INTERVAL_S},
     "fleet-reconcile": {"task": "fleet.reconcile_fleet", "schedule": BATON_RECONCILE_INTERVAL_S},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -141,7 +142,18 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
         except (KeyError, TypeError, ValueError):
             continue
     # Only this node's instances: a token never speaks for another node's.
-    for instance in Instance.objects.select_for_update().filter(node=node):
+    instances = list(Instance.objects.select_for_update().filter(node=node))
+    drift = plan_actions(
+        desired=instances,
+        reported={k: str(v.get("state")) for k, v in reported.items()},
+        known_ids={i.pk for i in instances},
+    )
+    if drift and node.registered_at is not None and _reconcile_due(node.pk):
+        # Repair at once rather than at the next periodic round.
+        from fleet.services import enqueue_after_commit
+
+        enqueue_after_commit("reconcile_node", node.pk)
+    for instance in instances:
         item = reported.get(instance.pk)
         if item is None:
             instance.last_report = {}
@@ -157,6 +169,18 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
         state = REPORTED_STATES.get(str(item.get("state")), ActualState.FAILED)
         if not _set_actual(instance, state, reason="reported by the agent", actor="agent"):
             instance.save(update_fields=["last_report"])
+
+
+_last_triggered: dict[int, float] = {}
+
+
+def _reconcile_due(node_id: int, min_gap_s: float = 3.0) -> bool:
+    """At most one heartbeat-triggered reconcile per node every few seconds, per process."""
+    now = time.monotonic()
+    if now - _last_triggered.get(node_id, 0.0) < min_gap_s:
+        return False
+    _last_triggered[node_id] = now
+    return True
 
 
 def nodes_mark_offline(*, now=None) -> list[int]:

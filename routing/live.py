@@ -27,6 +27,7 @@ class Endpoint:
     http: str
     kv_host: str = ""
     kv_port: int = 0
+    wan_port: int = 0
 
 
 @dataclass(slots=True)
@@ -102,6 +103,7 @@ def build_live_view(model_name: str) -> LiveView:
             http=(entry or {}).get("endpoint") or inst.node.agent_endpoint,
             kv_host=str(kv.get("host", "")),
             kv_port=int(kv.get("port", 0) or 0),
+            wan_port=int(kv.get("wan_port", 0) or 0),
         )
         if inst.role == InstanceRole.PREFILL:
             prefill_dcs.add(dc)

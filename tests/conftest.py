@@ -11,6 +11,17 @@ import os
 
 import pytest
 
+# Importing the ASGI app must not start the in-process beat inside the test runner: tests
+# call tasks themselves, deterministically. (Server subprocesses started by tests keep it.)
+os.environ.setdefault("BATON_EMBEDDED_BEAT", "false")
+try:
+    from django.conf import settings as _settings
+
+    if _settings.configured:
+        _settings.BATON_EMBEDDED_BEAT = False
+except ImportError:  # pragma: no cover
+    pass
+
 REQUIRE_SERVICES = os.environ.get("BATON_REQUIRE_SERVICES", "") in {"1", "true", "yes"}
 
 

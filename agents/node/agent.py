@@ -16,6 +16,7 @@ from agents.engine import Engine, EngineConfig, load_model
 from agents.engine.loader import LoadedModel
 from agents.node.settings import ROLES, AgentSettings, split_host_port
 from agents.node.worker import EngineWorker
+from agents.prefix import tree_block_hashes
 from agents.transfer.client import FabricClient
 from agents.transfer.counters import Direction, FabricCounters, FabricName
 from agents.transfer.records import Transfer
@@ -93,6 +94,8 @@ class Agent:
         self.instances: dict[str, Instance] = {}
         self.counters = FabricCounters()
         self.links: dict[str, LinkShaper] = {}
+        # (monotonic time, bytes granted) per link at the last report, for its utilisation.
+        self._link_marks: dict[str, tuple[float, int]] = {}
         self.wan_clients: dict[str, FabricClient] = {}
         self.intra_client = FabricClient(FabricName.INTRA_DC, None, counters=self.counters)
         self._unshaped_wan = FabricClient(FabricName.WAN, None, counters=self.counters)
@@ -438,6 +441,33 @@ class Agent:
             "port": self.intra_server.port,
             "wan_port": self.wan_server.port,
         }
+
+    async def report(self, *, link_use: bool = True) -> dict[str, Any]:
+        """The state document plus what routing needs from heartbeats: the prefix blocks each
+        decode instance holds (its DRC, as chain hashes) and each WAN link's recent use."""
+        doc = self.state()
+        for item in doc["instances"]:
+            inst = self.instances.get(item["instance_id"])
+            if inst is None or inst.worker is None or inst.role == "prefill":
+                continue
+            try:
+                item["cached_prefix_blocks"] = await inst.worker.call(self._cached_block_hashes)
+            except Exception:  # a stopping instance reports no blocks rather than failing
+                item["cached_prefix_blocks"] = []
+        now = time.monotonic()
+        for peer, shaper in self.links.items() if link_use else ():
+            granted = shaper.bytes_granted
+            last = self._link_marks.get(peer)
+            self._link_marks[peer] = (now, granted)
+            if last is not None and now > last[0] and peer in doc["links"]:
+                rate = shaper.settings.bandwidth_gbps * 1e9 / 8
+                used = (granted - last[1]) / (now - last[0]) / rate if rate > 0 else 0.0
+                doc["links"][peer]["utilisation"] = round(min(1.0, max(0.0, used)), 4)
+        return doc
+
+    def _cached_block_hashes(self, engine: Engine) -> list[str]:
+        # Runs on the engine thread, the only one allowed to walk its radix tree.
+        return tree_block_hashes(engine.cache.root, self.settings.block_size)
 
     def state(self) -> dict[str, Any]:
         fabrics = {}

@@ -28,7 +28,7 @@ class ControlPlaneLink:
         self.heartbeats = 0
 
     async def register(self, http: httpx.AsyncClient) -> bool:
-        body = {**self.agent.state(), "endpoint": self.endpoint}
+        body = {**(await self.agent.report()), "endpoint": self.endpoint}
         response = await http.post(
             f"{self.base}/api/v1/agent/register", json=body, headers=self.headers
         )
@@ -64,7 +64,7 @@ class ControlPlaneLink:
                     else:
                         response = await http.post(
                             f"{self.base}/api/v1/agent/heartbeat",
-                            json=self.agent.state(),
+                            json=await self.agent.report(),
                             headers=self.headers,
                         )
                         if response.status_code in (401, 404):

@@ -128,7 +128,8 @@ def build_app(agent: Agent) -> Starlette:
         )
 
     async def state(request: Request) -> Response:
-        return JSONResponse(agent.state())
+        # Link utilisation is measured between heartbeats; a /state call must not reset it.
+        return JSONResponse(await agent.report(link_use=False))
 
     async def put_instance(request: Request) -> Response:
         body = await body_of(request)
@@ -229,9 +230,9 @@ def build_app(agent: Agent) -> Starlette:
         check_prompt(inst, prompt, sampling.max_tokens)
         pipeline = get_str(body, "pipeline", choices=PIPELINES)
         plan = HandoffPlan.parse(body)
-        main = Peer.parse(body.get("main"), "main")
+        main = None if pipeline == "rld-only" else Peer.parse(body.get("main"), "main")
         relay = None
-        if pipeline == "p-rld-md":
+        if pipeline in ("p-rld-md", "rld-only"):
             relay = Peer.parse(body.get("relay"), "relay")
         req = pipelines.PddRequest(
             request_id_of(body), prompt, sampling, pipeline, plan, main, relay

@@ -582,7 +582,7 @@ class PddRequest:
     sampling: SamplingParams
     pipeline: str
     plan: HandoffPlan
-    main: Peer
+    main: Peer | None  # None only for rld-only
     relay: Peer | None
 
 
@@ -613,20 +613,28 @@ async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefil
     """Prefill on P while MD pins its cached prefix; raises EngineFull / ValueError before any
     streaming starts, so the caller can answer 503 / 400."""
     started = time.monotonic()
-    reserve = asyncio.create_task(reserve_remote(agent, req.main, req.request_id, req.prompt))
+    reserve = (
+        asyncio.create_task(reserve_remote(agent, req.main, req.request_id, req.prompt))
+        if req.main is not None
+        else None
+    )
     try:
         result = await inst.worker.call(
             lambda e: e.prefill(req.request_id, req.prompt, req.sampling)
         )
     except BaseException:
-        reserve.cancel()
-        fire_and_forget(agent, cancel_remote(agent, req.main, req.request_id))
+        if reserve is not None:
+            reserve.cancel()
+            fire_and_forget(agent, cancel_remote(agent, req.main, req.request_id))
         raise
     first_at = time.monotonic()
     agent.count_tokens(inst)
     cached: int | None
     try:
-        cached, error = await reserve, None
+        if reserve is None:
+            cached, error = None, "no main decode in this pipeline (rld-only)"
+        else:
+            cached, error = await reserve, None
     except Exception as exc:  # noqa: BLE001 - MD unreachable: p-rld-md falls back to RLD alone
         cached, error = None, f"{type(exc).__name__}: {exc}"
     return Prefilled(
@@ -736,7 +744,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
                 "main_start_token": start,
                 **req.plan.to_json(),
             }
-            if not main_ok:
+            if not main_ok and req.pipeline != "rld-only":
                 stats["main_error"] = f"MD unreachable: {pre.main_error}"
         pump = asyncio.create_task(pump_stream(agent.http, url, body, queue, "down"))
         while True:

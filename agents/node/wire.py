@@ -9,7 +9,8 @@ from typing import Any
 from agents.engine import SamplingParams
 from agents.node.agent import AgentError
 
-PIPELINES = ("p-md", "p-rld-md")
+# rld-only: singular traffic and the no-MD fallback; P ships KV to RLD only, RLD finishes.
+PIPELINES = ("p-md", "p-rld-md", "rld-only")
 HANDOFF_MODES = ("one-shot", "catch-up")
 DEFAULT_CATCH_UP_BATCH = 64
 DEFAULT_MAX_CATCH_UP_BATCHES = 8

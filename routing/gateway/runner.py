@@ -42,13 +42,16 @@ class Sampling:
 def _target(endpoint: Endpoint | None) -> dict[str, Any] | None:
     if endpoint is None:
         return None
-    return {
+    target = {
         "instance": endpoint.instance_id,
         "http": endpoint.http,
         "kv_host": endpoint.kv_host,
         "kv_port": endpoint.kv_port,
         "datacenter": endpoint.datacenter,
     }
+    if endpoint.wan_port:
+        target["wan_port"] = endpoint.wan_port
+    return target
 
 
 def build_plan(
@@ -75,12 +78,15 @@ def build_plan(
             "seed": sampling.seed,
         },
         "pipeline": pipeline,
-        "handoff_mode": decision.handoff_mode,
-        "catch_up_batch": decision.catch_up_batch or None,
-        "relay": _target(relay) if pipeline in (Pipeline.P_RLD_MD, Pipeline.RLD_ONLY) else None,
-        "main": _target(main) if pipeline in (Pipeline.P_MD, Pipeline.P_RLD_MD) else None,
-        "main_cached_tokens": decision.cached_tokens if main is not None else None,
     }
+    if pipeline in (Pipeline.P_MD, Pipeline.P_RLD_MD):
+        body["main"] = _target(main)
+    if pipeline in (Pipeline.P_RLD_MD, Pipeline.RLD_ONLY):
+        body["relay"] = _target(relay)
+    if pipeline == Pipeline.P_RLD_MD:
+        body["handoff_mode"] = decision.handoff_mode
+        if decision.catch_up_batch:
+            body["catch_up_batch"] = decision.catch_up_batch
     return prefill.http.rstrip("/") + "/v1/pdd/generate", body
 
 

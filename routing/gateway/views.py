@@ -196,7 +196,7 @@ class Run:
         self.started = time.monotonic()
         self.first_at: float | None = None
         self.token_count = 0
-        self.by_role = {"relay_decode": 0, "main_decode": 0}
+        self.by_role = {"prefill": 0, "rld": 0, "md": 0}
         self.stats: dict[str, Any] = {}
         self.finish_reason: str | None = None
         self.status = "ok"
@@ -258,8 +258,9 @@ class Run:
             prompt_tokens=len(self.p.prompt_ids),
             cached_tokens=int(s.get("cached_tokens", self.p.decision.cached_tokens) or 0),
             completion_tokens=self.token_count,
-            tokens_by_rld=int(by_role.get("rld", self.by_role["relay_decode"])),
-            tokens_by_md=int(by_role.get("md", self.by_role["main_decode"])),
+            # P's first token counts with the decode role that carries on from it.
+            tokens_by_rld=int(by_role.get("rld", self.by_role["rld"])),
+            tokens_by_md=int(by_role.get("md", self.by_role["md"])),
             ttft_s=ttft,
             tpot_s=tpot,
             e2e_s=now - self.started,

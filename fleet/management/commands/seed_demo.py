@@ -45,13 +45,13 @@ LINK = {
     "connection_pool_size": 16,
     "monthly_cost": Decimal("12000.00"),
 }
-# baton-tiny: 4 layers, 2 KV heads of 32 dims, float32 -> 2 (K and V) x 4 x 2 x 32 x 4 bytes.
+# baton-tiny: 4 layers, 2 KV heads of 64 dims, float32 -> 2 (K and V) x 4 x 2 x 64 x 4 bytes.
 MODEL = {
     "name": "baton-tiny",
     "source": "baton-tiny",
     "dtype": "float32",
     "num_layers": 4,
-    "kv_bytes_per_token": 2 * 4 * 2 * 32 * 4,
+    "kv_bytes_per_token": 2 * 4 * 2 * 64 * 4,
     "max_context_tokens": 4096,
     "kv_block_size": 16,
 }

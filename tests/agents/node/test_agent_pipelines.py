@@ -269,3 +269,33 @@ def test_md_killed_mid_handoff_leaves_rld_to_finish_with_the_same_tokens(cluster
         assert result["stats"]["tokens_by_role"]["rld"] == 47
         assert get(rld, "/health").json()["status"] == "ok"
         assert get(p, "/health").json()["status"] == "ok"
+
+
+def test_rld_only_finishes_on_the_relay_with_no_wan_transfer(cluster):
+    """Singular traffic (and the no-MD fallback): P ships KV to RLD only; RLD decodes it all."""
+    prompt = make_prompt(90, 31)
+    body = pdd_body(
+        "solo", prompt, 10, "rld-only", "one-shot", cluster["p"], cluster["rld"], cluster["md"]
+    )
+    body.pop("main")
+    events, _, _ = stream_events(f"{cluster['p'].http}/v1/pdd/generate", body)
+    result = summarize(events)
+    assert_one_ordered_stream(result)
+    stats = result["stats"]
+    assert stats["kv_bytes"] == {"intra_dc": KV_HEADER_BYTES + 90 * KV_BYTES_PER_TOKEN, "wan": 0}
+    assert stats["tokens_by_role"]["md"] == 0
+    assert stats["tokens_by_role"]["rld"] == 9
+    assert (
+        result["output_token_ids"] == run_single(cluster["single"], prompt, 10)["output_token_ids"]
+    )
+
+
+def test_decode_agents_report_their_cached_prefix_blocks_as_gateway_hashes(cluster):
+    """The heartbeat names MD's DRC blocks with the same chain hashes the gateway computes."""
+    from agents.prefix import prefix_block_hashes
+
+    prompt = make_prompt(70, 32)
+    warm(cluster["md"], prompt)
+    report = get(cluster["md"], "/state").json()
+    blocks = set(report["instances"][0]["cached_prefix_blocks"])
+    assert set(prefix_block_hashes(prompt, 16)[:4]) <= blocks
