@@ -100,21 +100,59 @@ def goodput_search(
     lo_rps: float,
     hi_rps: float,
     iters: int = 6,
+    rel_tol: float | None = None,
 ) -> dict[str, Any]:
-    """Highest offered RPS (bisection) at which the TTFT SLA still holds: the goodput."""
-    best: dict[str, Any] | None = None
-    lo, hi = lo_rps, hi_rps
-    summary, _ = run_fleet(fleet, make_trace(config, lo), sla, warmup_s)
-    if not summary["sla"]["met"]:
-        return {"goodput_rps": 0.0, "bcr": 0.0, "at": summary, "bracket": [0.0, lo]}
+    """Highest offered RPS at which the TTFT SLA still holds: the goodput.
+
+    Plain bisection on [lo_rps, hi_rps] for ``iters`` steps, or, with ``rel_tol``, a bracket
+    found by doubling from ``lo_rps`` (up to ``hi_rps``) and then bisection until the bracket
+    is narrower than ``rel_tol`` of its lower end (same relative resolution at 10 or 200 RPS).
+    ``at_ceiling`` says the SLA still held at ``hi_rps`` (the goodput is only a lower bound).
+    """
+    runs = 0
+
+    def met(rps: float) -> tuple[bool, dict[str, Any]]:
+        nonlocal runs
+        runs += 1
+        summary, _ = run_fleet(fleet, make_trace(config, rps), sla, warmup_s)
+        return summary["sla"]["met"], summary
+
+    ok, summary = met(lo_rps)
+    if not ok:
+        return {"goodput_rps": 0.0, "bcr": 0.0, "at": summary, "bracket": [0.0, lo_rps],
+                "runs": runs, "at_ceiling": False}  # fmt: skip
     best = summary
-    for _ in range(iters):
-        mid = (lo + hi) / 2
-        summary, _ = run_fleet(fleet, make_trace(config, mid), sla, warmup_s)
-        if summary["sla"]["met"]:
-            lo, best = mid, summary
-        else:
-            hi = mid
+    lo, hi = lo_rps, hi_rps
+    at_ceiling = False
+    if rel_tol is not None:
+        hi = lo
+        while True:
+            nxt = min(hi * 2, hi_rps)
+            ok, summary = met(nxt)
+            if not ok:
+                hi = nxt
+                break
+            lo, best = nxt, summary
+            if nxt >= hi_rps:
+                hi, at_ceiling = nxt, True
+                break
+            hi = nxt
+        while not at_ceiling and (hi - lo) > rel_tol * lo:
+            mid = (lo + hi) / 2
+            ok, summary = met(mid)
+            if ok:
+                lo, best = mid, summary
+            else:
+                hi = mid
+    else:
+        for _ in range(iters):
+            mid = (lo + hi) / 2
+            ok, summary = met(mid)
+            if ok:
+                lo, best = mid, summary
+            else:
+                hi = mid
+        at_ceiling = lo >= hi_rps - 1e-9
     cost = fleet.cost_per_hour()
     return {
         "goodput_rps": lo,
@@ -122,6 +160,8 @@ def goodput_search(
         "cost_per_hour": cost,
         "at": best,
         "bracket": [lo, hi],
+        "runs": runs,
+        "at_ceiling": at_ceiling,
     }
 
 
@@ -147,8 +187,9 @@ def run_case(name: str, config: Mapping[str, Any], kind: str) -> CaseResult:
     goodput = None
     if search:
         goodput = goodput_search(
-            fleet, config, sla, warmup, search["lo_rps"], search["hi_rps"], search.get("iters", 6)
-        )
+            fleet, config, sla, warmup, search["lo_rps"], search["hi_rps"],
+            search.get("iters", 6), search.get("rel_tol"),
+        )  # fmt: skip
         summary = goodput["at"]
         series: dict[str, list[float]] = {}
     else:

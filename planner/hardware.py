@@ -64,8 +64,17 @@ class EngineSpec:
     decode_mem_efficiency: float = 0.7  # achieved / peak memory bandwidth
     decode_overhead_s: float = 0.008  # fixed per decode step: communication, sampling
     max_decode_batch: int = 128  # running requests per decode unit
+    # Tokens in one prefill pass at which the pass runs at half its full-batch efficiency:
+    # an MoE layer splits a pass's tokens over its experts, so a small pass gives each expert
+    # GEMM few rows and runs far below peak. 0 = efficiency independent of the pass size.
+    prefill_half_tokens: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.prefill_half_tokens, int) or self.prefill_half_tokens < 0:
+            raise ValueError(
+                "prefill_half_tokens: must be a non-negative integer, "
+                f"got {self.prefill_half_tokens!r}"
+            )
         for name in (
             "prefill_efficiency",
             "prefill_overhead_s",
@@ -77,9 +86,26 @@ class EngineSpec:
             check_positive(self, name)
 
 
-def prefill_batch_time(flops: float, gpu: GpuType, engine: EngineSpec) -> float:
-    """Seconds for one prefill forward pass doing ``flops`` on one unit."""
-    return engine.prefill_overhead_s + flops / (gpu.peak_tflops * 1e12 * engine.prefill_efficiency)
+def prefill_efficiency(tokens: int, engine: EngineSpec) -> float:
+    """Achieved / peak FLOPs of a pass of ``tokens``: ``prefill_efficiency`` at a full batch.
+
+    With ``prefill_half_tokens`` = h, efficiency scales as t / (t + h), normalised so that a
+    full ``prefill_batch_tokens`` pass runs at ``prefill_efficiency``.
+    """
+    h = engine.prefill_half_tokens
+    if not h:
+        return engine.prefill_efficiency
+    full = engine.prefill_batch_tokens
+    t = max(tokens, 1)
+    return engine.prefill_efficiency * (full + h) / full * t / (t + h)
+
+
+def prefill_batch_time(
+    flops: float, gpu: GpuType, engine: EngineSpec, tokens: int | None = None
+) -> float:
+    """Seconds for one prefill forward pass doing ``flops`` over ``tokens`` on one unit."""
+    eff = engine.prefill_efficiency if tokens is None else prefill_efficiency(tokens, engine)
+    return engine.prefill_overhead_s + flops / (gpu.peak_tflops * 1e12 * eff)
 
 
 def decode_step_time(

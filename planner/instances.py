@@ -6,7 +6,7 @@ simulated fleet exactly as the gateway reads the real one.
 
 from __future__ import annotations
 
-import math
+import heapq
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
@@ -22,10 +22,15 @@ from routing.policy import InstanceState
 
 
 class PrefillInstance:
-    """FIFO prefill with batching: one forward pass takes whole requests up to a token budget.
+    """FIFO chunked prefill: a pass holds at most ``prefill_batch_tokens`` new tokens.
 
-    A pass costs a fixed overhead per chunk of ``prefill_batch_tokens`` plus its FLOPs at the
-    unit's efficient peak, so small tail chunks that cannot batch pay the overhead nearly alone.
+    A request longer than the budget is cut into budget-sized chunks from its start; each chunk
+    attends to the cached prefix plus the chunks before it. A pass takes the head request's next
+    chunk; if that chunk ends the request (a tail, or a short request), the rest of the budget is
+    filled with whole queued requests that fit, in order. A long request behind it is not split
+    to fill the gap (chunk boundaries stay fixed within each request), so a small tail in front
+    of long requests runs nearly alone, at the low efficiency of a small pass (see
+    ``hardware.prefill_efficiency``).
     """
 
     def __init__(
@@ -41,14 +46,16 @@ class PrefillInstance:
         self.model = model
         self.engine = engine
         self.loop = loop
-        self.queue: deque[tuple[int, int, int, Callable[[int], None]]] = deque()
+        # [request, new tokens left, context already there (cached + done chunks), done]
+        self.queue: deque[list] = deque()
         self.busy = False
         self.backlog_tokens = 0
         self.busy_s = 0.0
         self.tokens = 0  # new (uncached) prompt tokens computed
+        self.passes = 0
 
     def submit(self, req: int, new_tokens: int, cached_tokens: int, done: Callable[[int], None]):
-        self.queue.append((req, new_tokens, cached_tokens, done))
+        self.queue.append([req, new_tokens, cached_tokens, done])
         self.backlog_tokens += new_tokens
         # Load as backlog in units of eight full batches: only the order matters to the policy.
         self.state.load = self.backlog_tokens / (8 * self.engine.prefill_batch_tokens)
@@ -57,37 +64,47 @@ class PrefillInstance:
 
     def _start_batch(self) -> None:
         budget = self.engine.prefill_batch_tokens
-        batch = []
-        tokens = 0
-        flops = 0.0
-        while self.queue and (not batch or tokens + self.queue[0][1] <= budget):
-            item = self.queue.popleft()
-            batch.append(item)
-            tokens += item[1]
-            flops += self.model.prefill_flops(item[1], item[2])
-        chunks = max(1, math.ceil(tokens / budget))
-        seconds = prefill_batch_time(flops, self.gpu, self.engine)
-        seconds += (chunks - 1) * self.engine.prefill_overhead_s
+        head = self.queue[0]
+        chunk = min(head[1], budget)
+        flops = self.model.prefill_flops(chunk, head[2])
+        tokens = chunk
+        finished = []
+        if chunk >= head[1]:
+            finished.append(self.queue.popleft())
+            while self.queue and tokens + self.queue[0][1] <= budget:
+                item = self.queue.popleft()
+                tokens += item[1]
+                flops += self.model.prefill_flops(item[1], item[2])
+                finished.append(item)
+        else:
+            head[1] -= chunk
+            head[2] += chunk
+        seconds = prefill_batch_time(flops, self.gpu, self.engine, tokens)
         self.busy = True
         self.busy_s += seconds
-        self.loop.at(self.loop.now + seconds, self._finish_batch, batch, tokens)
+        self.passes += 1
+        self.loop.at(self.loop.now + seconds, self._finish_batch, finished, tokens)
 
-    def _finish_batch(self, batch: list, tokens: int) -> None:
+    def _finish_batch(self, finished: list, tokens: int) -> None:
         self.backlog_tokens -= tokens
         self.tokens += tokens
         self.state.load = self.backlog_tokens / (8 * self.engine.prefill_batch_tokens)
         self.busy = False
         if self.queue:
             self._start_batch()
-        for req, _, _, done in batch:
+        for req, _, _, done in finished:
             done(req)
 
 
 class DecodeInstance:
-    """Continuous-batching decode: a request's step time is set by the batch it joins.
+    """Continuous-batching decode whose step time follows the batch as it changes.
 
-    A step reads the weights plus every running request's KV once, so TPOT grows with the
-    batch's total context. Requests beyond ``max_decode_batch`` or the KV memory wait FIFO.
+    A step reads the weights plus every running request's KV once, so the step time grows with
+    the batch's total context. Every running request gains one token per step, so the instance
+    keeps one token clock (tokens each running request has produced since the instance began)
+    that advances at 1 / step_time; a request that starts at clock c finishes its n tokens when
+    the clock reaches c + n, however the batch changed meanwhile. Each admission or release
+    recomputes the step time. Requests beyond ``max_decode_batch`` or the KV memory wait FIFO.
     On MD it also holds the decode-side prefix cache (DRC): session -> tokens of its context,
     LRU-evicted to a capacity.
     """
@@ -110,15 +127,26 @@ class DecodeInstance:
         self.kv_capacity = kv_capacity_tokens
         self.running = 0
         self.ctx_sum = 0
-        self.queue: deque[tuple[int, Callable[[float], None]]] = deque()
+        self.queue: deque[tuple[int, Callable[[float, float], None]]] = deque()
         self.tokens = 0  # output tokens this instance produced
         self.cache: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self.cache_tokens = 0
         self.cache_capacity = cache_capacity_tokens
+        # Token clock.
+        self.clock = 0.0
+        self._last = 0.0
+        self.step = self.step_time()
+        self._marks: list[tuple[float, int, Callable[..., None], tuple]] = []
+        self._seq = 0
+        self._version = 0
 
     # --- batch slots --------------------------------------------------------------------------
-    def admit(self, ctx_tokens: int, start: Callable[[float], None]) -> None:
-        """Start now if a slot and KV memory are free, else queue; ``start(tpot)`` runs then."""
+    def admit(self, ctx_tokens: int, start: Callable[[float, float], None]) -> None:
+        """Start now if a slot and KV memory are free, else queue.
+
+        ``start(tpot, job)`` runs at the start: ``tpot`` is the step time then (the first token
+        comes one step later), ``job`` the clock value to pass to :meth:`run` / :meth:`produced`.
+        """
         if not self.queue and self._fits(ctx_tokens):
             self._start(ctx_tokens, start)
         else:
@@ -126,12 +154,26 @@ class DecodeInstance:
             self._update_load()
 
     def release(self, ctx_tokens: int) -> None:
+        self._advance()
         self.running -= 1
         self.ctx_sum -= ctx_tokens
         while self.queue and self._fits(self.queue[0][0]):
             ctx, start = self.queue.popleft()
             self._start(ctx, start)
         self._update_load()
+        self._restep()
+
+    def run(self, job: float, tokens: float, done: Callable[..., None], *args) -> None:
+        """Call ``done(*args)`` when the request started at ``job`` has made ``tokens`` steps."""
+        self._advance()
+        self._seq += 1
+        heapq.heappush(self._marks, (job + tokens, self._seq, done, args))
+        self._reschedule()
+
+    def produced(self, job: float) -> float:
+        """Steps the request started at ``job`` has made by now."""
+        self._advance()
+        return self.clock - job
 
     def step_time(self) -> float:
         return decode_step_time(self.ctx_sum, self.model, self.gpu, self.engine)
@@ -144,11 +186,40 @@ class DecodeInstance:
             and self.ctx_sum + ctx_tokens <= self.kv_capacity
         )
 
-    def _start(self, ctx_tokens: int, start: Callable[[float], None]) -> None:
+    def _start(self, ctx_tokens: int, start: Callable[[float, float], None]) -> None:
+        self._advance()
         self.running += 1
         self.ctx_sum += ctx_tokens
         self._update_load()
-        start(self.step_time())
+        self._restep()
+        start(self.step, self.clock)
+
+    def _advance(self) -> None:
+        now = self.loop.now
+        if now > self._last:
+            self.clock += (now - self._last) / self.step
+            self._last = now
+
+    def _restep(self) -> None:
+        self.step = self.step_time()
+        self._reschedule()
+
+    def _reschedule(self) -> None:
+        self._version += 1
+        if self._marks:
+            left = max(self._marks[0][0] - self.clock, 0.0)
+            self.loop.at(self.loop.now + left * self.step, self._on_mark, self._version)
+
+    def _on_mark(self, version: int) -> None:
+        if version != self._version:
+            return  # the step time or the marks changed since this was scheduled
+        self._advance()
+        due = []
+        while self._marks and self._marks[0][0] <= self.clock + 1e-6:
+            due.append(heapq.heappop(self._marks))
+        self._reschedule()
+        for _, _, done, args in due:
+            done(*args)
 
     def _update_load(self) -> None:
         self.state.load = (self.running + len(self.queue)) / self.engine.max_decode_batch

@@ -102,9 +102,12 @@ def load_scenario(name_or_path: str | Path | Mapping[str, Any]) -> dict[str, Any
 
 
 def case_configs(scenario: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The fully merged configuration of each case, comments kept."""
+    """The fully merged configuration of each case, comments kept.
+
+    A case set to ``null`` is dropped (a scenario that includes another can remove its cases).
+    """
     return {
-        name: deep_merge(scenario["base"], override or {})
+        name: deep_merge(scenario["base"], override)
         for name, override in scenario["cases"].items()
-        if not name.startswith("_")
+        if not name.startswith("_") and override is not None
     }

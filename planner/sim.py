@@ -105,7 +105,7 @@ class Simulator:
             for dc, spec in fleet.links.items():
                 self.links[dc] = WanLink(spec, self.loop)
                 link_states[dc] = WanLinkState(
-                    spec.bandwidth_gbps, spec.rtt_ms, per_connection_gbps=spec.per_connection_gbps
+                    spec.bandwidth_gbps, spec.rtt_ms, per_connection_gbps=spec.connection_gbps
                 )
         self.link_states = link_states
         self.snapshot = ClusterSnapshot(
@@ -138,7 +138,7 @@ class Simulator:
         self.md_hit = [0] * n
         self.route: list[tuple[str, str | None, str | None]] = [("", None, None)] * n
         self.rld_start = [nan] * n
-        self.rld_tpot = [nan] * n
+        self.rld_job = [0.0] * n
         self.handed = [False] * n
         self.md_took_all = [False] * n
         self.seen_sessions: set[int] = set()
@@ -283,17 +283,18 @@ class Simulator:
 
     def _kv_at_relay(self, i: int) -> None:
         rld = self.relay[self.route[i][1]]
-        rld.admit(self._ctx(i), lambda tpot, i=i: self._relay_start(i, tpot))
+        rld.admit(self._ctx(i), lambda tpot, job, i=i: self._relay_start(i, tpot, job))
 
-    def _relay_start(self, i: int, tpot: float) -> None:
+    def _relay_start(self, i: int, tpot: float, job: float) -> None:
         rld = self.relay[self.route[i][1]]
         now = self.loop.now
         if self.md_took_all[i]:
             rld.release(self._ctx(i))  # MD got the KV first and took the whole request
             return
-        self.rld_start[i], self.rld_tpot[i] = now, tpot
+        self.rld_start[i], self.rld_job[i] = now, job
+        # First token one step after joining (at the step time of the batch it joins).
         self.ttft[i] = now + tpot - self.arr[i]
-        self.loop.at(now + self.n_out[i] * tpot, self._relay_end, i)
+        rld.run(job, self.n_out[i], self._relay_end, i)
 
     def _relay_end(self, i: int) -> None:
         if self.handed[i]:
@@ -310,9 +311,9 @@ class Simulator:
             # RLD already produced every token: MD only ingests the context to stay aligned.
             md.cache_put(self.session[i], self.version[i], self.n_in[i] + self.n_out[i])
             return
-        md.admit(self._ctx(i), lambda tpot, i=i: self._main_start(i, tpot))
+        md.admit(self._ctx(i), lambda tpot, job, i=i: self._main_start(i, tpot, job))
 
-    def _main_start(self, i: int, tpot: float) -> None:
+    def _main_start(self, i: int, tpot: float, job: float) -> None:
         md = self.main[self.route[i][2]]
         now = self.loop.now
         n_out = self.n_out[i]
@@ -323,7 +324,7 @@ class Simulator:
                 self.md_took_all[i] = True
             self.ttft[i] = now + tpot - self.arr[i]
             self.md_tokens[i] = n_out
-            self.loop.at(now + n_out * tpot, self._main_end, i, ctx)
+            md.run(job, n_out, self._main_end, i, ctx)
             return
         if not math.isnan(self.finish[i]):
             self.loop.at(now + tpot, md.release, ctx)  # ingest only: one extend step
@@ -334,16 +335,20 @@ class Simulator:
         # MD catches up on a first batch, so RLD stops one round later and nobody stalls.
         one_shot = self.mode[i] == 1
         stop = now if one_shot else now + rtt + tpot
-        generated = int((stop - self.rld_start[i]) / self.rld_tpot[i])
+        rld = self.relay[self.route[i][1]]
+        # Tokens RLD has made by ``stop``: its clock now plus the rest at its current step time.
+        generated = int(rld.produced(self.rld_job[i]) + (stop - now) / rld.step)
         if generated >= n_out:
             self.loop.at(now + tpot, md.release, ctx)  # RLD finishes first; MD ingests only
             return
         self.handed[i] = True
-        self.loop.at(stop, self.relay[self.route[i][1]].release, ctx)
+        self.loop.at(stop, rld.release, ctx)
         self.rld_tokens[i] = generated
         self.md_tokens[i] = n_out - generated
+        # MD's own steps from now: the wait until it resumes (one-shot: ids cross half an RTT,
+        # then one extend step) expressed in its current steps, then the remaining tokens.
         resume = now + rtt / 2 + tpot if one_shot else stop
-        self.loop.at(resume + (n_out - generated) * tpot, self._main_end, i, ctx)
+        md.run(job, (resume - now) / tpot + n_out - generated, self._main_end, i, ctx)
 
     def _main_end(self, i: int, ctx: int) -> None:
         self.main[self.route[i][2]].release(ctx)

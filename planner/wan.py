@@ -1,9 +1,10 @@
 """A WAN link: bandwidth shared fairly among concurrent transfers, RTT, a bounded pool.
 
 Fair sharing is processor sharing with a per-connection cap (a TCP stream over a long RTT is
-window-limited): every active transfer gets min(cap, bandwidth / active). Because all active
-transfers progress at the same rate, the link tracks one "attained bytes" clock and a heap of
-finish marks, so each arrival or departure costs O(log n) instead of touching every transfer.
+window-limited, rate <= window / RTT): every active transfer gets min(cap, bandwidth / active).
+Because all active transfers progress at the same rate, the link tracks one "attained bytes"
+clock and a heap of finish marks, so each arrival or departure costs O(log n) instead of
+touching every transfer.
 A transfer that finds all pool connections busy waits FIFO for one.
 """
 
@@ -26,10 +27,23 @@ class WanLinkSpec:
     rtt_ms: float = 20.0
     per_connection_gbps: float = 0.225
     pool_size: int = 64
+    # When set, one TCP connection moves at most a window per round trip: the per-connection
+    # rate is window / RTT (overriding per_connection_gbps), so a longer RTT slows each transfer
+    # while the line share (bandwidth / active transfers) is unchanged.
+    tcp_window_kb: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("bandwidth_gbps", "rtt_ms", "per_connection_gbps", "pool_size"):
             check_positive(self, name)
+        if self.tcp_window_kb is not None:
+            check_positive(self, "tcp_window_kb")
+
+    @property
+    def connection_gbps(self) -> float:
+        """What one connection reaches alone: window / RTT, else per_connection_gbps."""
+        if self.tcp_window_kb is None:
+            return self.per_connection_gbps
+        return self.tcp_window_kb * 1e3 * 8 / (self.rtt_ms / 1e3) / 1e9
 
 
 class WanLink:
@@ -37,7 +51,7 @@ class WanLink:
         self.spec = spec
         self.loop = loop
         self.capacity = spec.bandwidth_gbps * 1e9 / 8  # bytes/s
-        self.cap = spec.per_connection_gbps * 1e9 / 8
+        self.cap = spec.connection_gbps * 1e9 / 8
         self.rtt = spec.rtt_ms / 1000.0
         self.attained = 0.0  # bytes every active transfer has received since the link began
         self.last = 0.0

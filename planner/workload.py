@@ -28,7 +28,8 @@ class HitRateDist:
     ``skewed``: a fraction ``high_fraction`` hits uniformly in [``high_lo``, 1]; the rest follow
     a Beta on [0, ``high_lo``] whose mean makes the overall mean ``mean`` (production-like: most
     requests hit > 95%, a few low-hit requests carry most of the KV). ``uniform``: U[lo, hi].
-    ``fixed``: every request hits ``mean`` (for sweeps).
+    ``fixed``: every request hits ``mean`` (for sweeps). ``session``: no draw at all; the hit
+    follows from the session's context growth (:class:`ContextGrowth`, which must then be set).
     """
 
     kind: str = "skewed"
@@ -40,8 +41,8 @@ class HitRateDist:
     hi: float = 0.95
 
     def __post_init__(self) -> None:
-        if self.kind not in ("skewed", "uniform", "fixed"):
-            raise ValueError(f"kind: must be skewed, uniform or fixed, got {self.kind!r}")
+        if self.kind not in ("skewed", "uniform", "fixed", "session"):
+            raise ValueError(f"kind: must be skewed, uniform, fixed or session, got {self.kind!r}")
         for name in ("mean", "high_fraction", "high_lo", "lo", "hi"):
             check_range(self, name, 0.0, 1.0)
         check_positive(self, "concentration")
@@ -59,6 +60,8 @@ class HitRateDist:
         return (self.mean - self.high_fraction * high_mean) / (1.0 - self.high_fraction)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.kind == "session":
+            raise ValueError("hit_rate.kind: 'session' needs workload.context")
         if self.kind == "fixed":
             return np.full(n, self.mean)
         if self.kind == "uniform":
@@ -106,6 +109,64 @@ class LengthDist:
 
 
 @dataclass(slots=True)
+class ContextGrowth:
+    """How an agent session's context grows turn by turn (couples hit rate to length).
+
+    Turn 0 sends ``first_prompt`` tokens (system prompt, tools, task, files); only the
+    ``shared_prefix_tokens`` common to every session are cached anywhere. Turn k sends the
+    previous prompt, the previous output and ``append`` new tokens (tool results, user
+    message); the previous prompt is the cached (reusable) prefix. When the context would exceed
+    ``max_context_tokens`` the agent compacts it into a fresh ``first_prompt``-sized context,
+    which again hits only the shared prefix. So high-hit requests are late turns of long
+    contexts with a small delta, and the few low-hit ones are openings and compactions whose
+    whole context is new KV.
+    """
+
+    first_prompt: LengthDist = field(
+        default_factory=lambda: LengthDist(median=40_000, sigma=0.6, min=1_024, max=131_072)
+    )
+    append: LengthDist = field(
+        default_factory=lambda: LengthDist(median=300, sigma=1.2, min=1, max=65_536)
+    )
+    shared_prefix_tokens: int = 4_000
+    max_context_tokens: int = 131_072
+
+    def __post_init__(self) -> None:
+        if isinstance(self.first_prompt, Mapping):
+            self.first_prompt = build(LengthDist, self.first_prompt, "first_prompt")
+        if isinstance(self.append, Mapping):
+            self.append = build(LengthDist, self.append, "append")
+        check_positive(self, "shared_prefix_tokens")
+        check_positive(self, "max_context_tokens")
+
+    def grow(
+        self, rng: np.random.Generator, turns: np.ndarray, outputs: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(input tokens, cached tokens) of every turn; ``turns`` sessions laid out in order."""
+        n = int(turns.sum())
+        first = self.first_prompt.sample(rng, n).tolist()
+        append = self.append.sample(rng, n).tolist()
+        out = outputs.tolist()
+        inputs = [0] * n
+        cached = [0] * n
+        shared, cap = self.shared_prefix_tokens, self.max_context_tokens
+        k = 0
+        for t in turns.tolist():
+            ctx = 0
+            for j in range(t):
+                nxt = ctx + out[k - 1] + append[k] if j else 0
+                if j == 0 or nxt > cap:
+                    # Opening (or compaction): a fresh context, only the shared prefix cached.
+                    nxt = max(first[k], shared + 1)
+                    cached[k] = shared
+                else:
+                    cached[k] = ctx
+                inputs[k] = ctx = min(nxt, cap)
+                k += 1
+        return np.array(inputs, dtype=np.int64), np.array(cached, dtype=np.int64)
+
+
+@dataclass(slots=True)
 class WorkloadSpec:
     """An agentic workload: Poisson arrivals, multi-turn sessions reusing their prefix."""
 
@@ -122,6 +183,10 @@ class WorkloadSpec:
         )
     )
     hit_rate: HitRateDist = field(default_factory=HitRateDist)
+    # When set, input lengths come from session context growth instead of ``input_tokens``;
+    # hit_rate kind "session" then takes the cached prefix from the growth as well, any other
+    # kind draws the hit on top of those lengths (the same lengths, another hit distribution).
+    context: ContextGrowth | None = None
 
     def __post_init__(self) -> None:
         check_positive(self, "rps")
@@ -135,6 +200,10 @@ class WorkloadSpec:
             self.output_tokens = build(LengthDist, self.output_tokens, "output_tokens")
         if isinstance(self.hit_rate, Mapping):
             self.hit_rate = build(HitRateDist, self.hit_rate, "hit_rate")
+        if isinstance(self.context, Mapping):
+            self.context = build(ContextGrowth, self.context, "context")
+        if self.hit_rate.kind == "session" and self.context is None:
+            raise ValueError("hit_rate.kind: 'session' needs workload.context")
 
 
 @dataclass(slots=True)
@@ -188,6 +257,20 @@ def generate(spec: WorkloadSpec) -> Trace:
     offsets -= np.repeat(offsets[first], turns)
     arrival = np.repeat(starts, turns) + offsets
     keep = (arrival >= 0.0) & (arrival < spec.duration_s)
+    if spec.context is not None:
+        # Lengths follow each session's growth from its first turn (before t=0 too).
+        outputs = spec.output_tokens.sample(rng, len(session))
+        inputs, grown = spec.context.grow(rng, turns, outputs)
+        arrival, session = arrival[keep], session[keep]
+        inputs, grown, outputs = inputs[keep], grown[keep], outputs[keep]
+        order = np.argsort(arrival, kind="stable")
+        arrival, session = arrival[order], session[order]
+        inputs, grown, outputs = inputs[order], grown[order], outputs[order]
+        if spec.hit_rate.kind == "session":
+            cached = grown
+        else:
+            cached = np.floor(spec.hit_rate.sample(rng, len(inputs)) * inputs).astype(np.int64)
+        return Trace(arrival, inputs, cached, outputs, session)
     arrival, session = arrival[keep], session[keep]
     order = np.argsort(arrival, kind="stable")
     arrival, session = arrival[order], session[order]

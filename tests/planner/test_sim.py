@@ -124,3 +124,17 @@ def test_cli_reports_a_bad_field_in_a_scenario_file(tmp_path, capsys) -> None:
     path.write_text(json.dumps({"base": config}))
     assert main(["run", str(path), "--no-plots", "--out", str(tmp_path)]) == 2
     assert "max_decode_batch" in capsys.readouterr().err
+
+
+def test_goodput_search_with_a_relative_tolerance_brackets_tightly() -> None:
+    from planner.api import goodput_search
+    from planner.fleet import fleet_from_dict
+    from planner.metrics import Sla
+
+    config = small_config("pdd", duration_s=60)
+    fleet = fleet_from_dict(config["fleet"])
+    found = goodput_search(fleet, config, Sla(), 10.0, 2.0, 64.0, rel_tol=0.1)
+    lo, hi = found["bracket"]
+    assert found["goodput_rps"] == lo > 0
+    assert found["at_ceiling"] or (hi - lo) <= 0.1 * lo
+    assert found["at"]["sla"]["met"]

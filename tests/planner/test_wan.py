@@ -62,3 +62,41 @@ def test_a_full_pool_makes_transfers_wait_for_a_connection() -> None:
 def test_bad_link_spec_names_the_field() -> None:
     with pytest.raises(ValueError, match="pool_size"):
         WanLinkSpec(pool_size=0)
+
+
+def test_per_connection_rate_is_window_over_rtt_and_bounds_a_lone_transfer() -> None:
+    # 562.5 KB per 20 ms round trip = 225 Mbit/s on a 20 Gbit/s line: 28.125 MB takes 1 s.
+    window = WanLinkSpec(bandwidth_gbps=20, rtt_ms=20, tcp_window_kb=562.5)
+    assert window.connection_gbps == pytest.approx(0.225)
+    [(seconds, _)] = run(window, [(0.0, 28.125e6)])
+    assert seconds == pytest.approx(1.0 + 0.02)
+    # Doubling the RTT halves what one connection moves: the line rate does not help.
+    [(slower, _)] = run(WanLinkSpec(bandwidth_gbps=20, rtt_ms=40, tcp_window_kb=562.5),
+                        [(0.0, 28.125e6)])  # fmt: skip
+    assert slower == pytest.approx(2.0 + 0.04)
+
+
+def test_line_share_binds_once_enough_connections_are_active() -> None:
+    # 4 transfers on a 0.8 Gbit/s line with 0.4 Gbit/s connections: the line share (0.2) binds.
+    out = run(spec(bandwidth_gbps=0.8, per_connection_gbps=0.4), [(0.0, 0.1 * GB)] * 4)
+    assert [s for s, _ in out] == pytest.approx([4.0] * 4)
+
+
+def test_uniform_hits_hold_more_connections_than_session_skew_at_equal_mean_hit() -> None:
+    from planner.microbench import simulate_transfers
+    from planner.workload import ContextGrowth, HitRateDist, WorkloadSpec, generate
+
+    def occupancy(hit: HitRateDist) -> dict:
+        workload = WorkloadSpec(rps=40, duration_s=120, seed=2, mean_turns=16,
+                                context=ContextGrowth(), hit_rate=hit)  # fmt: skip
+        link = WanLinkSpec(bandwidth_gbps=20, rtt_ms=20, tcp_window_kb=562.5, pool_size=1000)
+        return simulate_transfers(link, generate(workload), 4400)
+
+    skewed = occupancy(HitRateDist(kind="session"))
+    uniform = occupancy(HitRateDist(kind="uniform", lo=0.85, hi=0.95))
+    assert abs(skewed["mean_hit_rate"] - uniform["mean_hit_rate"]) < 0.03
+    # Connections held (pool 1000: never full) follow the bytes each request carries.
+    assert uniform["pool_utilisation"] > 1.2 * skewed["pool_utilisation"]
+    # Most skewed transfers are light and pass; the median uniform one is mid-size.
+    assert uniform["transfer_s"]["p50"] > 3 * skewed["transfer_s"]["p50"]
+    assert skewed["transfer_s"]["max"] > uniform["transfer_s"]["max"]

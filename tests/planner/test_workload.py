@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.workload import HitRateDist, WorkloadSpec, generate, read_trace, write_trace
+from planner.workload import (
+    ContextGrowth,
+    HitRateDist,
+    WorkloadSpec,
+    generate,
+    read_trace,
+    write_trace,
+)
 
 
 def spec(**kw) -> WorkloadSpec:
@@ -108,3 +115,46 @@ def test_bad_trace_files_name_the_line(tmp_path, name, text, match) -> None:
 def test_missing_trace_file_is_a_value_error(tmp_path) -> None:
     with pytest.raises(ValueError, match="no such trace"):
         read_trace(tmp_path / "nope.csv")
+
+
+def session_spec(**kw) -> WorkloadSpec:
+    session = {"context": ContextGrowth(), "hit_rate": HitRateDist(kind="session")}
+    return spec(**{"rps": 80.0, "duration_s": 200.0, "mean_turns": 16, **session, **kw})
+
+
+def test_session_growth_gives_the_published_hit_skew() -> None:
+    trace = generate(session_spec())
+    hit = trace.hit_rate
+    assert hit.mean() == pytest.approx(0.9, abs=0.02)
+    assert 0.7 <= (hit > 0.95).mean() <= 0.8
+    assert 50_000 <= trace.input_tokens.mean() <= 70_000
+    # Low-hit requests are openings/compactions: their whole context is new KV.
+    low = hit < 0.5
+    delta = trace.input_tokens - trace.cached_tokens
+    assert delta[low].mean() > 10 * delta[~low].mean()
+
+
+def test_growth_carries_fewer_bytes_than_uniform_at_equal_mean_hit() -> None:
+    # Same lengths, same mean hit: the session skew's token-weighted hit is higher because
+    # long contexts are late turns with high hit, so it offers fewer delta bytes.
+    grown = generate(session_spec())
+    uniform = generate(session_spec(hit_rate=HitRateDist(kind="uniform", lo=0.85, hi=0.95)))
+    assert np.array_equal(grown.input_tokens, uniform.input_tokens)
+    assert abs(grown.hit_rate.mean() - uniform.hit_rate.mean()) < 0.02
+    d_grown = (grown.input_tokens - grown.cached_tokens).sum()
+    d_uniform = (uniform.input_tokens - uniform.cached_tokens).sum()
+    assert d_grown < 0.85 * d_uniform
+
+
+def test_turns_grow_the_context_and_cache_the_previous_prompt() -> None:
+    ctx = ContextGrowth(max_context_tokens=131_072)
+    rng = np.random.default_rng(0)
+    inputs, cached = ctx.grow(rng, np.array([3]), np.array([100, 200, 300]))
+    assert cached[0] == ctx.shared_prefix_tokens
+    assert cached[1] == inputs[0] and cached[2] == inputs[1]
+    assert inputs[1] > inputs[0] + 100 - 1  # previous output + appended tokens
+
+
+def test_session_hit_needs_a_context_model() -> None:
+    with pytest.raises(ValueError, match="context"):
+        WorkloadSpec(hit_rate=HitRateDist(kind="session"))
