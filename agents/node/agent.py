@@ -181,6 +181,11 @@ class Agent:
                     f"instance {instance_id} runs {current.spec}; stop it before starting "
                     f"{(role, model, source)}",
                 )
+            if current.state in (InstanceState.DRAINING, InstanceState.DRAINED):
+                if self.draining:
+                    raise AgentError(503, "agent is draining; not resuming instances")
+                # Start after drain: the engine is still loaded, so it just admits work again.
+                current.state = InstanceState.RUNNING
             await asyncio.wait({asyncio.ensure_future(current.ready.wait())}, timeout=wait_s)
             return current
         if self.draining:

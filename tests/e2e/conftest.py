@@ -1,0 +1,16 @@
+"""One real local fleet per test session of this folder (slow to start, so shared)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.cluster import start_cluster
+
+
+@pytest.fixture(scope="package")
+def cluster():
+    fleet = start_cluster()
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
