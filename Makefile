@@ -8,9 +8,12 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 # Django-backed tests that run a second time against real PostgreSQL and Redis when
 # DATABASE_URL / REDIS_URL are set (the first run always uses the embedded defaults).
-SERVICE_TESTS ?= tests/controlplane tests/fleet tests/billing tests/routing_app tests/gateway
+SERVICE_TESTS ?= tests/controlplane tests/fleet tests/billing tests/routing_app tests/gateway \
+	tests/frontend tests/e2e
+# Browser tests need no database server; they run once, in the embedded pass.
+SERVICE_MARKS ?= not browser
 
-.PHONY: setup demo test test-embedded test-services lint format clean
+.PHONY: setup browser demo test test-embedded test-services lint format clean vendor
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,7 +24,13 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-test: setup test-embedded test-services
+# Debian's chromium for the browser tests (root installs it; never a downloaded browser).
+browser:
+	@test -x /usr/bin/chromium || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
+		else echo "browser tests need Debian's chromium: sudo apt-get install chromium"; fi; }
+
+test: setup browser test-embedded test-services
 
 # With real services configured, their tests run in test-services; here they are deselected.
 test-embedded: setup
@@ -32,24 +41,19 @@ test-embedded: setup
 test-services: setup
 	@if [ -n "$$DATABASE_URL$$REDIS_URL" ]; then \
 		echo "== again against DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL"; \
-		$(PY) -m pytest $(SERVICE_TESTS) $(PYTEST_ARGS); \
+		$(PY) -m pytest $(SERVICE_TESTS) -m "$(SERVICE_MARKS)" $(PYTEST_ARGS); \
 	else \
 		echo "== DATABASE_URL and REDIS_URL not set: real-server tests ran only as skips"; \
 	fi
 
+# The control plane, the demo fleet's agents and gentle agentic traffic; Ctrl-C stops all.
 demo: setup
-	$(PY) manage.py migrate --noinput
-	$(PY) manage.py seed_demo
-	@token=$$($(PY) manage.py baton_user demo --role operator --password demo-operator 2>/dev/null); \
-	echo; \
-	echo "Baton control plane: http://$(HOST):$(PORT)/"; \
-	echo "  API docs:  http://$(HOST):$(PORT)/api/docs/"; \
-	echo "  admin:     http://$(HOST):$(PORT)/admin/  (user demo, password demo-operator)"; \
-	echo "  API token: $$token"; \
-	echo "  try:       curl -H 'Authorization: Token $$token' http://$(HOST):$(PORT)/api/v1/topology/"; \
-	echo "Ctrl-C stops it."; \
-	echo
-	exec $(VENV)/bin/uvicorn controlplane.asgi:application --host $(HOST) --port $(PORT)
+	$(PY) -m bench.demo --host $(HOST) --port $(PORT)
+
+# Refresh the vendored uPlot from package.json (pinned) into frontend/static.
+vendor: setup
+	npm ci --no-audit --no-fund
+	$(PY) manage.py frontend_vendor
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -94,6 +94,8 @@ class Agent:
         self.instances: dict[str, Instance] = {}
         self.counters = FabricCounters()
         self.links: dict[str, LinkShaper] = {}
+        # Requests whose KV MD cached after RLD had finished them alone (DRC alignment).
+        self.late_kv_cached = 0
         # (monotonic time, bytes granted) per link at the last report, for its utilisation.
         self._link_marks: dict[str, tuple[float, int]] = {}
         self.wan_clients: dict[str, FabricClient] = {}
@@ -495,6 +497,7 @@ class Agent:
             "active_requests": self.active_requests,
             "instances": [self.instance_state(i) for i in self.instances.values()],
             "tokens_by_role": dict(self.tokens_by_role),
+            "late_kv_cached": self.late_kv_cached,
             "fabrics": fabrics,
             "links": {peer: link_json(s.settings) for peer, s in self.links.items()},
         }

@@ -294,10 +294,44 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
                 return
     finally:
         worker.remove_sink(rid)
-        agent.drop_inbox(rid, inst.instance_id)
         if imported and not finished:
             # The KV stays in this engine's prefix cache, so MD's cache stays aligned with P's.
+            agent.drop_inbox(rid, inst.instance_id)
             await _quiet(worker.call(lambda e: e.abort(rid)))
+            await agent.unreserve(rid)
+        elif not imported:
+            # The caller left before P's KV arrived (RLD finished alone): keep the KV anyway, or
+            # MD's cache falls behind P's and every later turn becomes low-hit (PDD.md).
+            fire_and_forget(agent, _cache_late_kv(agent, inst, req, queue))
+        else:
+            agent.drop_inbox(rid, inst.instance_id)
+            await agent.unreserve(rid)
+
+
+async def _cache_late_kv(agent: Agent, inst: Instance, req: DecodeRequest, queue) -> None:
+    """Wait (bounded) for a request's KV, import it into the prefix cache, and let it go."""
+    rid, worker = req.request_id, inst.worker
+    try:
+        item = await asyncio.wait_for(queue.get(), agent.settings.kv_timeout_s)
+        if isinstance(item, BaseException) or item[0] != "kv" or worker is None:
+            return  # cancelled, failed or not KV: nothing to keep
+        payload = kv_payload(item[1])
+        reservation = agent.reservations.pop(rid, None)
+
+        def keep(engine):
+            try:
+                engine.import_prefix(rid, req.prompt, req.start_token, payload)
+            finally:
+                if reservation is not None:
+                    engine.cache.unlock(reservation.node)
+            engine.abort(rid)  # a held request: its imported blocks stay in the radix cache
+
+        await worker.call(keep)
+        agent.late_kv_cached += 1
+    except Exception as exc:  # noqa: BLE001 - best effort; the request itself is done
+        log.info("%s: late KV not cached: %r", rid, exc)
+    finally:
+        agent.drop_inbox(rid, inst.instance_id)
         await agent.unreserve(rid)
 
 
@@ -352,6 +386,9 @@ async def run_relay(agent: Agent, inst: Instance, req: RelayRequest) -> Events:
     md_task: asyncio.Task | None = None
     deadline: asyncio.TimerHandle | None = None
     engine_live = md_done = False
+    # RLD finished the request itself: MD is not cancelled, only its stream closed, so it still
+    # caches the KV P sent it (MD's prefix cache must not fall behind P's).
+    finished_here = False
 
     def done_event(reason: str | None) -> dict[str, Any]:
         return {
@@ -487,6 +524,7 @@ async def run_relay(agent: Agent, inst: Instance, req: RelayRequest) -> Events:
                     next_index += 1
                 if value.finished:
                     engine_live = False
+                    finished_here = handoff.failed is None
                     yield done_event(value.finish_reason)
                     return
                 maybe_handoff()
@@ -568,7 +606,7 @@ async def run_relay(agent: Agent, inst: Instance, req: RelayRequest) -> Events:
         agent.drop_inbox(rid, inst.instance_id)
         if engine_live:
             await _quiet(worker.call(lambda e: e.abort(rid)))
-        if main is not None and not md_done:
+        if main is not None and not md_done and not finished_here:
             fire_and_forget(agent, cancel_remote(agent, main, rid))
 
 

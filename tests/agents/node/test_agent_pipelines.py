@@ -299,3 +299,27 @@ def test_decode_agents_report_their_cached_prefix_blocks_as_gateway_hashes(clust
     report = get(cluster["md"], "/state").json()
     blocks = set(report["instances"][0]["cached_prefix_blocks"])
     assert set(prefix_block_hashes(prompt, 16)[:4]) <= blocks
+
+
+def test_md_keeps_the_kv_when_rld_finishes_before_the_handoff(cluster):
+    """MD's prefix cache must not fall behind P's, or later turns turn low-hit (PDD.md): when
+    RLD finishes a request alone, MD still imports the KV P sent it into its cache."""
+    import time
+
+    from agents.prefix import prefix_block_hashes
+
+    prompt = make_prompt(130, 33)
+    # handoff_at beyond max_tokens: RLD finishes alone and just closes MD's stream.
+    result = run_pdd(
+        cluster["p"], cluster["rld"], cluster["md"], "alone", prompt, 4, "p-rld-md", handoff_at=50
+    )
+    assert_one_ordered_stream(result)
+    assert result["stats"]["tokens_by_role"]["md"] == 0
+    wanted = set(prefix_block_hashes(prompt, 16))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        state = get(cluster["md"], "/state").json()
+        if wanted <= set(state["instances"][0]["cached_prefix_blocks"]):
+            break
+        time.sleep(0.2)
+    assert wanted <= set(state["instances"][0]["cached_prefix_blocks"])

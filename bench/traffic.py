@@ -1,0 +1,151 @@
+"""Agentic traffic against the gateway, from the one workload model (planner.workload).
+
+Sessions are multi-turn conversations: every turn resends the conversation so far (the
+assistant's real answers included) plus a new user message, so the prefix caches hit the way
+agent loops make them hit; openings are the low-hit requests. Token counts come from a scaled-
+down `ContextGrowth` (baton-tiny has a 2K context); the byte tokenizer makes one token per
+ASCII character, so message lengths are exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import httpx
+
+from planner.workload import ContextGrowth, HitRateDist, LengthDist, WorkloadSpec, generate
+
+WORDS = (
+    "agent tool result file diff test build deploy cache prefix relay decode prefill token "
+    "request latency bandwidth datacenter router policy handoff batch kernel memory"
+).split()
+
+
+def demo_workload(*, rps: float, duration_s: float, seed: int) -> WorkloadSpec:
+    """The production shape at toy scale: long-ish openings, small appends, short outputs."""
+    return WorkloadSpec(
+        rps=rps,
+        duration_s=duration_s,
+        seed=seed,
+        mean_turns=6.0,
+        turn_gap_s=4.0,
+        output_tokens=LengthDist(median=40, sigma=0.7, min=4, max=160),
+        hit_rate=HitRateDist(kind="session"),
+        context=ContextGrowth(
+            first_prompt=LengthDist(median=700, sigma=0.4, min=200, max=1400),
+            append=LengthDist(median=60, sigma=0.8, min=8, max=400),
+            shared_prefix_tokens=64,
+            max_context_tokens=1700,
+        ),
+    )
+
+
+def filler(rng: random.Random, n: int) -> str:
+    out: list[str] = []
+    size = 0
+    while size < n:
+        word = rng.choice(WORDS)
+        out.append(word)
+        size += len(word) + 1
+    return " ".join(out)[:n]
+
+
+@dataclass
+class TrafficStats:
+    sent: int = 0
+    ok: int = 0
+    failed: int = 0
+    by_status: Counter = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)
+
+    def line(self) -> str:
+        lat = sorted(self.latencies)
+        p50 = lat[len(lat) // 2] if lat else 0.0
+        return (
+            f"sent {self.sent}, ok {self.ok}, failed {self.failed} "
+            f"({dict(self.by_status)}), median latency {p50:.2f} s"
+        )
+
+
+async def replay(
+    *,
+    base_url: str,
+    api_key: str,
+    model: str,
+    spec: WorkloadSpec,
+    stop: asyncio.Event,
+    stats: TrafficStats,
+    max_in_flight: int = 8,
+) -> None:
+    """Send the trace's requests at their arrival times until it ends or `stop` is set."""
+    trace = generate(spec)
+    rng = random.Random(spec.seed)
+    system = "You are Baton's demo agent. " + filler(rng, 60)
+    sessions: dict[int, list[dict]] = {}
+    gate = asyncio.Semaphore(max_in_flight)
+    started = time.monotonic()
+    async with httpx.AsyncClient(
+        base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=120
+    ) as http:
+
+        async def one(session: int, input_tokens: int, output_tokens: int) -> None:
+            history = sessions.setdefault(session, [{"role": "system", "content": system}])
+            used = sum(len(m["content"]) + 16 for m in history)
+            if used >= input_tokens or used > 1500:
+                # A compaction (or the opening): a fresh context of the requested size.
+                history[:] = [{"role": "system", "content": system + filler(rng, 40)}]
+                used = sum(len(m["content"]) + 16 for m in history)
+            need = max(8, input_tokens - used - 16)
+            history.append({"role": "user", "content": f"[s{session}] " + filler(rng, need)})
+            body = {
+                "model": model,
+                "messages": history,
+                "max_tokens": int(output_tokens),
+                "temperature": 0,
+            }
+            async with gate:
+                stats.sent += 1
+                t0 = time.monotonic()
+                try:
+                    response = await http.post("/v1/chat/completions", json=body)
+                except httpx.HTTPError as exc:
+                    stats.failed += 1
+                    stats.by_status[type(exc).__name__] += 1
+                    history.pop()
+                    return
+            stats.by_status[response.status_code] += 1
+            if response.status_code != 200:
+                stats.failed += 1
+                history.pop()
+                return
+            stats.ok += 1
+            stats.latencies.append(time.monotonic() - t0)
+            answer = response.json()["choices"][0]["message"]["content"]
+            history.append({"role": "assistant", "content": answer})
+
+        tasks: set[asyncio.Task] = set()
+        for arrival, session, inp, out in zip(
+            trace.arrival_s.tolist(),
+            trace.session_id.tolist(),
+            trace.input_tokens.tolist(),
+            trace.output_tokens.tolist(),
+            strict=True,
+        ):
+            delay = started + arrival - time.monotonic()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                    break
+                except TimeoutError:
+                    pass
+            if stop.is_set():
+                break
+            task = asyncio.create_task(one(session, inp, out))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(tasks, timeout=60)
