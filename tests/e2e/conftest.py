@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.cluster import start_cluster
+from bench.testbed import start_cluster
 
 
 @pytest.fixture(scope="package")

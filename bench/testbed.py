@@ -1,6 +1,6 @@
-"""A real local fleet for end-to-end tests: the control plane (uvicorn; plus a Celery worker and
-beat when REDIS_URL is set) with its own database, and three agent processes that register with
-it: P and RLD in dc-a, MD in dc-b, joined by a shaped WAN link."""
+"""The testbed: a real local fleet for end-to-end tests and benchmarks. The control plane
+(uvicorn, plus a Celery worker and beat when REDIS_URL is set) with its own database, and three
+agent processes that register with it: P and RLD in dc-a, MD in dc-b, joined by a shaped WAN."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import httpx
 
 from agents.node.launch import AgentProcess
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 SETUP = """
 import json
