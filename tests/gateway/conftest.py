@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import pytest
+import uuid
 
+import pytest
+from django.conf import settings
+
+from billing.ratelimit import RateLimiter
 from routing.gateway import views
 
 
 @pytest.fixture(autouse=True)
 def fresh_gateway_state():
-    views._limiter = None
+    # A key prefix of its own: with Redis, counters would otherwise carry over between tests.
+    views._limiter = RateLimiter(settings.REDIS_URL, prefix=f"test-rl-{uuid.uuid4().hex[:8]}")
     views.live_views.clear()
     views.policies.clear()
     yield
