@@ -166,6 +166,7 @@ SPECTACULAR_SETTINGS = {
         "InstanceRoleEnum": "fleet.choices.InstanceRole",
         "DesiredStateEnum": "fleet.choices.DesiredState",
         "ActualStateEnum": "fleet.choices.ActualState",
+        "PlanRunStatusEnum": "fleet.choices.PlanRunStatus",
     },
 }
 

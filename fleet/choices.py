@@ -45,3 +45,10 @@ class Currency(models.TextChoices):
     USD = "USD", "US dollar"
     EUR = "EUR", "Euro"
     CNY = "CNY", "Chinese yuan"
+
+
+class PlanRunStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"

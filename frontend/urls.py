@@ -17,6 +17,7 @@ urlpatterns = [
     path("fleet/instances/<int:pk>/", views.InstanceDetailView.as_view(), name="instance"),
     path("fleet/links/<int:pk>/", views.LinkDetailView.as_view(), name="link"),
     path("requests/", views.RequestsView.as_view(), name="requests"),
+    path("planner/", views.PlannerView.as_view(), name="planner"),
     path("telemetry/snapshot/", views.SnapshotJSONView.as_view(), name="snapshot"),
     path("telemetry/history/", views.HistoryJSONView.as_view(), name="history"),
     path("metrics", metrics_view, name="metrics"),

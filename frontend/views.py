@@ -12,7 +12,14 @@ from django.views import View
 from django.views.generic import TemplateView
 
 from controlplane.permissions import user_is_operator
-from fleet.models import FleetEvent, Instance, Node, WANLink
+from fleet.choices import PlanRunStatus
+from fleet.models import FleetEvent, Instance, Node, PlanRun, WANLink
+from fleet.planning import (
+    DEFAULT_SCENARIO,
+    MAX_COMBINATIONS,
+    plan_scenarios,
+    scenario_default_counts,
+)
 from frontend.selectors import RequestLogFilter, request_log, topology_layout
 from frontend.telemetry.fleet import link_name
 from frontend.telemetry.histogram import RESOLUTION
@@ -135,3 +142,22 @@ class HistoryJSONView(LoginRequiredMixin, View):
     def get(self, request: HttpRequest) -> JsonResponse:
         scale = "day" if request.GET.get("scale") == "day" else "live"
         return JsonResponse(build_history(scale=scale))
+
+
+class PlannerView(PageView):
+    """What-if capacity planning: operators queue plans over the fleet; everyone reads them."""
+
+    template_name = "frontend/planner.html"
+    section = "planner"
+
+    def get_context_data(self, **kwargs):
+        ctx = super().get_context_data(**kwargs)
+        ctx["runs"] = PlanRun.objects.select_related("created_by")[:20]
+        ctx["latest"] = PlanRun.objects.filter(status=PlanRunStatus.DONE).first()
+        ctx["scenarios"] = plan_scenarios()
+        ctx["default_scenario"] = DEFAULT_SCENARIO
+        ctx["max_combinations"] = MAX_COMBINATIONS
+        ctx["defaults"] = {
+            k: ",".join(map(str, v)) for k, v in scenario_default_counts(DEFAULT_SCENARIO).items()
+        }
+        return ctx

@@ -5,6 +5,7 @@ from fleet.models.events import FleetEvent
 from fleet.models.gpus import GPUType
 from fleet.models.links import WANLink
 from fleet.models.nodes import Instance, Node
+from fleet.models.plans import PlanRun
 from fleet.models.pricing import UnitPrice
 from fleet.models.served_models import ServedModel
 
@@ -14,6 +15,7 @@ __all__ = [
     "GPUType",
     "Instance",
     "Node",
+    "PlanRun",
     "ServedModel",
     "UnitPrice",
     "WANLink",

@@ -36,6 +36,8 @@ from routing.policy import NoHealthyPath, RequestInfo, decide
 from routing.policy_cache import PolicyCache
 
 log = logging.getLogger(__name__)
+# Blocking work (ORM, tokenizer, policy) runs in a thread pool, not Django's single
+# thread-sensitive thread: concurrent requests must not queue behind each other there.
 
 live_views = LiveViewCache()
 policies = PolicyCache()
@@ -274,7 +276,7 @@ class Run:
     async def record(self) -> None:
         p = self.p
         try:
-            await sync_to_async(record_request)(
+            await sync_to_async(record_request, thread_sensitive=False)(
                 request_id=p.request_id,
                 api_key=p.key,
                 model=p.model.name,
@@ -412,7 +414,7 @@ async def _handle(request: HttpRequest, kind: str):
     if request.method != "POST":
         return GatewayError(405, "Use POST.", code="method_not_allowed").response()
     try:
-        p = await sync_to_async(_prepare)(request, kind)
+        p = await sync_to_async(_prepare, thread_sensitive=False)(request, kind)
         if p.greq.stream:
             response = StreamingHttpResponse(_stream(p), content_type="text/event-stream")
             response["Cache-Control"] = "no-cache"

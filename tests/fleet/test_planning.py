@@ -19,6 +19,7 @@ from fleet.tasks import plan_execute
 ONE = {"prefill_counts": [2], "relay_counts": [1], "main_counts": [1]}
 # tiny-plan warms up for 20 s; 40 s of load keeps one combination well under a second.
 SHORT_S = 40.0
+TOO_MANY = {"prefill_counts": list(range(1, 9)), "main_counts": list(range(1, 10))}
 
 
 def _price(gpu, dc, amount, *, start_days=-30, end_days=None, currency="USD") -> UnitPrice:
@@ -159,8 +160,7 @@ def test_prices_in_two_currencies_are_an_error(dc_a, dc_b, gpu_a, gpu_b, link_ab
         ({"main_counts": [1001]}, "main_counts", "0..1000"),
         ({"prefill_counts": [-1]}, "prefill_counts", "0..1000"),
         ({"prefill_counts": [0]}, "prefill_counts", "at least one node"),
-        ({"prefill_counts": list(range(1, 9)), "main_counts": list(range(1, 10))}, "counts",
-         "8 x 1 x 9 = 72 combinations"),  # fmt: skip
+        (TOO_MANY, "counts", "8 x 1 x 9 = 72 combinations"),
         ({"duration_s": 10}, "duration_s", "longer than the warmup"),
     ],
 )
@@ -254,7 +254,9 @@ def test_an_operator_posts_a_plan_and_gets_the_queued_run(operator, priced_fleet
     assert PlanRun.objects.get(pk=body["id"]).inputs["search_space"]["pools"][2]["counts"] == [1]
 
 
-def test_a_posted_plan_runs_after_commit(operator, priced_fleet, django_capture_on_commit_callbacks):
+def test_a_posted_plan_runs_after_commit(
+    operator, priced_fleet, django_capture_on_commit_callbacks
+):
     with django_capture_on_commit_callbacks(execute=True):
         created = operator.post("/api/v1/plans/", BODY, format="json").json()
     # 120 s of the scenario's load here: still one combination.
@@ -284,7 +286,7 @@ def test_anonymous_requests_are_refused(anonymous):
         ({"relay_counts": [1001]}, "relay_counts"),
         ({"main_counts": [-1]}, "main_counts"),
         ({"main_counts": "2"}, "main_counts"),
-        ({"prefill_counts": list(range(1, 9)), "main_counts": list(range(1, 10))}, "counts"),
+        (TOO_MANY, "counts"),
         ({"top": 0}, "top"),
     ],
 )

@@ -115,7 +115,7 @@ def test_partial_stop_prefix_is_released_when_it_does_not_complete():
 
 
 @pytest.fixture
-def tenant_key(db):
+def tenant_key(transactional_db):
     tenant = Tenant.objects.create(name="acme", requests_per_minute=2, tokens_per_minute=10_000)
     ServedModel.objects.create(
         name="baton-tiny",
