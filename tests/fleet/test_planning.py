@@ -187,7 +187,20 @@ def test_a_created_run_is_queued_with_its_inputs_and_total(queued_run):
     assert queued_run.created_by.username == "planner-user"
 
 
-def test_a_created_run_is_enqueued_after_commit(priced_fleet, django_capture_on_commit_callbacks):
+@pytest.fixture
+def eager_celery():
+    """Run queued tasks in-process, as the embedded default does, even on a Redis-backed run."""
+    from controlplane.celery import app
+
+    previous = app.conf.task_always_eager
+    app.conf.update(task_always_eager=True)
+    yield
+    app.conf.update(task_always_eager=previous)
+
+
+def test_a_created_run_is_enqueued_after_commit(
+    priced_fleet, eager_celery, django_capture_on_commit_callbacks
+):
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         run = planning.plan_run_create(**ONE, duration_s=SHORT_S)
     assert len(callbacks) == 1
@@ -255,7 +268,7 @@ def test_an_operator_posts_a_plan_and_gets_the_queued_run(operator, priced_fleet
 
 
 def test_a_posted_plan_runs_after_commit(
-    operator, priced_fleet, django_capture_on_commit_callbacks
+    operator, priced_fleet, eager_celery, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=True):
         created = operator.post("/api/v1/plans/", BODY, format="json").json()
