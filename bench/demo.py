@@ -10,6 +10,7 @@ import contextlib
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -42,6 +43,19 @@ def manage(*args: str, env: dict[str, str]) -> str:
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
+
+
+def check_ports_free(host: str, ports: list[int]) -> None:
+    """Fail at once, with the reason, when another demo (or anything) holds a port we need."""
+    for port in ports:
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                raise SystemExit(
+                    f"[demo] port {port} on {host} is in use (another `make demo` running?); "
+                    "stop it or pass --port"
+                ) from None
 
 
 def wait_for(check, timeout_s: float, what: str) -> None:
@@ -80,6 +94,8 @@ def main() -> int:
         procs.append(proc)
         return proc
 
+    check_ports_free(args.host, [args.port])
+    check_ports_free("127.0.0.1", list(AGENT_PORTS.values()))
     try:
         say("migrating the database and loading the demo fleet")
         manage("migrate", "--noinput", env=env)

@@ -81,7 +81,14 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": str(VAR_DIR / "baton.sqlite3"),
-            "OPTIONS": {"timeout": 20},
+            "OPTIONS": {
+                "timeout": 20,
+                # Several threads write (heartbeats, gateway records, sessions): take the write
+                # lock at BEGIN, or a read-then-write transaction fails at once with "database
+                # is locked" instead of waiting; WAL lets reads go on while one thread writes.
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
         }
     }
 # Every API write is all-or-nothing: a request that fails half way saves nothing.
