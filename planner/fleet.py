@@ -72,6 +72,9 @@ class FleetSpec:
     handoff: str = Handoff.ADAPTIVE
     resident_weight_gb: float = 400.0  # weights resident on each decode unit
     drc_capacity_gb: float = 1000.0  # decode-side prefix cache (HBM + host DRAM) per MD unit
+    # Whether the policy is told the WAN connection pool's expected wait
+    # (WanLinkState.pool_wait_s); false reproduces the policy that saw only link utilisation.
+    pool_wait_aware: bool = True
 
     def __post_init__(self) -> None:
         if self.system not in System.CHOICES:
@@ -92,6 +95,8 @@ class FleetSpec:
             raise ValueError("pools: need at least one prefill unit")
         if not any(p.role == Role.MAIN_DECODE and p.count for p in self.pools):
             raise ValueError("pools: need at least one main_decode (decode) unit")
+        if not isinstance(self.pool_wait_aware, bool):
+            raise ValueError("pool_wait_aware: must be true or false")
         check_positive(self, "resident_weight_gb")
         check_positive(self, "drc_capacity_gb")
 

@@ -229,9 +229,12 @@ class Simulator:
             self.appended[session] = appended + (n_in - cached) + self.n_out[i]
             self.version[i] = self.appended[session]
             for dc, link in self.links.items():
-                # A queue for connections means a new transfer sees a full link.
+                # A queue for connections means a new transfer sees a full link, and it first
+                # waits for a connection: the pool's expected wait (WanLink.expected_wait_s).
                 busy = 1.0 if link.waiting else link.utilisation
-                self.link_states[dc].utilisation = busy
+                state = self.link_states[dc]
+                state.utilisation = busy
+                state.pool_wait_s = link.expected_wait_s() if self.fleet.pool_wait_aware else 0.0
         request = RequestInfo(prompt_tokens=n_in, max_tokens=self.n_out[i])
         try:
             decision = routing_policy.decide(request, self.snapshot, self.settings)

@@ -61,6 +61,7 @@ class WanLink:
         self._seq = 0
         # Statistics, integrated over time.
         self.bytes_sent = 0.0
+        self.transfers = 0  # transfers started (bytes_sent / transfers is the mean size)
         self.pool_busy_integral = 0.0
         self.waits: list[float] = []
 
@@ -79,6 +80,22 @@ class WanLink:
     def pool_utilisation(self) -> float:
         return len(self.active) / self.spec.pool_size
 
+    def expected_wait_s(self) -> float:
+        """Expected seconds a transfer sent now would wait for a pool connection.
+
+        0 while a connection is free. With the pool full, the new transfer starts after the
+        ``q`` queued ahead of it and then itself have each taken a connection, i.e. after q + 1
+        departures. In steady state the pool completes transfers at its byte rate (every
+        connection at the current per-transfer rate) divided by the mean transfer size, so
+        the wait is (q + 1) x mean size / (pool size x per-transfer rate): queued transfers
+        times the mean transfer time, over the pool size. The mean size is that of every
+        transfer started on this link so far (no constant to choose).
+        """
+        if len(self.active) < self.spec.pool_size:
+            return 0.0
+        mean_bytes = self.bytes_sent / self.transfers if self.transfers else 0.0
+        return (len(self.waiting) + 1) * mean_bytes / (self.spec.pool_size * self.rate)
+
     # --- transfers ------------------------------------------------------------------------------
     def send(self, nbytes: float, done: Done) -> None:
         """Start (or queue for a connection) a transfer of ``nbytes``; ``done`` fires on arrival."""
@@ -94,6 +111,7 @@ class WanLink:
         self._seq += 1
         heapq.heappush(self.active, (self.attained + nbytes, self._seq, start - wait, wait, done))
         self.bytes_sent += nbytes
+        self.transfers += 1
 
     def _advance(self) -> None:
         now = self.loop.now

@@ -3,6 +3,7 @@ prefixes (from agents' heartbeats, shared through fleet.live) and the WAN links.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -68,6 +69,9 @@ def build_live_view(model_name: str) -> LiveView:
     endpoints: dict[str, Endpoint] = {}
     prefill_dcs: set[str] = set()
     link_use: dict[str, float] = {}
+    # Expected wait for a WAN connection, only if an agent reports one (``pool_wait_s`` in
+    # its ``links[peer]``); absent, the policy sees no pool queue (0), as before.
+    link_wait: dict[str, float] = {}
     rows = Instance.objects.select_related("node__datacenter").filter(served_model__name=model_name)
     for inst in rows:
         key = str(inst.pk)
@@ -110,6 +114,13 @@ def build_live_view(model_name: str) -> LiveView:
             for peer, link in ((entry or {}).get("report", {}).get("links") or {}).items():
                 if isinstance(link, dict) and "utilisation" in link:
                     link_use[peer] = max(link_use.get(peer, 0.0), float(link["utilisation"]))
+                if isinstance(link, dict) and "pool_wait_s" in link:
+                    try:
+                        wait = float(link["pool_wait_s"])
+                    except (TypeError, ValueError):
+                        continue
+                    if wait > 0.0 and math.isfinite(wait):
+                        link_wait[peer] = max(link_wait.get(peer, 0.0), wait)
     wan_links: dict[str, WanLinkState] = {}
     for link in WANLink.objects.select_related("from_datacenter", "to_datacenter"):
         src, dst = link.from_datacenter.name, link.to_datacenter.name
@@ -119,6 +130,7 @@ def build_live_view(model_name: str) -> LiveView:
                 rtt_ms=link.rtt_ms,
                 utilisation=min(1.0, link_use.get(dst, 0.0)),
                 status=_LINK_STATUS.get(link.status, LinkStatus.DOWN),
+                pool_wait_s=link_wait.get(dst, 0.0),
             )
     return LiveView(
         snapshot=ClusterSnapshot.from_instances(states, wan_links),

@@ -228,6 +228,12 @@ class WanLinkState:
     # What one transfer's connection can reach on its own (a TCP stream over a long RTT is
     # window-limited, far below the line rate); None when the line rate is reachable.
     per_connection_gbps: float | None = None
+    # Expected seconds a new transfer waits for a free connection of the sender's bounded
+    # connection pool before its first byte moves (0 while a connection is free). Utilisation
+    # cannot show this: a full pool of window-limited connections may use only part of the
+    # line, and the min-share floor sits above the per-connection cap, so without it a queue
+    # for connections is invisible to the estimate.
+    pool_wait_s: float = 0.0
 
     def available_bytes_per_s(self, settings: PolicySettings) -> float:
         share = max(1.0 - self.utilisation, settings.wan_min_share)
@@ -327,9 +333,15 @@ def prefix_hit_tokens(request: RequestInfo, instance: InstanceState) -> int:
 
 
 def estimate_wan_s(delta_tokens: int, link: WanLinkState, settings: PolicySettings) -> float:
-    """One RTT plus the delta's bytes over the bandwidth left by the link's current use."""
+    """Expected seconds until MD holds the delta's KV.
+
+    The wait for a pool connection (``link.pool_wait_s``, 0 when one is free; negative or NaN
+    values count as 0) plus one RTT plus the delta's bytes over the bandwidth left by the
+    link's current use. With no pool wait this is exactly the RTT-plus-bytes estimate.
+    """
     delta_bytes = delta_tokens * settings.kv_bytes_per_token
-    return link.rtt_ms / 1000.0 + delta_bytes / link.available_bytes_per_s(settings)
+    wait = link.pool_wait_s if link.pool_wait_s > 0.0 else 0.0
+    return wait + link.rtt_ms / 1000.0 + delta_bytes / link.available_bytes_per_s(settings)
 
 
 def _least_loaded(candidates: Iterable[InstanceState], saturated: float) -> InstanceState | None:

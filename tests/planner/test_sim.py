@@ -138,3 +138,25 @@ def test_goodput_search_with_a_relative_tolerance_brackets_tightly() -> None:
     assert found["goodput_rps"] == lo > 0
     assert found["at_ceiling"] or (hi - lo) <= 0.1 * lo
     assert found["at"]["sla"]["met"]
+
+
+def test_the_policy_sees_the_wan_pool_queue_and_relays_more() -> None:
+    # A pool of 4 connections at 8 RPS is queued most of the time: told the expected wait,
+    # the policy relays requests it would otherwise send straight into the queue.
+    def run(aware: bool) -> dict:
+        config = deep_merge(
+            small_config("pdd", duration_s=120),
+            {"fleet": {"pool_wait_aware": aware, "links": {"B": {"pool_size": 4}}}},
+        )
+        return run_case("pdd", config, "fleet").summary
+
+    blind, aware = run(False), run(True)
+    assert blind["requests"] == aware["requests"]
+    assert aware["pipelines"]["p-rld-md"] > blind["pipelines"]["p-rld-md"]
+    assert aware["ttft_s"]["p90"] < blind["ttft_s"]["p90"]
+
+
+def test_pool_wait_aware_must_be_a_bool() -> None:
+    config = deep_merge(small_config("pdd"), {"fleet": {"pool_wait_aware": "yes"}})
+    with pytest.raises(ValueError, match="pool_wait_aware"):
+        run_case("pdd", config, "fleet")

@@ -100,3 +100,47 @@ def test_uniform_hits_hold_more_connections_than_session_skew_at_equal_mean_hit(
     # Most skewed transfers are light and pass; the median uniform one is mid-size.
     assert uniform["transfer_s"]["p50"] > 3 * skewed["transfer_s"]["p50"]
     assert skewed["transfer_s"]["max"] > uniform["transfer_s"]["max"]
+
+
+def test_expected_pool_wait_is_zero_while_a_connection_is_free() -> None:
+    loop = EventLoop()
+    link = WanLink(spec(pool_size=2), loop)
+    assert link.expected_wait_s() == 0.0
+    link.send(1 * GB, lambda s, w: None)
+    assert link.expected_wait_s() == 0.0
+
+
+@pytest.mark.parametrize("queued", [0, 1, 5])
+def test_expected_pool_wait_is_queue_times_mean_transfer_time_over_pool(queued) -> None:
+    # Pool of 2 connections, 1 GB/s each (line 4 GB/s), every transfer 1 GB (1 s): on average
+    # the pool frees a connection every 0.5 s, so the new transfer's turn comes after
+    # (queued + 1) x 0.5 s.
+    loop = EventLoop()
+    link = WanLink(spec(bandwidth_gbps=32, per_connection_gbps=8, pool_size=2), loop)
+    for _ in range(2 + queued):
+        link.send(1 * GB, lambda s, w: None)
+    assert link.expected_wait_s() == pytest.approx((queued + 1) * 0.5)
+
+
+def test_expected_pool_wait_matches_the_wait_a_transfer_gets() -> None:
+    # Equal 1 s transfers on a full pool of 2: the estimate (a steady-state average, one
+    # departure per 0.5 s) stays within one average inter-departure time of the wait measured
+    # (these synchronised transfers leave in pairs, so the real waits are 1, 1, 2, 2 s).
+    loop = EventLoop()
+    link = WanLink(spec(bandwidth_gbps=32, per_connection_gbps=8, pool_size=2), loop)
+    waits: list[float] = []
+    estimates: list[float] = []
+
+    def send() -> None:
+        estimates.append(link.expected_wait_s())
+        link.send(1 * GB, lambda s, w: waits.append(w))
+
+    for _ in range(6):
+        loop.at(0.0, send)
+    loop.run()
+    assert estimates[:2] == [0.0, 0.0]
+    assert waits[:2] == [0.0, 0.0]
+    assert waits[2:] == pytest.approx([1.0, 1.0, 2.0, 2.0])
+    assert estimates[2:] == pytest.approx([0.5, 1.0, 1.5, 2.0])
+    for est, wait in zip(estimates, waits, strict=True):
+        assert wait - 0.5 - 1e-9 <= est <= wait + 1e-9

@@ -259,6 +259,66 @@ def test_a_window_limited_connection_caps_the_estimate() -> None:
     assert estimate_wan_s(1000, link, SETTINGS) == pytest.approx(0.030 + 46_000 * 1000 * 8 / 0.25e9)
 
 
+@pytest.mark.parametrize(
+    ("pool_wait_s", "expected_s"),
+    [
+        (0.0, 0.030 + 46_000 * 1000 * 8 / 20e9),
+        (-1.0, 0.030 + 46_000 * 1000 * 8 / 20e9),  # a bad negative figure counts as no wait
+        (float("nan"), 0.030 + 46_000 * 1000 * 8 / 20e9),
+        (2.5, 2.5 + 0.030 + 46_000 * 1000 * 8 / 20e9),
+        (float("inf"), float("inf")),
+    ],
+)
+def test_wan_estimate_adds_the_wait_for_a_pool_connection(pool_wait_s, expected_s) -> None:
+    link = WanLinkState(bandwidth_gbps=20, rtt_ms=30, pool_wait_s=pool_wait_s)
+    assert estimate_wan_s(1000, link, SETTINGS) == pytest.approx(expected_s)
+
+
+def test_zero_pool_wait_is_the_default_and_changes_nothing() -> None:
+    assert WanLinkState(bandwidth_gbps=20, rtt_ms=30).pool_wait_s == 0.0
+    for utilisation in (0.0, 0.5, 1.0):
+        for per_conn in (None, 0.225):
+            plain = WanLinkState(20, 30, utilisation=utilisation, per_connection_gbps=per_conn)
+            zero = WanLinkState(
+                20, 30, utilisation=utilisation, per_connection_gbps=per_conn, pool_wait_s=0.0
+            )
+            assert estimate_wan_s(700, zero, SETTINGS) == estimate_wan_s(700, plain, SETTINGS)
+
+
+# Each row: id, MD hit, pool wait (s), expected pipeline. 64K prompt at 46 KB/token on an idle
+# 20 Gbit/s link window-limited to 0.225 Gbit/s per connection, relay threshold 1 s.
+POOL_WAIT_CASES = [
+    ("high hit, free connection: straight to MD", 0.99, 0.0, Pipeline.P_MD),
+    ("high hit, short queue: still under the threshold", 0.99, 0.2, Pipeline.P_MD),
+    ("high hit, queued for a connection: relayed", 0.99, 1.5, Pipeline.P_RLD_MD),
+    ("low hit, free connection: relayed anyway", 0.5, 0.0, Pipeline.P_RLD_MD),
+    ("full hit, long queue: nothing to send, still waits", 1.0, 5.0, Pipeline.P_RLD_MD),
+]
+
+
+@pytest.mark.parametrize(
+    ("hit", "pool_wait_s", "pipeline"),
+    [row[1:] for row in POOL_WAIT_CASES],
+    ids=[row[0] for row in POOL_WAIT_CASES],
+)
+def test_a_queue_for_wan_connections_pushes_requests_to_the_relay(
+    hit, pool_wait_s, pipeline
+) -> None:
+    settings = PolicySettings(wan_time_threshold_s=1.0, kv_bytes_per_token=4_400)
+    link = WanLinkState(20, 30, per_connection_gbps=0.225, pool_wait_s=pool_wait_s)
+    d = decide(request(), snapshot(main=(main_decode("m1", hit=hit),), link=link), settings)
+    assert d.pipeline == pipeline
+    assert d.est_wan_s >= pool_wait_s
+
+
+def test_a_queue_for_wan_connections_does_not_reject_without_a_relay() -> None:
+    link = WanLinkState(20, 30, per_connection_gbps=0.225, pool_wait_s=3.0)
+    d = decide(
+        request(), snapshot(relay=(), main=(main_decode("m1", hit=0.99),), link=link), SETTINGS
+    )
+    assert (d.pipeline, d.fallback) == (Pipeline.P_MD, True)
+
+
 def test_wan_utilisation_raises_the_decision_estimate() -> None:
     idle = decide(request(), snapshot(main=(main_decode("m1", hit=0.95),)), SETTINGS)
     busy_link = WanLinkState(bandwidth_gbps=5, rtt_ms=30, utilisation=0.8)
