@@ -230,6 +230,7 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
             return
         imported = True
         index = 1  # index 0 is P's first token
+        first_out = None
         if req.hold:
             yield {
                 "type": "ready",
@@ -266,21 +267,19 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
                     yield {"type": "extended", "upto": 1 + handed}
                     continue
                 index = 1 + handed
-                for tok in out.token_ids:
-                    agent.count_tokens(inst)
-                    yield token_event(index, tok, "md")
-                    index += 1
-                if out.finished:
-                    finished = True
-                    yield {"type": "done", "finish_reason": out.finish_reason}
-                    return
+                # MD's first tokens after the handoff go out through the decode loop, ahead
+                # of anything the engine has queued since.
+                first_out = out
                 break
         while True:
-            item = await queue.get()
-            if isinstance(item, BaseException):
-                yield error_event(f"{rid}: {item}")
-                return
-            what, out = item
+            if first_out is not None:
+                what, out, first_out = "tok", first_out, None
+            else:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    yield error_event(f"{rid}: {item}")
+                    return
+                what, out = item
             if what != "tok":
                 yield error_event(f"{rid}: unexpected transfer {what!r} while decoding")
                 return

@@ -20,7 +20,7 @@ from fleet.models import (
 )
 
 
-def _as_drf_error(exc: DjangoValidationError) -> serializers.ValidationError:
+def as_api_error(exc: DjangoValidationError) -> serializers.ValidationError:
     return serializers.ValidationError(serializers.as_serializer_error(exc))
 
 
@@ -42,7 +42,7 @@ class ModelCleanMixin:
         try:
             candidate.clean()
         except DjangoValidationError as exc:
-            raise _as_drf_error(exc) from exc
+            raise as_api_error(exc) from exc
         return attrs
 
     def _current_values(self) -> dict:
@@ -189,7 +189,7 @@ class NodeSerializer(serializers.ModelSerializer):
                 **validated_data,
             )
         except DjangoValidationError as exc:
-            raise _as_drf_error(exc) from exc
+            raise as_api_error(exc) from exc
 
 
 class NodeCreatedSerializer(NodeSerializer):
@@ -236,7 +236,7 @@ class InstanceSerializer(ModelCleanMixin, serializers.ModelSerializer):
                 actor=getattr(getattr(request, "user", None), "username", ""), **validated_data
             )
         except DjangoValidationError as exc:
-            raise _as_drf_error(exc) from exc
+            raise as_api_error(exc) from exc
 
     def update(self, instance, validated_data):
         request = self.context.get("request")
@@ -247,7 +247,7 @@ class InstanceSerializer(ModelCleanMixin, serializers.ModelSerializer):
                 **validated_data,
             )
         except DjangoValidationError as exc:
-            raise _as_drf_error(exc) from exc
+            raise as_api_error(exc) from exc
 
 
 class DesiredStateSerializer(serializers.Serializer):

@@ -132,7 +132,7 @@ class InstanceViewSet(viewsets.ModelViewSet):
         try:
             services.instance_delete(instance=instance, actor=_actor(self.request))
         except DjangoValidationError as exc:
-            raise serializers.ValidationError(serializers.as_serializer_error(exc)) from exc
+            raise s.as_api_error(exc) from exc
 
     def _set_desired(self, request, desired_state: str):
         instance = self.get_object()
@@ -141,7 +141,7 @@ class InstanceViewSet(viewsets.ModelViewSet):
                 instance=instance, desired_state=desired_state, actor=_actor(request)
             )
         except DjangoValidationError as exc:
-            raise serializers.ValidationError(serializers.as_serializer_error(exc)) from exc
+            raise s.as_api_error(exc) from exc
         return Response(self.get_serializer(instance).data)
 
     @extend_schema(request=None, responses=s.InstanceSerializer)
