@@ -76,9 +76,16 @@ class PlanResult:
 
 
 def make_trace(config: Mapping[str, Any], rps: float | None = None) -> Trace:
-    """The case's trace: replayed from ``trace_file`` or generated from ``workload``."""
+    """The case's trace: replayed from ``trace_file`` or generated from ``workload``.
+
+    A replay is open loop unless ``trace_closed_loop`` is true (each session's turn then waits
+    for its previous turn's response, as ``workload.closed_loop`` does for generated traces).
+    """
     if config.get("trace_file"):
-        return read_trace(config["trace_file"])
+        closed = config.get("trace_closed_loop", False)
+        if not isinstance(closed, bool):
+            raise ValueError(f"trace_closed_loop: must be true or false, got {closed!r}")
+        return read_trace(config["trace_file"], closed_loop=closed)
     workload = dict(config.get("workload", {}))
     if rps is not None:
         workload["rps"] = rps

@@ -38,7 +38,10 @@ def percentiles(values: np.ndarray, qs: tuple[int, ...] = (50, 90, 99)) -> dict[
 
 def summarise(rec: RunRecord, sla: Sla, warmup_s: float, cost_per_hour: float) -> dict[str, Any]:
     """One run's figures, measured over requests arriving after ``warmup_s``."""
-    window = rec.arrival_s >= warmup_s
+    # The window and the offered rate follow the trace's drawn arrivals; a closed-loop turn sent
+    # later than drawn (its previous response had not ended) stays in the window it was drawn in.
+    drawn = rec.arrival_s if rec.drawn_arrival_s is None else rec.drawn_arrival_s
+    window = drawn >= warmup_s
     served = rec.pipeline >= 0
     # A request still waiting when the run ends never got its first token: count it as inf so
     # it fails the SLA instead of silently vanishing.
@@ -50,7 +53,7 @@ def summarise(rec: RunRecord, sla: Sla, warmup_s: float, cost_per_hour: float) -
         name: int(((rec.pipeline == code) & window).sum()) for name, code in PIPELINE_CODES.items()
     }
     relayed = pipelines[Pipeline.P_RLD_MD]
-    horizon = float(rec.arrival_s[window][-1] - warmup_s) if window.any() else 0.0
+    horizon = float(drawn[window][-1] - warmup_s) if window.any() else 0.0
     rps = float(window.sum() / horizon) if horizon > 0 else 0.0
     sla_met = bool(ttft_pct["p90"] < sla.ttft_p90_s and ttft_pct["p99"] < sla.ttft_p99_s)
     in_window_hits = rec.md_hit_tokens[window & served]

@@ -38,7 +38,7 @@ NO_PIPELINE = -1
 class RunRecord:
     """Per-request outcomes (NaN where a stage did not happen) and time series."""
 
-    arrival_s: np.ndarray
+    arrival_s: np.ndarray  # when each request was sent (NaN: never, its predecessor never ended)
     ttft_s: np.ndarray
     finish_s: np.ndarray
     wan_s: np.ndarray
@@ -56,6 +56,9 @@ class RunRecord:
     pool_utilisation: float = 0.0
     link_utilisation: float = 0.0
     sim_end_s: float = 0.0
+    # The trace's drawn arrival times: they set the measured window and the offered rate (a
+    # closed-loop turn may be sent later than drawn, see ``Trace.closed_loop``). None = arrival_s.
+    drawn_arrival_s: np.ndarray | None = None
 
 
 class Simulator:
@@ -126,6 +129,15 @@ class Simulator:
         self.cached = trace.cached_tokens.tolist()
         self.n_out = trace.output_tokens.tolist()
         self.session = trace.session_id.tolist()
+        # Closed-loop sessions: a turn is sent at its drawn time or when its predecessor's
+        # response ends, whichever is later (``_send_next_turn``).
+        self.next_turn = [-1] * n
+        self.waiting_turn = [False] * n
+        if trace.closed_loop:
+            for i, j in enumerate(trace.previous_turn().tolist()):
+                if j >= 0:
+                    self.next_turn[j] = i
+                    self.waiting_turn[i] = True
         nan = float("nan")
         self.ttft = [nan] * n
         self.finish = [nan] * n
@@ -160,7 +172,7 @@ class Simulator:
         links = list(self.links.values())
         end = self.loop.now or 1.0
         return RunRecord(
-            arrival_s=trace.arrival_s,
+            arrival_s=np.array(self.arr),
             ttft_s=np.array(self.ttft),
             finish_s=np.array(self.finish),
             wan_s=np.array(self.wan_s),
@@ -184,6 +196,7 @@ class Simulator:
                 else 0.0
             ),
             sim_end_s=end,
+            drawn_arrival_s=trace.arrival_s,
         )
 
     def _sample(self) -> None:
@@ -210,6 +223,12 @@ class Simulator:
 
     # --- request flow -----------------------------------------------------------------------------
     def _arrive(self, i: int) -> None:
+        if self.waiting_turn[i]:
+            # Its drawn time came before the previous turn's response ended: the agent is still
+            # waiting; ``_send_next_turn`` sends it when that response ends.
+            self.waiting_turn[i] = False
+            self.arr[i] = math.nan
+            return
         session, cached, n_in = self.session[i], self.cached[i], self.n_in[i]
         if not self.idc:
             if session not in self.seen_sessions:
@@ -239,7 +258,8 @@ class Simulator:
         try:
             decision = routing_policy.decide(request, self.snapshot, self.settings)
         except NoHealthyPath:
-            return  # counted as never served
+            self._send_next_turn(i)  # counted as never served; the agent carries on
+            return
         pipeline = decision.pipeline
         if self.fleet.system == System.P_RLD and pipeline == Pipeline.P_RLD_MD:
             pipeline = Pipeline.P_RLD  # finish on RLD: the design PDD excludes
@@ -304,7 +324,7 @@ class Simulator:
             return
         self.relay[self.route[i][1]].release(self._ctx(i))
         self.rld_tokens[i] = self.n_out[i]
-        self.finish[i] = self.loop.now
+        self._finished(i)
 
     def _kv_at_main(self, i: int, transfer_s: float, wait_s: float) -> None:
         if not self.idc:
@@ -355,4 +375,19 @@ class Simulator:
 
     def _main_end(self, i: int, ctx: int) -> None:
         self.main[self.route[i][2]].release(ctx)
+        self._finished(i)
+
+    def _finished(self, i: int) -> None:
+        """The user has the last token of request ``i``; its session's next turn follows."""
         self.finish[i] = self.loop.now
+        self._send_next_turn(i)
+
+    def _send_next_turn(self, i: int) -> None:
+        j = self.next_turn[i]
+        if j < 0:
+            return
+        if self.waiting_turn[j]:
+            self.waiting_turn[j] = False  # ended before j's drawn time: j arrives as drawn
+        else:
+            self.arr[j] = self.loop.now  # j's time has passed: the agent sends it now
+            self._arrive(j)

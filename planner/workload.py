@@ -175,6 +175,11 @@ class WorkloadSpec:
     seed: int = 0
     mean_turns: float = 8.0  # geometric number of turns per session
     turn_gap_s: float = 60.0  # mean time between a session's turns (response + tool time)
+    # Closed loop: a turn is sent at its drawn time or, if the previous turn's response has not
+    # ended by then, when it ends (an agent loop waits for the answer), so a prompt never
+    # includes an output that does not exist yet. Open loop (False): every turn arrives at its
+    # drawn time whatever the previous turn is doing.
+    closed_loop: bool = True
     input_tokens: LengthDist = field(default_factory=LengthDist)
     # Published: ~30% of agentic outputs < 100 tokens and ~40% <= 500 (PDD.md); the rest long.
     output_tokens: LengthDist = field(
@@ -215,6 +220,9 @@ class Trace:
     cached_tokens: np.ndarray
     output_tokens: np.ndarray
     session_id: np.ndarray
+    # True: a turn with an earlier turn of its session in the trace is sent at ``arrival_s`` or
+    # when that earlier turn's response ends, whichever is later (the simulator places it).
+    closed_loop: bool = False
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -234,6 +242,15 @@ class Trace:
             raise ValueError("input_tokens/output_tokens: must be >= 1")
         if np.any(self.cached_tokens < 0) or np.any(self.cached_tokens > self.input_tokens):
             raise ValueError("cached_tokens: must be in [0, input_tokens]")
+
+    def previous_turn(self) -> np.ndarray:
+        """Index of the same session's previous request in the trace, -1 for its first."""
+        prev = np.full(len(self), -1, dtype=np.int64)
+        last: dict[int, int] = {}
+        for i, s in enumerate(self.session_id.tolist()):
+            prev[i] = last.get(s, -1)
+            last[s] = i
+        return prev
 
 
 def generate(spec: WorkloadSpec) -> Trace:
@@ -270,7 +287,7 @@ def generate(spec: WorkloadSpec) -> Trace:
             cached = grown
         else:
             cached = np.floor(spec.hit_rate.sample(rng, len(inputs)) * inputs).astype(np.int64)
-        return Trace(arrival, inputs, cached, outputs, session)
+        return Trace(arrival, inputs, cached, outputs, session, spec.closed_loop)
     arrival, session = arrival[keep], session[keep]
     order = np.argsort(arrival, kind="stable")
     arrival, session = arrival[order], session[order]
@@ -278,7 +295,7 @@ def generate(spec: WorkloadSpec) -> Trace:
     inputs = spec.input_tokens.sample(rng, n)
     outputs = spec.output_tokens.sample(rng, n)
     cached = np.floor(spec.hit_rate.sample(rng, n) * inputs).astype(np.int64)
-    return Trace(arrival, inputs, cached, outputs, session)
+    return Trace(arrival, inputs, cached, outputs, session, spec.closed_loop)
 
 
 # --- trace files ---------------------------------------------------------------------------
@@ -305,13 +322,14 @@ def write_trace(trace: Trace, path: str | Path) -> None:
                 fh.write(json.dumps(dict(zip(TRACE_COLUMNS, row, strict=True))) + "\n")
 
 
-def read_trace(path: str | Path) -> Trace:
+def read_trace(path: str | Path, closed_loop: bool = False) -> Trace:
     """Read a CSV or JSONL trace.
 
     Required per row: ``arrival_s``, ``input_tokens``, ``output_tokens`` and one of
     ``cached_tokens`` or ``hit_rate``; optional ``session_id`` (alias ``prefix_id``, any string;
-    each row is its own session when absent). Rows are sorted by arrival. Raises ValueError
-    naming the line and field on bad input.
+    each row is its own session when absent). Rows are sorted by arrival. ``closed_loop``: a
+    session's turn waits for its previous turn's response (see ``Trace.closed_loop``); replays
+    are open loop by default. Raises ValueError naming the line and field on bad input.
     """
     path = Path(path)
     if not path.exists():
@@ -343,7 +361,9 @@ def read_trace(path: str | Path) -> Trace:
         if arrival[i] < 0 or inputs[i] < 1 or outputs[i] < 1 or not 0 <= cached[i] <= inputs[i]:
             raise ValueError(f"{where}: values out of range")
     order = np.argsort(arrival, kind="stable")
-    trace = Trace(arrival[order], inputs[order], cached[order], outputs[order], sessions[order])
+    trace = Trace(
+        arrival[order], inputs[order], cached[order], outputs[order], sessions[order], closed_loop
+    )
     trace.validate()
     return trace
 

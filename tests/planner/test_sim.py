@@ -52,8 +52,9 @@ def test_pdd_routes_every_request_through_the_policy_module(monkeypatch) -> None
 def test_pdd_ttft_tail_is_below_cdc_pd_on_skewed_traffic() -> None:
     cdc = run_case("cdc", small_config("cdc-pd"), "fleet").summary
     pdd = run_case("pdd", small_config("pdd"), "fleet").summary
-    assert pdd["ttft_s"]["p90"] < 0.8 * cdc["ttft_s"]["p90"]
-    assert pdd["ttft_s"]["p99"] < cdc["ttft_s"]["p99"]
+    # The relay hides the few heavy transfers: the tail shrinks most, the P90 a little.
+    assert pdd["ttft_s"]["p99"] < 0.5 * cdc["ttft_s"]["p99"]
+    assert pdd["ttft_s"]["p90"] < cdc["ttft_s"]["p90"]
     assert 0.0 < pdd["tokens"]["relay_share"] < 0.2
     assert cdc["tokens"]["relay_share"] == 0.0
 

@@ -1,0 +1,113 @@
+"""Closed-loop agent sessions: a turn is never sent before its previous turn's response ended."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner.api import make_trace, run_fleet
+from planner.fleet import fleet_from_dict
+from planner.metrics import Sla
+from planner.scenario import deep_merge, load_scenario
+from planner.sim import Simulator
+from planner.spec import build
+from planner.workload import Trace, WorkloadSpec, generate, read_trace, write_trace
+
+POOLS = [
+    {"role": "prefill", "gpu": "GPU-A", "count": 2, "datacenter": "A"},
+    {"role": "relay_decode", "gpu": "GPU-A", "count": 1, "datacenter": "A"},
+    {"role": "main_decode", "gpu": "GPU-B", "count": 2, "datacenter": "B"},
+]
+
+
+def config(closed_loop: bool) -> dict:
+    base = load_scenario({"name": "t", "include": "_common.json"})["base"]
+    # Turns 2 s apart on average: far shorter than a response, so most turns are drawn
+    # before the previous one has ended.
+    workload = {"rps": 4, "duration_s": 120, "seed": 5, "mean_turns": 6, "turn_gap_s": 2.0}
+    return deep_merge(
+        base,
+        {
+            "fleet": {"system": "pdd", "pools": POOLS},
+            "workload": workload | {"closed_loop": closed_loop},
+            "warmup_s": 10,
+        },
+    )
+
+
+def simulate(closed_loop: bool):
+    cfg = config(closed_loop)
+    trace = make_trace(cfg)
+    record = Simulator(fleet_from_dict(cfg["fleet"])).run(trace)
+    return trace, record
+
+
+def early_turns(trace: Trace, record) -> int:
+    """Turns sent before their session's previous turn had its last token."""
+    prev = trace.previous_turn()
+    has_prev = prev >= 0
+    sent = record.arrival_s[has_prev]
+    before_end = record.finish_s[prev[has_prev]]
+    return int(np.sum(sent < before_end - 1e-9))
+
+
+def test_generated_traces_are_closed_loop_by_default() -> None:
+    spec_trace = make_trace(config(True))
+    assert spec_trace.closed_loop
+    assert not make_trace(config(False)).closed_loop
+
+
+def test_closed_loop_sends_no_turn_before_the_previous_response_ended() -> None:
+    trace, record = simulate(True)
+    assert early_turns(trace, record) == 0
+    sent = ~np.isnan(record.arrival_s)
+    # A turn is sent at its drawn time or later, never earlier.
+    assert np.all(record.arrival_s[sent] >= trace.arrival_s[sent] - 1e-9)
+    assert np.any(record.arrival_s[sent] > trace.arrival_s[sent] + 1e-6)
+    # Every turn whose predecessor ended was sent and served.
+    assert sent.sum() == len(trace) - np.isnan(record.finish_s).sum()
+
+
+def test_open_loop_sends_turns_over_unfinished_responses() -> None:
+    trace, record = simulate(False)
+    assert early_turns(trace, record) > 0
+    assert np.array_equal(record.arrival_s, trace.arrival_s)
+
+
+def test_closed_loop_keeps_md_cache_in_step_with_the_session() -> None:
+    _, open_rec = simulate(False)
+    _, closed_rec = simulate(True)
+    hit = lambda r: r.md_hit_tokens.sum() / r.input_tokens.sum()  # noqa: E731
+    # Open loop: a turn that arrives before the previous output reached MD misses that output.
+    assert hit(closed_rec) > hit(open_rec)
+
+
+def test_window_and_offered_rate_follow_the_drawn_arrivals() -> None:
+    cfg = config(True)
+    trace = make_trace(cfg)
+    summary, record = run_fleet(fleet_from_dict(cfg["fleet"]), trace, Sla(), 10.0)
+    drawn = trace.arrival_s >= 10.0
+    assert summary["requests"] == int(drawn.sum())
+    assert summary["offered_rps"] == pytest.approx(drawn.sum() / (trace.arrival_s[-1] - 10.0))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_replayed_trace_is_open_unless_asked(tmp_path, suffix) -> None:
+    trace = generate(_spec())
+    path = tmp_path / f"t{suffix}"
+    write_trace(trace, path)
+    assert not read_trace(path).closed_loop
+    assert read_trace(path, closed_loop=True).closed_loop
+    cfg = deep_merge(config(True), {"trace_file": str(path), "trace_closed_loop": True})
+    assert make_trace(cfg).closed_loop
+
+
+def test_trace_closed_loop_must_be_boolean(tmp_path) -> None:
+    path = tmp_path / "t.csv"
+    write_trace(generate(_spec()), path)
+    with pytest.raises(ValueError, match="trace_closed_loop"):
+        make_trace({"trace_file": str(path), "trace_closed_loop": "yes"})
+
+
+def _spec() -> WorkloadSpec:
+    return build(WorkloadSpec, config(True)["workload"], "workload")
