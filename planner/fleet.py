@@ -73,8 +73,20 @@ class FleetSpec:
     resident_weight_gb: float = 400.0  # weights resident on each decode unit
     drc_capacity_gb: float = 1000.0  # decode-side prefix cache (HBM + host DRAM) per MD unit
     # Whether the policy is told the WAN connection pool's expected wait
-    # (WanLinkState.pool_wait_s); false reproduces the policy that saw only link utilisation.
-    pool_wait_aware: bool = True
+    # (WanLinkState.pool_wait_s). Off by default, as in the live gateway: agents do not report a
+    # pool wait, so routing/live.py decides with 0 (link utilisation and bandwidth only), which is
+    # also PDD's published rule (relay the low-hit requests whose delta is heavy). True is a
+    # what-if: the gateway told each link's connection queue.
+    pool_wait_aware: bool = False
+    # Whether an MD's prefix match counts KV already on its way to it (P committed to send it
+    # for an earlier turn): the next turn then sends only what is new and MD waits for the
+    # earlier KV to land before using it. False: only landed KV counts, so a turn sent while the
+    # previous turn's KV is still in flight (its relay answered first) resends that context.
+    drc_counts_in_flight: bool = True
+    # Whether a relayed request's KV transfer to MD yields the WAN connection queue to the
+    # transfers a first token waits on (P-MD). Its user is already answered by RLD, so delaying
+    # it costs RLD a longer hold, not TTFT. On, as the agents do (agents/transfer/pool.py).
+    relay_transfers_yield: bool = True
 
     def __post_init__(self) -> None:
         if self.system not in System.CHOICES:
@@ -97,6 +109,10 @@ class FleetSpec:
             raise ValueError("pools: need at least one main_decode (decode) unit")
         if not isinstance(self.pool_wait_aware, bool):
             raise ValueError("pool_wait_aware: must be true or false")
+        if not isinstance(self.relay_transfers_yield, bool):
+            raise ValueError("relay_transfers_yield: must be true or false")
+        if not isinstance(self.drc_counts_in_flight, bool):
+            raise ValueError("drc_counts_in_flight: must be true or false")
         check_positive(self, "resident_weight_gb")
         check_positive(self, "drc_capacity_gb")
 

@@ -132,6 +132,8 @@ class DecodeInstance:
         self.cache: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self.cache_tokens = 0
         self.cache_capacity = cache_capacity_tokens
+        # KV on its way to this MD: session -> {version: callbacks waiting for it to land}.
+        self.incoming: dict[int, dict[int, list[Callable[[], None]]]] = {}
         # Token clock.
         self.clock = 0.0
         self._last = 0.0
@@ -232,6 +234,34 @@ class DecodeInstance:
     def cached_version(self, session: int) -> int | None:
         entry = self.cache.get(session)
         return entry[0] if entry is not None else None
+
+    def expect(self, session: int, version: int) -> None:
+        """P has committed to send this session's context at ``version`` to this MD."""
+        self.incoming.setdefault(session, {}).setdefault(version, [])
+
+    def incoming_version(self, session: int) -> int | None:
+        """Newest version of the session's context still on its way here, if any."""
+        pending = self.incoming.get(session)
+        return max(pending) if pending else None
+
+    def when_landed(self, session: int, version: int, then: Callable[[], None]) -> bool:
+        """Run ``then`` once that version has landed; False (and nothing queued) if it has."""
+        pending = self.incoming.get(session)
+        if not pending or version not in pending:
+            return False
+        pending[version].append(then)
+        return True
+
+    def landed(self, session: int, version: int) -> None:
+        """That version's KV is here: whatever waited for it goes on."""
+        pending = self.incoming.get(session)
+        if not pending or version not in pending:
+            return
+        waiters = pending.pop(version)
+        if not pending:
+            del self.incoming[session]
+        for then in waiters:
+            then()
 
     def cache_put(self, session: int, version: int, tokens: int) -> None:
         """Record that this MD holds the session's context at ``version`` (mutates the LRU)."""

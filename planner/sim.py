@@ -48,6 +48,7 @@ class RunRecord:
     rld_tokens: np.ndarray
     md_tokens: np.ndarray
     md_hit_tokens: np.ndarray
+    md_kv_at_s: np.ndarray  # when MD could use the request's KV (after what it builds on landed)
     input_tokens: np.ndarray
     output_tokens: np.ndarray
     series: dict[str, list[float]] = field(default_factory=dict)
@@ -143,6 +144,7 @@ class Simulator:
         self.finish = [nan] * n
         self.wan_s = [nan] * n
         self.wan_wait = [nan] * n
+        self.md_kv_at = [nan] * n
         self.pipe = [NO_PIPELINE] * n
         self.mode = [0] * n
         self.rld_tokens = [0] * n
@@ -156,6 +158,7 @@ class Simulator:
         self.seen_sessions: set[int] = set()
         self.appended: dict[int, int] = {}
         self.version = [0] * n
+        self.depends: dict[int, int] = {}  # request -> in-flight version its MD must land first
         keys = ("t", "rld_load", "md_load", "wan_util", "pool_util", "md_hit_rate")
         self.series: dict[str, list[float]] = {k: [] for k in keys}
         self._window_hits = [0, 0]
@@ -182,6 +185,7 @@ class Simulator:
             rld_tokens=np.array(self.rld_tokens),
             md_tokens=np.array(self.md_tokens),
             md_hit_tokens=np.array(self.md_hit),
+            md_kv_at_s=np.array(self.md_kv_at),
             input_tokens=trace.input_tokens,
             output_tokens=trace.output_tokens,
             series=self.series,
@@ -239,10 +243,17 @@ class Simulator:
                 self._main_list[session % len(self._main_list)].cache_put(session, 0, cached)
             appended = self.appended[session]
             hits = {}
+            in_flight = self.fleet.drc_counts_in_flight
+            waits: dict[str, int] = {}
             for mid, cache in self._main_caches:
                 entry = cache.get(session)
-                if entry is not None:
-                    hits[mid] = max(0, cached - (appended - entry[0]))
+                version = entry[0] if entry is not None else None
+                if in_flight:
+                    coming = self.main[mid].incoming_version(session)
+                    if coming is not None and (version is None or coming > version):
+                        version = waits[mid] = coming  # counts, but must land before use
+                if version is not None:
+                    hits[mid] = max(0, cached - (appended - version))
             self.snapshot.prefix_hits = hits
             # This turn appends its new prompt tokens and its output to the session's context.
             self.appended[session] = appended + (n_in - cached) + self.n_out[i]
@@ -250,7 +261,7 @@ class Simulator:
             for dc, link in self.links.items():
                 # A queue for connections means a new transfer sees a full link, and it first
                 # waits for a connection: the pool's expected wait (WanLink.expected_wait_s).
-                busy = 1.0 if link.waiting else link.utilisation
+                busy = 1.0 if link.queued else link.utilisation
                 state = self.link_states[dc]
                 state.utilisation = busy
                 state.pool_wait_s = link.expected_wait_s() if self.fleet.pool_wait_aware else 0.0
@@ -273,6 +284,11 @@ class Simulator:
             self.relay[decision.relay_id].state.handoff_mode = decision.handoff_mode
         main_id = decision.main_id if pipeline in (Pipeline.P_MD, Pipeline.P_RLD_MD) else None
         self.route[i] = (decision.prefill_id, decision.relay_id, main_id)
+        if main_id is not None and not self.idc:
+            md = self.main[main_id]
+            if main_id in waits:
+                self.depends[i] = waits[main_id]
+            md.expect(session, self.version[i])
         # P's own prefix cache holds the reusable prefix, so P computes only the uncached part.
         self.prefill[decision.prefill_id].submit(i, n_in - cached, cached, self._prefilled)
 
@@ -299,7 +315,10 @@ class Simulator:
             # MD lacks what its DRC does not hold; P sends that delta (from its own cache too).
             delta = self.n_in[i] - self.md_hit[i]
             link = self.links[md.state.datacenter]
-            link.send(delta * kv, lambda t, w, i=i: self._kv_at_main(i, t, w))
+            # A relayed request's user is already served by RLD: its KV to MD can yield the
+            # connection queue to transfers a first token waits on.
+            background = r_id is not None and self.fleet.relay_transfers_yield
+            link.send(delta * kv, lambda t, w, i=i: self._kv_at_main(i, t, w), background)
 
     def _ctx(self, i: int) -> int:
         return self.n_in[i] + self.n_out[i] // 2
@@ -330,6 +349,15 @@ class Simulator:
         if not self.idc:
             self.wan_s[i], self.wan_wait[i] = transfer_s, wait_s
         md = self.main[self.route[i][2]]
+        if not self.idc:
+            needed = self.depends.pop(i, None)
+            session = self.session[i]
+            if needed is not None and md.when_landed(
+                session, needed, lambda: self._kv_at_main(i, transfer_s, wait_s)
+            ):
+                return  # the earlier turn's KV this delta builds on is still on its way
+            md.landed(session, self.version[i])
+        self.md_kv_at[i] = self.loop.now
         if not math.isnan(self.finish[i]):
             # RLD already produced every token: MD only ingests the context to stay aligned.
             md.cache_put(self.session[i], self.version[i], self.n_in[i] + self.n_out[i])

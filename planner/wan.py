@@ -5,7 +5,9 @@ window-limited, rate <= window / RTT): every active transfer gets min(cap, bandw
 Because all active transfers progress at the same rate, the link tracks one "attained bytes"
 clock and a heap of finish marks, so each arrival or departure costs O(log n) instead of
 touching every transfer.
-A transfer that finds all pool connections busy waits FIFO for one.
+A transfer that finds all pool connections busy waits FIFO for one; a *background* transfer
+(nobody waits on it for a first token: its request is already being answered by the relay)
+waits in a second FIFO that is served only when no urgent transfer is queued.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class WanLink:
         self.last = 0.0
         self.active: list[tuple[float, int, float, float, Done]] = []  # finish mark heap
         self.waiting: deque[tuple[float, float, Done]] = deque()
+        self.background: deque[tuple[float, float, Done]] = deque()
         self.version = 0
         self._seq = 0
         # Statistics, integrated over time.
@@ -94,17 +97,26 @@ class WanLink:
         if len(self.active) < self.spec.pool_size:
             return 0.0
         mean_bytes = self.bytes_sent / self.transfers if self.transfers else 0.0
+        # Background transfers queue behind every urgent one, so they do not delay it.
         return (len(self.waiting) + 1) * mean_bytes / (self.spec.pool_size * self.rate)
 
+    @property
+    def queued(self) -> int:
+        """Transfers waiting for a connection, urgent and background."""
+        return len(self.waiting) + len(self.background)
+
     # --- transfers ------------------------------------------------------------------------------
-    def send(self, nbytes: float, done: Done) -> None:
-        """Start (or queue for a connection) a transfer of ``nbytes``; ``done`` fires on arrival."""
+    def send(self, nbytes: float, done: Done, background: bool = False) -> None:
+        """Start (or queue for a connection) a transfer of ``nbytes``; ``done`` fires on arrival.
+
+        ``background``: queue behind every urgent transfer (see the module docstring).
+        """
         self._advance()
         now = self.loop.now
         if len(self.active) < self.spec.pool_size:
             self._start(now, nbytes, done, 0.0)
         else:
-            self.waiting.append((now, nbytes, done))
+            (self.background if background else self.waiting).append((now, nbytes, done))
         self._reschedule()
 
     def _start(self, start: float, nbytes: float, done: Done, wait: float) -> None:
@@ -136,8 +148,8 @@ class WanLink:
         # A relative tolerance absorbs float drift in the attained-bytes clock.
         while self.active and self.active[0][0] <= self.attained * (1 + 1e-12) + 1e-3:
             finished.append(heapq.heappop(self.active))
-        while self.waiting and len(self.active) < self.spec.pool_size:
-            queued_at, nbytes, done = self.waiting.popleft()
+        while (self.waiting or self.background) and len(self.active) < self.spec.pool_size:
+            queued_at, nbytes, done = (self.waiting or self.background).popleft()
             self._start(now, nbytes, done, now - queued_at)
         self._reschedule()
         for _, _, enqueued, wait, done in finished:

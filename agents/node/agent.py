@@ -19,6 +19,7 @@ from agents.node.worker import EngineWorker
 from agents.prefix import tree_block_hashes
 from agents.transfer.client import FabricClient
 from agents.transfer.counters import Direction, FabricCounters, FabricName
+from agents.transfer.pool import PoolStats
 from agents.transfer.records import Transfer
 from agents.transfer.server import FabricServer
 from agents.transfer.shaping import LinkSettings, LinkShaper
@@ -499,8 +500,22 @@ class Agent:
             "tokens_by_role": dict(self.tokens_by_role),
             "late_kv_cached": self.late_kv_cached,
             "fabrics": fabrics,
-            "links": {peer: link_json(s.settings) for peer, s in self.links.items()},
+            "links": {
+                peer: link_json(s.settings) | {"connections": pool_json(s.pool.stats())}
+                for peer, s in self.links.items()
+            },
         }
+
+
+def pool_json(stats: PoolStats) -> dict[str, Any]:
+    """The WAN connection pool's queue, for operators (PROTOCOL.md, state document)."""
+    return {
+        "in_use": stats.in_use,
+        "waiting": stats.waiting,
+        "acquisitions": stats.acquisitions,
+        "background_acquisitions": stats.background_acquisitions,
+        "total_wait_s": round(stats.total_wait_s, 6),
+    }
 
 
 def link_json(link: LinkSettings) -> dict[str, Any]:

@@ -744,8 +744,17 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             host, port = peer.kv_address(fabric == "wan")
             lo = 0 if fabric == "intra_dc" else start
             chunk = KVChunk(lo // bs, end_block, lo, length, payload)
+            # With a relay, RLD answers the user: the KV for MD is background WAN traffic and
+            # yields the connection queue to transfers a first token waits on.
+            background = fabric == "wan" and req.relay is not None
             try:
-                sent = await client.send(host, port, transfer_id(rid, peer.instance, "kv"), [chunk])
+                sent = await client.send(
+                    host,
+                    port,
+                    transfer_id(rid, peer.instance, "kv"),
+                    [chunk],
+                    background=background,
+                )
             except Exception as exc:  # noqa: BLE001
                 queue.put_nowait(("send_failed", (peer, fabric, exc)))
             else:

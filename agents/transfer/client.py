@@ -100,10 +100,12 @@ class FabricClient:
         chunks: Iterable[KVChunk],
         *,
         tokens: TokenIds | None = None,
+        background: bool = False,
     ) -> TransferStats:
         """Send one transfer: every chunk as a KV_BLOCKS frame (in order), then `tokens` as one
         TOKENS frame if given, then END. Returns once END has been handed to the socket (and,
-        when shaped, rtt / 2 later).
+        when shaped, rtt / 2 later). ``background``: on a shaped link, wait for a pooled
+        connection behind every urgent transfer (nobody's first token waits on this one).
 
         Raises ValueError for an invalid request id or chunk range (before connecting) and
         OSError / TimeoutError when the connection fails. Cancelling the call drops the
@@ -117,7 +119,7 @@ class FabricClient:
                 wait_s, connected = 0.0, started
                 await self._send_unshaped(host, port, wire)
             else:
-                async with self.shaper.lease() as lease:
+                async with self.shaper.lease(background=background) as lease:
                     wait_s, connected = lease.wait_for_connection_s, time.monotonic()
                     await self._send_shaped(host, port, wire, lease)
         except BaseException:

@@ -1,6 +1,11 @@
-"""A resizable, FIFO connection pool for one link, with wait and utilisation accounting.
+"""A resizable connection pool for one link, with wait and utilisation accounting.
 
 It behaves like an asyncio semaphore whose capacity can grow or shrink while tasks wait.
+Waiters are served first come, first served within two classes: *urgent* transfers (a user's
+first token waits on them) and *background* ones (the KV of a request the relay is already
+answering, which MD needs only for the later handoff and its prefix cache). A background waiter
+gets a slot only while no urgent one is queued, so heavy relayed transfers cannot hold up the
+light P-MD ones behind them. Holders are never pre-empted.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ class PoolStats(NamedTuple):
     waiting: int
     peak_in_use: int
     acquisitions: int
+    background_acquisitions: int  # of them, acquisitions that queued as background
     total_wait_s: float  # summed over acquisitions that had to queue
     busy_slot_s: float  # integral of in_use over time: slot-seconds held
     full_s: float  # time during which every slot was taken
@@ -34,7 +40,7 @@ class PoolStats(NamedTuple):
 
 
 class LinkPool:
-    """Bounded pool of connection slots; waiters are served first come, first served.
+    """Bounded pool of connection slots; urgent waiters first, each class in arrival order.
 
     Shrinking never takes a slot away from its holder: the pool simply admits nobody until
     in_use drops below the new capacity. Must be used from a single event loop.
@@ -46,6 +52,7 @@ class LinkPool:
         self._clock = clock
         self._in_use = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._background: deque[asyncio.Future[None]] = deque()
         self.reset_stats()
 
     @staticmethod
@@ -63,7 +70,12 @@ class LinkPool:
 
     @property
     def waiting(self) -> int:
-        return sum(1 for waiter in self._waiters if not waiter.done())
+        """Live waiters of both classes."""
+        return sum(1 for w in (*self._waiters, *self._background) if not w.done())
+
+    @property
+    def waiting_background(self) -> int:
+        return sum(1 for waiter in self._background if not waiter.done())
 
     def reset_stats(self) -> None:
         """Restart the integrals and peak (capacity and current holders are kept)."""
@@ -72,6 +84,7 @@ class LinkPool:
         self._full_s = 0.0
         self._total_wait_s = 0.0
         self._acquisitions = 0
+        self._background_acquisitions = 0
         self._peak_in_use = self._in_use
 
     def stats(self) -> PoolStats:
@@ -82,6 +95,7 @@ class LinkPool:
             waiting=self.waiting,
             peak_in_use=self._peak_in_use,
             acquisitions=self._acquisitions,
+            background_acquisitions=self._background_acquisitions,
             total_wait_s=self._total_wait_s,
             busy_slot_s=self._busy_slot_s,
             full_s=self._full_s,
@@ -96,17 +110,22 @@ class LinkPool:
         self._capacity = capacity
         self._admit_waiters()
 
-    async def acquire(self) -> float:
-        """Take a slot, waiting in FIFO order if none is free; returns the seconds waited.
+    async def acquire(self, *, background: bool = False) -> float:
+        """Take a slot, waiting if none is free; returns the seconds waited.
 
-        Cancelling a waiting acquire leaves the pool exactly as before.
+        An urgent acquire queues ahead of every background one; within a class, first come
+        first served. Cancelling a waiting acquire leaves the pool exactly as before.
         """
-        if self._in_use < self._capacity and not self._waiters:
+        if background:
+            self._background_acquisitions += 1
+        queue = self._background if background else self._waiters
+        ahead = self._waiters if not background else (*self._waiters, *self._background)
+        if self._in_use < self._capacity and not any(not w.done() for w in ahead):
             self._take_slot()
             return 0.0
         started = self._clock()
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        queue.append(waiter)
         # Entries ahead of us may be cancelled waiters that have not cleaned up yet.
         self._admit_waiters()
         try:
@@ -115,8 +134,8 @@ class LinkPool:
             if waiter.done() and not waiter.cancelled():
                 # The slot was handed over just before the cancel landed: give it back.
                 self.release()
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
+            elif waiter in queue:
+                queue.remove(waiter)
                 self._admit_waiters()
             raise
         waited = self._clock() - started
@@ -138,8 +157,8 @@ class LinkPool:
         self._peak_in_use = max(self._peak_in_use, self._in_use)
 
     def _admit_waiters(self) -> None:
-        while self._waiters and self._in_use < self._capacity:
-            waiter = self._waiters.popleft()
+        while (self._waiters or self._background) and self._in_use < self._capacity:
+            waiter = (self._waiters or self._background).popleft()
             if waiter.done():  # cancelled while queued
                 continue
             self._take_slot()

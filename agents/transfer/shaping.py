@@ -196,9 +196,10 @@ class LinkShaper:
             self._wakeup.set_result(None)  # the dispatcher recomputes its deadline
         return self.settings
 
-    def lease(self) -> LinkLease:
-        """A connection slot on this link, as an async context manager."""
-        return LinkLease(self)
+    def lease(self, *, background: bool = False) -> LinkLease:
+        """A connection slot on this link, as an async context manager; ``background`` queues
+        behind every urgent transfer for the slot (see agents/transfer/pool.py)."""
+        return LinkLease(self, background=background)
 
     async def grant(self, want: int) -> int:
         """Wait for this transfer's turn on the link; returns how many bytes (1..quantum) it may
@@ -253,13 +254,14 @@ def _resolve(future: asyncio.Future[None]) -> None:
 class LinkLease:
     """One transfer's hold on a pooled connection of a shaped link."""
 
-    def __init__(self, shaper: LinkShaper) -> None:
+    def __init__(self, shaper: LinkShaper, *, background: bool = False) -> None:
         self._shaper = shaper
+        self._background = background
         self._held = False
         self.wait_for_connection_s = 0.0
 
     async def __aenter__(self) -> LinkLease:
-        self.wait_for_connection_s = await self._shaper.pool.acquire()
+        self.wait_for_connection_s = await self._shaper.pool.acquire(background=self._background)
         self._held = True
         return self
 

@@ -35,8 +35,9 @@ def config(closed_loop: bool) -> dict:
     )
 
 
-def simulate(closed_loop: bool):
+def simulate(closed_loop: bool, in_flight: bool = True):
     cfg = config(closed_loop)
+    cfg["fleet"]["drc_counts_in_flight"] = in_flight
     trace = make_trace(cfg)
     record = Simulator(fleet_from_dict(cfg["fleet"])).run(trace)
     return trace, record
@@ -74,12 +75,52 @@ def test_open_loop_sends_turns_over_unfinished_responses() -> None:
     assert np.array_equal(record.arrival_s, trace.arrival_s)
 
 
+def hit(record) -> float:
+    return record.md_hit_tokens.sum() / record.input_tokens.sum()
+
+
 def test_closed_loop_keeps_md_cache_in_step_with_the_session() -> None:
-    _, open_rec = simulate(False)
-    _, closed_rec = simulate(True)
-    hit = lambda r: r.md_hit_tokens.sum() / r.input_tokens.sum()  # noqa: E731
-    # Open loop: a turn that arrives before the previous output reached MD misses that output.
+    # Only landed KV counting: an open-loop turn that arrives before the previous turn's KV
+    # reached MD misses that context and resends it.
+    _, open_rec = simulate(False, in_flight=False)
+    _, closed_rec = simulate(True, in_flight=False)
     assert hit(closed_rec) > hit(open_rec)
+
+
+def lacking(trace: Trace, record) -> int:
+    """Served turns whose MD held less of the session than the turn could reuse."""
+    served = record.pipeline >= 0
+    return int(((record.md_hit_tokens < trace.cached_tokens) & served).sum())
+
+
+def test_kv_in_flight_counts_so_a_turn_does_not_resend_its_context() -> None:
+    # Closed loop, but the relay answers before MD has the KV: the next turn can be sent
+    # while it is still on the WAN. Counting it, MD's match covers the whole reusable prefix.
+    trace, with_flight = simulate(True, in_flight=True)
+    _, landed_only = simulate(True, in_flight=False)
+    assert lacking(trace, landed_only) > 0
+    assert lacking(trace, with_flight) == 0
+    assert hit(with_flight) > hit(landed_only)
+
+
+def test_a_delta_built_on_kv_in_flight_waits_for_it_to_land() -> None:
+    trace, record = simulate(True, in_flight=True)
+    prev = trace.previous_turn()
+    pairs = (prev >= 0) & ~np.isnan(record.md_kv_at_s)
+    pairs[pairs] &= ~np.isnan(record.md_kv_at_s[prev[pairs]])
+    later, earlier = record.md_kv_at_s[pairs], record.md_kv_at_s[prev[pairs]]
+    # MD never uses a turn's delta before the context it extends has landed ...
+    assert np.all(later >= earlier - 1e-9)
+    # ... and some turns were sent while that context was still on the WAN (they waited).
+    sent = record.arrival_s[pairs]
+    assert np.any(sent < earlier)
+
+
+def test_drc_counts_in_flight_must_be_a_bool() -> None:
+    cfg = config(True)
+    cfg["fleet"]["drc_counts_in_flight"] = "yes"
+    with pytest.raises(ValueError, match="drc_counts_in_flight"):
+        fleet_from_dict(cfg["fleet"])
 
 
 def test_window_and_offered_rate_follow_the_drawn_arrivals() -> None:

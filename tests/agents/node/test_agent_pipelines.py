@@ -131,6 +131,30 @@ def test_p_rld_md_sends_the_full_kv_intra_dc_and_the_delta_over_the_wan(cluster)
     assert kv["wan"] == KV_HEADER_BYTES + (120 - 64) * KV_BYTES_PER_TOKEN
 
 
+def test_relayed_kv_to_md_is_background_wan_traffic(cluster):
+    def connections() -> dict:
+        return get(cluster["p"], "/state").json()["links"]["dc-b"]["connections"]
+
+    before = connections()
+    relayed = run_pdd(
+        cluster["p"], cluster["rld"], cluster["md"], "bg", make_prompt(50, 24), 4, "p-rld-md"
+    )
+    middle = connections()
+    direct = run_pdd(
+        cluster["p"], cluster["rld"], cluster["md"], "fg", make_prompt(50, 25), 4, "p-md"
+    )
+    after = connections()
+    assert_one_ordered_stream(relayed)
+    assert_one_ordered_stream(direct)
+    # P-RLD-MD: RLD answers the user, so P's KV for MD queues behind urgent transfers ...
+    assert middle["acquisitions"] == before["acquisitions"] + 1
+    assert middle["background_acquisitions"] == before["background_acquisitions"] + 1
+    # ... while P-MD's transfer is what the first token waits on: urgent.
+    assert after["acquisitions"] == middle["acquisitions"] + 1
+    assert after["background_acquisitions"] == middle["background_acquisitions"]
+    assert after["in_use"] == 0 and after["waiting"] == 0
+
+
 def test_unreachable_md_leaves_rld_to_finish_the_request(cluster):
     prompt = make_prompt(60, 23)
     body = pdd_body(

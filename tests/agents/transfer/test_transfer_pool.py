@@ -142,3 +142,73 @@ def test_utilisation_is_the_fraction_of_slot_time_held() -> None:
 def test_pool_rejects_a_capacity_below_one() -> None:
     with pytest.raises(ValueError, match="capacity"):
         LinkPool(0)
+
+
+def test_urgent_waiters_are_served_before_background_ones(run) -> None:
+    async def scenario():
+        pool = LinkPool(1)
+        await pool.acquire()
+        order: list[str] = []
+
+        async def waiter(name: str, background: bool) -> None:
+            await pool.acquire(background=background)
+            order.append(name)
+            pool.release()
+
+        tasks = []
+        for name, background in (("bg0", True), ("bg1", True), ("u0", False), ("u1", False)):
+            tasks.append(asyncio.create_task(waiter(name, background)))
+            await _settle()  # queue them in this order
+        queued = (pool.waiting, pool.waiting_background)
+        pool.release()
+        await asyncio.gather(*tasks)
+        return order, queued, pool.stats()
+
+    order, queued, stats = run(scenario())
+    # Urgent first (in arrival order), then background (in arrival order).
+    assert order == ["u0", "u1", "bg0", "bg1"]
+    assert queued == (4, 2)
+    assert stats.acquisitions == 5
+    assert stats.background_acquisitions == 2
+
+
+def test_a_background_acquire_does_not_pass_a_queued_urgent_one(run) -> None:
+    async def scenario():
+        pool = LinkPool(2)
+        await pool.acquire()
+        await pool.acquire()
+        urgent = asyncio.create_task(pool.acquire())
+        await _settle()
+        pool.release()  # the freed slot goes to the queued urgent waiter
+        await urgent
+        background = asyncio.create_task(pool.acquire(background=True))
+        await _settle()
+        blocked = not background.done()
+        pool.release()
+        await background
+        return blocked
+
+    assert run(scenario()) is True
+
+
+def test_a_free_slot_goes_to_a_background_acquire_at_once(run) -> None:
+    async def scenario():
+        pool = LinkPool(1)
+        return await pool.acquire(background=True), pool.in_use
+
+    assert run(scenario()) == (0.0, 1)
+
+
+def test_cancelling_a_background_waiter_leaves_the_pool_unchanged(run) -> None:
+    async def scenario():
+        pool = LinkPool(1)
+        await pool.acquire()
+        waiter = asyncio.create_task(pool.acquire(background=True))
+        await _settle()
+        waiter.cancel()
+        await _settle()
+        after_cancel = (pool.in_use, pool.waiting, pool.waiting_background)
+        pool.release()
+        return after_cancel, pool.in_use
+
+    assert run(scenario()) == ((1, 0, 0), 0)

@@ -118,8 +118,8 @@ def test_the_pool_bounds_transfers_in_flight_and_the_rest_wait(run, collector) -
     real_lease = shaper.lease
 
     @contextlib.asynccontextmanager
-    async def counted_lease():
-        async with real_lease() as lease:
+    async def counted_lease(**kwargs):
+        async with real_lease(**kwargs) as lease:
             in_flight["now"] += 1
             in_flight["peak"] = max(in_flight["peak"], in_flight["now"])
             try:
@@ -247,3 +247,34 @@ def test_cancelling_a_send_frees_its_pool_slot_and_link_share(run, collector) ->
     assert (request_id, type(exc)) == ("doomed", PartialTransferError)
     assert transfer.request_id == "next"
     assert client.counters.totals(FabricName.WAN).failures == 1
+
+
+def test_a_background_transfer_yields_the_pool_to_an_urgent_one(run, collector) -> None:
+    shaper = _wan(200, pool_size=1)
+
+    async def scenario():
+        async with FabricServer(collector.on_transfer, fabric=FabricName.WAN) as server:
+            client = FabricClient(FabricName.WAN, shaper)
+            finished: list[str] = []
+
+            async def send(name: str, size: int, background: bool) -> None:
+                await client.send(
+                    server.host, server.port, name, _blob(size), background=background
+                )
+                finished.append(name)
+
+            first = asyncio.create_task(send("holder", 500_000, False))
+            while shaper.pool.in_use < 1:
+                await asyncio.sleep(0.001)
+            relayed = asyncio.create_task(send("relayed", 200_000, True))
+            while shaper.pool.waiting < 1:
+                await asyncio.sleep(0.001)
+            urgent = asyncio.create_task(send("urgent", 200_000, False))
+            await asyncio.gather(first, relayed, urgent)
+            return finished, shaper.pool.stats()
+
+    finished, stats = run(scenario())
+
+    # The relayed transfer queued first but waited behind the urgent one for the connection.
+    assert finished == ["holder", "urgent", "relayed"]
+    assert stats.background_acquisitions == 1
