@@ -29,7 +29,15 @@ def percentiles(values: np.ndarray, qs: tuple[int, ...] = (50, 90, 99)) -> dict[
     values = values[~np.isnan(values)]
     if not len(values):
         return {f"p{q}": float("nan") for q in qs} | {"mean": float("nan"), "n": 0}
-    out = {f"p{q}": float(np.percentile(values, q)) for q in qs}
+    # inf (never served) sorts last; interpolating between two infs would give NaN, so rank on a
+    # finite stand-in and map it back.
+    finite_max = float(values[np.isfinite(values)].max()) if np.isfinite(values).any() else 0.0
+    ranked = np.where(np.isinf(values), finite_max + 1.0, values)
+    out = {}
+    for q in qs:
+        v = float(np.percentile(ranked, q))
+        # Anything above the largest finite value leans on a never-served request: inf.
+        out[f"p{q}"] = float("inf") if v > finite_max else v
     finite = values[np.isfinite(values)]
     out["mean"] = float(finite.mean()) if len(finite) else float("inf")
     out["n"] = int(len(values))
