@@ -127,6 +127,10 @@ class DecodeInstance:
         self.kv_capacity = kv_capacity_tokens
         self.running = 0
         self.ctx_sum = 0
+        # Requests routed here whose KV has not arrived yet (still in prefill or transfer): a
+        # router counts its own dispatches, or every decision in a prefill's worth of seconds
+        # would pick the same least-loaded instance.
+        self.assigned = 0
         self.queue: deque[tuple[int, Callable[[float, float], None]]] = deque()
         self.tokens = 0  # output tokens this instance produced
         self.cache: OrderedDict[int, tuple[int, int]] = OrderedDict()
@@ -143,6 +147,16 @@ class DecodeInstance:
         self._version = 0
 
     # --- batch slots --------------------------------------------------------------------------
+    def assign(self) -> None:
+        """A request has been routed here; its KV is on the way (counts in the load)."""
+        self.assigned += 1
+        self._update_load()
+
+    def unassign(self) -> None:
+        """A routed request's KV arrived (it is admitted next) or it will not come."""
+        self.assigned = max(0, self.assigned - 1)
+        self._update_load()
+
     def admit(self, ctx_tokens: int, start: Callable[[float, float], None]) -> None:
         """Start now if a slot and KV memory are free, else queue.
 
@@ -224,7 +238,9 @@ class DecodeInstance:
             done(*args)
 
     def _update_load(self) -> None:
-        self.state.load = (self.running + len(self.queue)) / self.engine.max_decode_batch
+        self.state.load = (
+            self.running + len(self.queue) + self.assigned
+        ) / self.engine.max_decode_batch
         self.state.queue_depth = len(self.queue)
 
     # --- decode-side prefix cache ----------------------------------------------------------------

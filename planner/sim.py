@@ -283,7 +283,12 @@ class Simulator:
             self.mode[i] = 1 if decision.handoff_mode == HandoffMode.ONE_SHOT else 2
             self.relay[decision.relay_id].state.handoff_mode = decision.handoff_mode
         main_id = decision.main_id if pipeline in (Pipeline.P_MD, Pipeline.P_RLD_MD) else None
-        self.route[i] = (decision.prefill_id, decision.relay_id, main_id)
+        relay_id = decision.relay_id if pipeline != Pipeline.P_MD else None
+        self.route[i] = (decision.prefill_id, relay_id, main_id)
+        if relay_id is not None:
+            self.relay[relay_id].assign()
+        if main_id is not None:
+            self.main[main_id].assign()
         if main_id is not None and not self.idc:
             md = self.main[main_id]
             if main_id in waits:
@@ -325,6 +330,7 @@ class Simulator:
 
     def _kv_at_relay(self, i: int) -> None:
         rld = self.relay[self.route[i][1]]
+        rld.unassign()
         rld.admit(self._ctx(i), lambda tpot, job, i=i: self._relay_start(i, tpot, job))
 
     def _relay_start(self, i: int, tpot: float, job: float) -> None:
@@ -358,6 +364,7 @@ class Simulator:
                 return  # the earlier turn's KV this delta builds on is still on its way
             md.landed(session, self.version[i])
         self.md_kv_at[i] = self.loop.now
+        md.unassign()
         if not math.isnan(self.finish[i]):
             # RLD already produced every token: MD only ingests the context to stay aligned.
             md.cache_put(self.session[i], self.version[i], self.n_in[i] + self.n_out[i])

@@ -1,19 +1,23 @@
 """The agent's state: engine instances by id, the two KV fabrics (servers and clients), WAN links
 per peer datacenter, the inbox where received transfers wait for their request, DRC
-reservations, drain, and the state document of agents/PROTOCOL.md."""
+reservations and the KV incoming to MD (counted in its prefix match, agents/node/inflight.py),
+drain, and the state document of agents/PROTOCOL.md."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import numpy as np
 
 from agents.engine import Engine, EngineConfig, load_model
 from agents.engine.loader import LoadedModel
+from agents.node.inflight import block_prefix_len
 from agents.node.settings import ROLES, AgentSettings, split_host_port
 from agents.node.worker import EngineWorker
 from agents.prefix import tree_block_hashes
@@ -79,12 +83,40 @@ class _InboxEntry:
     claimed: bool = False
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Reservation:
+    """MD's DRC pin for one request, until its KV is imported or the reservation is dropped.
+
+    `nodes` are radix TreeNodes locked on the engine thread for this request: the cached
+    prefix matched at reserve time and, when `depends_on` names an incoming request, the
+    prefix that request's import put in the cache. Whoever pops the reservation from
+    `Agent.reservations` unlocks the nodes it holds at that moment, once; a pin for a
+    reservation no longer there is unlocked by whoever made it."""
+
     instance_id: str
-    node: Any  # radix TreeNode pinned on the engine thread
+    nodes: list[Any]
     cached_tokens: int
     created_at: float
+    # An incoming request whose KV `cached_tokens` counts on: import only after it landed.
+    depends_on: Incoming | None = None
+    # The request's KV arrived and its importer owns the reservation (the expiry sweep skips it).
+    claimed: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class Incoming:
+    """A request whose KV is committed to an MD instance: reserved, on its way over the WAN.
+    Later reservations on that instance count its prompt's whole blocks as cached."""
+
+    request_id: str
+    instance_id: str
+    tokens: np.ndarray  # the prompt (inflight.as_tokens)
+    created_at: float
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # imported, failed or dropped
+    landed: bool = False  # its import succeeded: its prompt's whole blocks are in the cache
+    # (request id, prompt[:cached_tokens]) of the reservations counting on this KV, pinned by
+    # the engine call that imports it. Appended on the loop, copied on the engine thread.
+    dependents: list[tuple[str, Sequence[int]]] = field(default_factory=list)
 
 
 class Agent:
@@ -111,6 +143,9 @@ class Agent:
         self.registered = False
         self._inbox: dict[tuple[str, str], _InboxEntry] = {}
         self.reservations: dict[str, Reservation] = {}
+        self.incoming: dict[str, Incoming] = {}
+        # Reservations that answered more than the radix cache held, counting KV in flight.
+        self.in_flight_prefix_hits = 0
         self._models: dict[str, LoadedModel] = {}
         self._janitor: asyncio.Task | None = None
         self._idle = asyncio.Event()
@@ -386,16 +421,98 @@ class Agent:
                 if not entry.claimed and now - entry.created_at > self.settings.kv_timeout_s:
                     self._inbox.pop(key, None)
             for rid, res in list(self.reservations.items()):
-                if now - res.created_at > self.settings.reserve_ttl_s:
+                if not res.claimed and now - res.created_at > self.settings.reserve_ttl_s:
                     await self.unreserve(rid)
+            # Belt and braces: every path that ends a request finishes its incoming entry.
+            stale = self.settings.reserve_ttl_s + 2 * self.settings.kv_timeout_s
+            for rid, inc in list(self.incoming.items()):
+                if rid not in self.reservations and now - inc.created_at > stale:
+                    self.finish_incoming(rid)
 
     async def unreserve(self, request_id: str) -> None:
+        """Drop request_id's reservation (cancel, expiry, after its import): unlock its pins,
+        and stop counting its KV as incoming (whoever waits for it wakes up)."""
         res = self.reservations.pop(request_id, None)
+        self.finish_incoming(request_id)
         if res is None:
             return
+        nodes = list(res.nodes)
+        res.nodes.clear()
         inst = self.instances.get(res.instance_id)
-        if inst is not None and inst.worker is not None:
-            await inst.worker.call(lambda engine: engine.cache.unlock(res.node))
+        if nodes and inst is not None and inst.worker is not None:
+            await inst.worker.call(lambda engine: unlock_all(engine, nodes))
+
+    # -- KV incoming to MD (agents/node/inflight.py) -----------------------------------------
+
+    def finish_incoming(
+        self,
+        request_id: str,
+        *,
+        landed: bool = False,
+        pins: Sequence[tuple[str, Any]] = (),
+        inst: Instance | None = None,
+    ) -> None:
+        """request_id's KV import finished (`landed`: it succeeded), or its reservation was
+        dropped: hand `pins` (TreeNodes its import locked for dependent reservations) to those
+        reservations, and wake whoever waits. Idempotent; runs on the loop."""
+        inc = self.incoming.pop(request_id, None)
+        if inst is None and inc is not None:
+            inst = self.instances.get(inc.instance_id)
+        worker = inst.worker if inst is not None else None
+        pinned: set[str] = set()
+        orphans: list[Any] = []
+        for dep_rid, node in pins:
+            res = self.reservations.get(dep_rid)
+            if res is not None and depends_on(res, request_id):
+                res.nodes.append(node)
+                pinned.add(dep_rid)
+            else:
+                orphans.append(node)  # the dependent is gone (imported, timed out, cancelled)
+        if orphans and worker is not None:
+            worker.call(lambda engine: unlock_all(engine, orphans))
+        if inc is None:
+            return
+        inc.landed = landed
+        if landed and worker is not None:
+            # Dependents that registered after the import's engine call had started.
+            for dep_rid, prefix in list(inc.dependents):
+                if dep_rid not in pinned and dep_rid in self.reservations:
+                    self._pin_late(worker, request_id, dep_rid, prefix)
+        inc.done.set()
+
+    def _pin_late(self, worker: EngineWorker, source: str, dep_rid: str, prefix) -> None:
+        def pin(engine: Engine) -> Any:
+            node = engine.cache.match_prefix(prefix).node
+            engine.cache.lock(node)
+            return node
+
+        def attach(future: asyncio.Future) -> None:
+            if future.cancelled() or future.exception() is not None:
+                return
+            res = self.reservations.get(dep_rid)
+            if res is not None and depends_on(res, source):
+                res.nodes.append(future.result())
+            else:
+                node = future.result()
+                worker.call(lambda engine: engine.cache.unlock(node))
+
+        worker.call(pin).add_done_callback(attach)
+
+    def best_incoming(
+        self, instance_id: str, tokens: np.ndarray, exclude: str
+    ) -> tuple[Incoming | None, int]:
+        """The incoming request on that instance sharing the longest whole-block prefix with
+        `tokens`, and that length."""
+        best: Incoming | None = None
+        best_len = 0
+        bs = self.settings.block_size
+        for rid, inc in self.incoming.items():
+            if rid == exclude or inc.instance_id != instance_id or inc.done.is_set():
+                continue
+            length = block_prefix_len(tokens, inc.tokens, bs)
+            if length > best_len:
+                best, best_len = inc, length
+        return best, best_len
 
     # -- state document ----------------------------------------------------------------------
 
@@ -499,12 +616,27 @@ class Agent:
             "instances": [self.instance_state(i) for i in self.instances.values()],
             "tokens_by_role": dict(self.tokens_by_role),
             "late_kv_cached": self.late_kv_cached,
+            "kv_in_flight": {
+                "incoming": len(self.incoming),
+                "reservations": len(self.reservations),
+                "prefix_hits": self.in_flight_prefix_hits,
+            },
             "fabrics": fabrics,
             "links": {
                 peer: link_json(s.settings) | {"connections": pool_json(s.pool.stats())}
                 for peer, s in self.links.items()
             },
         }
+
+
+def depends_on(res: Reservation, request_id: str) -> bool:
+    return res.depends_on is not None and res.depends_on.request_id == request_id
+
+
+def unlock_all(engine: Engine, nodes: Sequence[Any]) -> None:
+    """Unlock radix nodes (on the engine thread)."""
+    for node in nodes:
+        engine.cache.unlock(node)
 
 
 def pool_json(stats: PoolStats) -> dict[str, Any]:

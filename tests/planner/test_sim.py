@@ -4,14 +4,17 @@ published directions on small scenarios (seconds each)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
 
 import routing.policy
-from planner.api import run_case, simulate
+from planner.api import make_trace, run_case, simulate
 from planner.cli import main
+from planner.fleet import fleet_from_dict
 from planner.scenario import deep_merge, load_scenario
+from planner.sim import Simulator
 
 SMALL_POOLS = [
     {"role": "prefill", "gpu": "GPU-A", "count": 4, "datacenter": "A"},
@@ -161,3 +164,21 @@ def test_pool_wait_aware_must_be_a_bool() -> None:
     config = deep_merge(small_config("pdd"), {"fleet": {"pool_wait_aware": "yes"}})
     with pytest.raises(ValueError, match="pool_wait_aware"):
         run_case("pdd", config, "fleet")
+
+
+def test_routing_counts_requests_still_on_their_way_so_decode_load_spreads() -> None:
+    # IDC-PD has no prefix affinity: the decode instance is the least loaded one. Requests
+    # routed during a prefill's seconds must count, or they would all herd onto one instance.
+    pools = [
+        {"role": "prefill", "gpu": "GPU-A", "count": 4, "datacenter": "A"},
+        {"role": "main_decode", "gpu": "GPU-A", "count": 4, "datacenter": "A"},
+    ]
+    config = small_config("idc-pd", duration_s=120)
+    config["fleet"]["pools"] = pools
+    sim = Simulator(fleet_from_dict(config["fleet"]))
+    sim.run(make_trace(config))
+    per_md = Counter(main for _, _, main in sim.route if main)
+    assert len(per_md) == 4
+    assert min(per_md.values()) > 0.5 * max(per_md.values())
+    # Every routed request arrived: nothing is left counted as on its way.
+    assert all(m.assigned == 0 for m in sim.main.values())
