@@ -179,6 +179,10 @@ def test_routing_counts_requests_still_on_their_way_so_decode_load_spreads() -> 
     sim.run(make_trace(config))
     per_md = Counter(main for _, _, main in sim.route if main)
     assert len(per_md) == 4
-    assert min(per_md.values()) > 0.5 * max(per_md.values())
+    # Back-to-back decisions go to different instances (with 4 instances and the load counting
+    # the requests just routed, far fewer than the ~all a herd would send to one).
+    order = [main for _, _, main in (sim.route[i] for i in np.argsort(sim.arr)) if main]
+    same = sum(a == b for a, b in zip(order, order[1:], strict=False)) / (len(order) - 1)
+    assert same < 0.4
     # Every routed request arrived: nothing is left counted as on its way.
     assert all(m.assigned == 0 for m in sim.main.values())
