@@ -1,0 +1,104 @@
+"""Run a scenario's cases over several seeds: TTFT percentiles, RLD token share, and each
+case's cut against a reference case (seed by seed, then the mean).
+
+Usage:
+    .venv/bin/python bench/planner/seeds.py paper-ttft --reference cdc-pd --seeds 1 2 3 \\
+        [--jobs 2] [--out bench/planner/paper-ttft/seeds.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from planner.api import run_case  # noqa: E402
+from planner.scenario import case_configs, load_scenario  # noqa: E402
+
+
+def _run(job: tuple[str, str, int]) -> dict[str, Any]:
+    scenario, case, seed = job
+    config = copy.deepcopy(case_configs(load_scenario(scenario))[case])
+    config.setdefault("workload", {})["seed"] = seed
+    s = run_case(case, config, "fleet").summary
+    return {
+        "case": case,
+        "seed": seed,
+        **{q: s["ttft_s"][q] for q in ("p50", "p90", "p99")},
+        "relay_share": s["tokens"]["relay_share"],
+        "relayed": s["pipelines"].get("p-rld-md", 0),
+        "requests": s["requests"],
+        "pool_wait_mean_s": s["wan_pool_wait_s"]["mean"],
+        "md_hit_rate": s["md_hit_rate"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("scenario")
+    ap.add_argument("--reference", required=True, help="case the others are compared with")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    try:
+        cases = list(case_configs(load_scenario(args.scenario)))
+    except ValueError as exc:
+        print(f"seeds: {exc}", file=sys.stderr)
+        return 2
+    if args.reference not in cases:
+        print(f"seeds: --reference {args.reference!r} is not a case of {args.scenario}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    jobs = [(args.scenario, c, s) for c, s in itertools.product(cases, args.seeds)]
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        runs = list(pool.map(_run, jobs))
+    ref = {r["seed"]: r for r in runs if r["case"] == args.reference}
+    rows = []
+    print(f"{'case':<18} {'seed':>4} | {'P50':>6} {'P90':>6} {'P99':>6} | {'cut P90':>8} "
+          f"{'cut P99':>8} | {'RLD share':>9} {'relayed':>8}")  # fmt: skip
+    for case in cases:
+        mine = [r for r in runs if r["case"] == case]
+        for r in mine:
+            r["cut_p90"] = r["p90"] / ref[r["seed"]]["p90"] - 1
+            r["cut_p99"] = r["p99"] / ref[r["seed"]]["p99"] - 1
+            print(
+                f"{case:<18} {r['seed']:>4} | {r['p50']:>6.2f} {r['p90']:>6.2f} {r['p99']:>6.2f} | "
+                f"{r['cut_p90']:>+8.1%} {r['cut_p99']:>+8.1%} | {r['relay_share']:>9.1%} "
+                f"{r['relayed']:>8d}"
+            )
+        mean = {k: float(np.mean([r[k] for r in mine])) for k in
+                ("p50", "p90", "p99", "cut_p90", "cut_p99", "relay_share")}  # fmt: skip
+        print(
+            f"{case:<18} {'mean':>4} | {mean['p50']:>6.2f} {mean['p90']:>6.2f} "
+            f"{mean['p99']:>6.2f} | {mean['cut_p90']:>+8.1%} {mean['cut_p99']:>+8.1%} | "
+            f"{mean['relay_share']:>9.1%}"
+        )
+        rows.append({"case": case, "mean": mean})
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "scenario": args.scenario,
+                    "reference": args.reference,
+                    "runs": runs,
+                    "means": rows,
+                },
+                indent=2,
+            )
+            + "\n"  # fmt: skip
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
