@@ -899,6 +899,9 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             # With a relay, RLD answers the user: the KV for MD is background WAN traffic and
             # yields the connection queue to transfers a first token waits on.
             background = fabric == "wan" and req.relay is not None
+            # Counted when committed: a relayed request's KV for MD may still be on its way when
+            # the user's stream ends (see "done" below).
+            stats["kv_bytes"][fabric] += len(payload)
             try:
                 sent = await client.send(
                     host,
@@ -908,9 +911,12 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
                     background=background,
                 )
             except Exception as exc:  # noqa: BLE001
-                queue.put_nowait(("send_failed", (peer, fabric, exc)))
+                if done:  # the stream has ended: nobody reads the queue any more
+                    log.warning("%s: KV send over %s to %s failed: %r", rid, fabric, peer.http, exc)
+                    fire_and_forget(agent, cancel_remote(agent, peer, rid))
+                else:
+                    queue.put_nowait(("send_failed", (peer, fabric, exc)))
             else:
-                stats["kv_bytes"][fabric] += sent.payload_bytes
                 stats["kv_wire_bytes"][fabric] += sent.bytes_sent
 
         if main_ok:
@@ -962,7 +968,14 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
                 stats["tokens_by_role"][role] = stats["tokens_by_role"].get(role, 0) + 1
                 yield value
             elif kind == "done":
-                await asyncio.gather(*sends, return_exceptions=True)
+                # RLD may have answered the whole request while P's KV for MD is still crossing
+                # the WAN (as background traffic): MD caches it when it lands, but the user's
+                # stream ends now rather than when the transfer does.
+                for task in sends:
+                    if not task.done():
+                        agent.background.add(task)
+                        task.add_done_callback(agent.background.discard)
+                sends.clear()  # so the finally below does not cancel them
                 sub = value.get("stats") or {}
                 if "handoff" in sub:
                     stats["handoff"] = sub["handoff"]
