@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleet import live as fleet_live
@@ -36,6 +38,8 @@ class LiveView:
     snapshot: ClusterSnapshot
     endpoints: dict[str, Endpoint] = field(default_factory=dict)
     built_at: float = 0.0
+    # instance id -> (wall time of the report its load comes from, its max running requests)
+    reported: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 _LINK_STATUS = {
@@ -57,8 +61,15 @@ def _load(item: dict[str, Any]) -> tuple[float, int]:
     load = item.get("load") or {}
     running = float(load.get("running", 0))
     queued = int(load.get("queued", 0))
-    capacity = float(load.get("max_running") or 0)
+    capacity = _capacity(item)
     return ((running + queued) / capacity if capacity > 0 else 0.0), queued
+
+
+def _capacity(item: dict[str, Any]) -> float:
+    try:
+        return float((item.get("load") or {}).get("max_running") or 0)
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def build_live_view(model_name: str) -> LiveView:
@@ -72,10 +83,13 @@ def build_live_view(model_name: str) -> LiveView:
     # Expected wait for a WAN connection, only if an agent reports one (``pool_wait_s`` in
     # its ``links[peer]``); absent, the policy sees no pool queue (0), as before.
     link_wait: dict[str, float] = {}
+    reported: dict[str, tuple[float, float]] = {}
     rows = Instance.objects.select_related("node__datacenter").filter(served_model__name=model_name)
     for inst in rows:
         key = str(inst.pk)
         entry, item = reports.get(key, (None, None))
+        if entry is not None and item is not None:
+            reported[key] = (float(entry.get("received_at") or 0.0), _capacity(item))
         dc = inst.node.datacenter.name
         healthy = (
             item is not None
@@ -136,6 +150,76 @@ def build_live_view(model_name: str) -> LiveView:
         snapshot=ClusterSnapshot.from_instances(states, wan_links),
         endpoints=endpoints,
         built_at=time.monotonic(),
+        reported=reported,
+    )
+
+
+class DispatchLedger:
+    """Requests this process has routed to each instance, by wall time.
+
+    An agent reports its load every couple of seconds, so every decision between two reports
+    would see the same loads and pick the same least-loaded instance (a herd). The gateway
+    therefore adds what it has itself routed to an instance since that instance's last report
+    (see :func:`with_dispatches`). Entries older than ``horizon_s`` are forgotten.
+    """
+
+    def __init__(self, horizon_s: float = 30.0) -> None:
+        self.horizon_s = horizon_s
+        self._times: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def record(self, instance_ids: Iterable[str | None], now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self._lock:
+            for iid in instance_ids:
+                if iid:
+                    times = self._times.setdefault(iid, deque())
+                    times.append(now)
+                    while times and times[0] < now - self.horizon_s:
+                        times.popleft()
+
+    def since(self, instance_id: str, t: float) -> int:
+        """Dispatches to ``instance_id`` after wall time ``t``."""
+        with self._lock:
+            times = self._times.get(instance_id)
+            if not times:
+                return 0
+            return sum(1 for x in reversed(times) if x > t) if times[-1] > t else 0
+
+    def clear(self) -> None:
+        with self._lock:
+            self._times.clear()
+
+
+def with_dispatches(view: LiveView, ledger: DispatchLedger) -> ClusterSnapshot:
+    """The view's snapshot with each instance's load raised by the requests this process routed
+    to it after its last report (one running request per dispatch, over its capacity)."""
+    snap = view.snapshot
+    changed = False
+
+    def adjusted(states: tuple[InstanceState, ...]) -> tuple[InstanceState, ...]:
+        nonlocal changed
+        out = []
+        for st in states:
+            at, capacity = view.reported.get(st.id, (0.0, 0.0))
+            extra = ledger.since(st.id, at) if capacity > 0 else 0
+            if extra:
+                changed = True
+                st = replace(st, load=st.load + extra / capacity)
+            out.append(st)
+        return tuple(out)
+
+    prefill = adjusted(snap.prefill)
+    relay = adjusted(snap.relay_decode)
+    main = adjusted(snap.main_decode)
+    if not changed:
+        return snap
+    return ClusterSnapshot(
+        prefill=prefill,
+        relay_decode=relay,
+        main_decode=main,
+        wan_links=snap.wan_links,
+        prefix_hits=snap.prefix_hits,
     )
 
 

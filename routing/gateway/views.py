@@ -31,7 +31,7 @@ from routing.gateway.records import Outcome, record_request
 from routing.gateway.runner import AgentRunError, Sampling, build_plan, run_events
 from routing.gateway.stream import TextAssembler
 from routing.gateway.tokenizers import apply_chat_template, tokenizer_for
-from routing.live import LiveViewCache
+from routing.live import DispatchLedger, LiveViewCache, with_dispatches
 from routing.policy import NoHealthyPath, RequestInfo, decide
 from routing.policy_cache import PolicyCache
 
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 # thread-sensitive thread: concurrent requests must not queue behind each other there.
 
 live_views = LiveViewCache()
+dispatches = DispatchLedger()
 policies = PolicyCache()
 _limiter: RateLimiter | None = None
 
@@ -107,6 +108,7 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
         raise rate_limited(verdict.limit, verdict.retry_after_s)
     request_id = f"{'chatcmpl' if kind == 'chat.completions' else 'cmpl'}-{uuid.uuid4().hex}"
     view = live_views.get(model.name)
+    snapshot = with_dispatches(view, dispatches)
     policy, version = policies.current()
     info = RequestInfo(
         prompt_tokens=len(prompt_ids),
@@ -125,9 +127,9 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
                 "dc": i.datacenter,
             }
             for i in (
-                *view.snapshot.prefill,
-                *view.snapshot.relay_decode,
-                *view.snapshot.main_decode,
+                *snapshot.prefill,
+                *snapshot.relay_decode,
+                *snapshot.main_decode,
             )
         },
         "wan_links": {
@@ -137,11 +139,11 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
                 "use": round(link.utilisation, 3),
                 "status": link.status,
             }
-            for dc, link in view.snapshot.wan_links.items()
+            for dc, link in snapshot.wan_links.items()
         },
     }
     try:
-        decision = decide(info, view.snapshot, policy)
+        decision = decide(info, snapshot, policy)
     except NoHealthyPath as exc:
         record_request(
             request_id=request_id,
@@ -157,6 +159,7 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
             ),
         )
         raise unavailable(f"No healthy path for model '{model.name}': {exc}") from exc
+    dispatches.record((decision.prefill_id, decision.relay_id, decision.main_id))
     url, plan = build_plan(
         request_id=request_id,
         prompt_ids=prompt_ids,

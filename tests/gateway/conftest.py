@@ -17,7 +17,9 @@ def fresh_gateway_state():
     views._limiter = RateLimiter(settings.REDIS_URL, prefix=f"test-rl-{uuid.uuid4().hex[:8]}")
     views.live_views.clear()
     views.policies.clear()
+    views.dispatches.clear()
     yield
     views._limiter = None
+    views.dispatches.clear()
     views.live_views.clear()
     views.policies.clear()
