@@ -4,6 +4,11 @@ Every request flows: arrival -> routing decision -> prefill on P -> KV transfer 
 fabric and/or WAN) -> decode on RLD and/or MD, with the extend-decode handoff between them.
 Routing for every system goes through ``routing.policy.decide``: PDD as configured, CDC-PD with
 no relay pool, IDC-PD over a local "link", P-RLD by finishing P-RLD-MD decisions on RLD.
+
+Agent sessions run in a closed loop when the trace says so (a turn waits for the previous
+response). A routed request counts in its decode instance's load until its KV arrives. MD's
+prefix match can count KV already on its way to it (``fleet.drc_counts_in_flight``), and a
+relayed request's KV for MD can yield the WAN connection queue (``fleet.relay_transfers_yield``).
 """
 
 from __future__ import annotations
