@@ -50,6 +50,12 @@ def list_scenarios() -> list[tuple[str, str]]:
     return out
 
 
+# What a scenario file may hold at its top level ("_"-prefixed keys are comments).
+TOP_LEVEL_KEYS = frozenset(
+    {"name", "description", "include", "kind", "base", "cases", "sweep", "search_space"}
+)
+
+
 def load_scenario(name_or_path: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     """Load a scenario by bundled name, by file path, or accept an already-parsed dict.
 
@@ -90,6 +96,12 @@ def load_scenario(name_or_path: str | Path | Mapping[str, Any]) -> dict[str, Any
             data = deep_merge(parent, data)
         else:
             data = deep_merge({"base": included}, data)
+    unknown = sorted(k for k in data if k not in TOP_LEVEL_KEYS and not str(k).startswith("_"))
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown top-level key(s) {', '.join(map(repr, unknown))}; settings of a run "
+            f"(workload, fleet, trace_file, ...) go under base or a case"
+        )
     kind = data.setdefault("kind", "fleet")
     if kind not in KINDS:
         raise ValueError(f"{where}.kind: must be one of {', '.join(KINDS)}, got {kind!r}")

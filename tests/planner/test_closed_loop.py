@@ -152,3 +152,12 @@ def test_trace_closed_loop_must_be_boolean(tmp_path) -> None:
 
 def _spec() -> WorkloadSpec:
     return build(WorkloadSpec, config(True)["workload"], "workload")
+
+
+def test_a_run_setting_at_the_scenario_top_level_is_refused_naming_it() -> None:
+    from planner.scenario import load_scenario
+
+    with pytest.raises(ValueError, match="unknown top-level key.*'trace_file'.*under base"):
+        load_scenario({"name": "t", "include": "_common.json", "trace_file": "x.csv"})
+    # Comments ("_"-prefixed) and the known keys are fine.
+    load_scenario({"name": "t", "include": "_common.json", "_note": "ok", "description": "d"})
