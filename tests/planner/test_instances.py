@@ -67,3 +67,33 @@ def test_a_small_tail_chunk_in_front_of_long_requests_runs_alone_and_slowly() ->
     assert passes([2_100] * 4) == 12
     # Short requests batch whole: the first starts at once, the nine queued behind it share one.
     assert passes([100] * 10) == 2
+
+
+def test_decode_step_scales_with_bandwidth_when_there_is_no_fixed_overhead() -> None:
+    # The scenarios' constants reproduce PDD.md's measured 2.1x decode of GPU-B over GPU-A.
+    import json
+    from pathlib import Path
+
+    from planner.hardware import EngineSpec, GpuType, ModelSpec, decode_step_time
+    from planner.spec import strip_comments
+
+    common = strip_comments(
+        json.loads((Path(__file__).parents[2] / "planner/scenarios/_common.json").read_text())
+    )["fleet"]
+    gpus = {k: GpuType(name=k, **v) for k, v in common["gpu_types"].items()}
+    model, engine = ModelSpec(**common["model"]), EngineSpec(**common["engine"])
+    for ctx in (0, 128 * 62_000):
+        ratio = decode_step_time(ctx, model, gpus["GPU-A"], engine) / decode_step_time(
+            ctx, model, gpus["GPU-B"], engine
+        )
+        assert abs(ratio - 2.1) < 0.01
+
+
+def test_decode_overhead_may_be_zero_but_not_negative() -> None:
+    import pytest
+
+    from planner.hardware import EngineSpec
+
+    EngineSpec(decode_overhead_s=0.0)
+    with pytest.raises(ValueError, match="decode_overhead_s"):
+        EngineSpec(decode_overhead_s=-0.001)
