@@ -266,7 +266,8 @@ class Simulator:
             for dc, link in self.links.items():
                 # A queue for connections means a new transfer sees a full link, and it first
                 # waits for a connection: the pool's expected wait (WanLink.expected_wait_s).
-                busy = 1.0 if link.queued else link.utilisation
+                # Only urgent transfers queue ahead of a new one (background ones yield).
+                busy = 1.0 if link.waiting else link.utilisation
                 state = self.link_states[dc]
                 state.utilisation = busy
                 state.pool_wait_s = link.expected_wait_s() if self.fleet.pool_wait_aware else 0.0
