@@ -48,7 +48,7 @@ def summarise(rec: RunRecord, sla: Sla, warmup_s: float, cost_per_hour: float) -
     """One run's figures, measured over requests arriving after ``warmup_s``."""
     # The window and the offered rate follow the trace's drawn arrivals; a closed-loop turn sent
     # later than drawn (its previous response had not ended) stays in the window it was drawn in.
-    drawn = rec.arrival_s if rec.drawn_arrival_s is None else rec.drawn_arrival_s
+    drawn = rec.drawn_arrival_s
     window = drawn >= warmup_s
     served = rec.pipeline >= 0
     # A request still waiting when the run ends never got its first token: count it as inf so

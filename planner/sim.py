@@ -54,6 +54,9 @@ class RunRecord:
     md_tokens: np.ndarray
     md_hit_tokens: np.ndarray
     md_kv_at_s: np.ndarray  # when MD could use the request's KV (after what it builds on landed)
+    # The trace's drawn arrival times: they set the measured window and the offered rate (a
+    # closed-loop turn may be sent later than drawn, see ``Trace.closed_loop``).
+    drawn_arrival_s: np.ndarray
     input_tokens: np.ndarray
     output_tokens: np.ndarray
     series: dict[str, list[float]] = field(default_factory=dict)
@@ -62,9 +65,6 @@ class RunRecord:
     pool_utilisation: float = 0.0
     link_utilisation: float = 0.0
     sim_end_s: float = 0.0
-    # The trace's drawn arrival times: they set the measured window and the offered rate (a
-    # closed-loop turn may be sent later than drawn, see ``Trace.closed_loop``). None = arrival_s.
-    drawn_arrival_s: np.ndarray | None = None
 
 
 class Simulator:
@@ -191,6 +191,7 @@ class Simulator:
             md_tokens=np.array(self.md_tokens),
             md_hit_tokens=np.array(self.md_hit),
             md_kv_at_s=np.array(self.md_kv_at),
+            drawn_arrival_s=trace.arrival_s,
             input_tokens=trace.input_tokens,
             output_tokens=trace.output_tokens,
             series=self.series,
@@ -205,7 +206,6 @@ class Simulator:
                 else 0.0
             ),
             sim_end_s=end,
-            drawn_arrival_s=trace.arrival_s,
         )
 
     def _sample(self) -> None:
@@ -358,10 +358,9 @@ class Simulator:
         self._finished(i)
 
     def _kv_at_main(self, i: int, transfer_s: float, wait_s: float) -> None:
-        if not self.idc:
-            self.wan_s[i], self.wan_wait[i] = transfer_s, wait_s
         md = self.main[self.route[i][2]]
         if not self.idc:
+            self.wan_s[i], self.wan_wait[i] = transfer_s, wait_s
             needed = self.depends.pop(i, None)
             session = self.session[i]
             if needed is not None and md.when_landed(

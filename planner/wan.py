@@ -100,11 +100,6 @@ class WanLink:
         # Background transfers queue behind every urgent one, so they do not delay it.
         return (len(self.waiting) + 1) * mean_bytes / (self.spec.pool_size * self.rate)
 
-    @property
-    def queued(self) -> int:
-        """Transfers waiting for a connection, urgent and background."""
-        return len(self.waiting) + len(self.background)
-
     # --- transfers ------------------------------------------------------------------------------
     def send(self, nbytes: float, done: Done, background: bool = False) -> None:
         """Start (or queue for a connection) a transfer of ``nbytes``; ``done`` fires on arrival.

@@ -9,6 +9,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from itertools import takewhile
 from typing import Any
 
 from fleet import live as fleet_live
@@ -181,10 +182,9 @@ class DispatchLedger:
     def since(self, instance_id: str, t: float) -> int:
         """Dispatches to ``instance_id`` after wall time ``t``."""
         with self._lock:
-            times = self._times.get(instance_id)
-            if not times:
-                return 0
-            return sum(1 for x in reversed(times) if x > t) if times[-1] > t else 0
+            # Newest last: count back only until the first dispatch the report already saw.
+            times = self._times.get(instance_id, ())
+            return sum(1 for _ in takewhile(lambda x: x > t, reversed(times)))
 
     def clear(self) -> None:
         with self._lock:
