@@ -115,6 +115,13 @@ class FleetSpec:
             raise ValueError("drc_counts_in_flight: must be true or false")
         check_positive(self, "resident_weight_gb")
         check_positive(self, "drc_capacity_gb")
+        read = self.model.decode_weight_gb + self.model.decode_expert_gb
+        if read > self.resident_weight_gb + 1e-9:
+            raise ValueError(
+                f"model.decode_weight_gb + model.decode_expert_gb: {read:g} GB exceeds "
+                f"resident_weight_gb {self.resident_weight_gb:g} (a decode unit reads only "
+                "weights it holds)"
+            )
 
     def units(self, role: str | None = None) -> int:
         return sum(p.count for p in self.pools if role is None or p.role == role)

@@ -1,7 +1,9 @@
 """Modelled chips, model and engine: the formulas that turn tokens into seconds.
 
 Prefill is compute-bound (FLOPs over peak compute times an efficiency); a decode step is
-memory-bound (weights plus the batch's KV read once over memory bandwidth).
+memory-bound (the weights its batch touches plus the batch's KV, read once over memory
+bandwidth). In an MoE model a decode step reads the dense weights and only the routed experts
+its batch's tokens pick, so a small batch (a lightly loaded relay) steps faster than a full one.
 """
 
 from __future__ import annotations
@@ -35,7 +37,15 @@ class ModelSpec:
     active_params_b: float  # parameters touched per token (MoE active), billions
     attn_flops_per_token_ctx: float  # attention FLOPs per new token per context token
     kv_bytes_per_token: int
-    decode_weight_gb: float  # weight bytes one decode step reads on one unit
+    # Weight bytes every decode step reads on one unit: all of them for a dense model; for an
+    # MoE model (``routed_experts`` > 0) the dense part (attention, shared experts, embeddings).
+    decode_weight_gb: float
+    # MoE routed experts: bytes of them resident on one decode unit, how many experts each
+    # layer has and how many each token picks. A step reads the experts its batch picks; with
+    # uniform routing a batch of b tokens touches 1 - (1 - k/E)^b of them. 0 = dense model.
+    decode_expert_gb: float = 0.0
+    routed_experts: int = 0
+    experts_per_token: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -45,6 +55,27 @@ class ModelSpec:
             "decode_weight_gb",
         ):
             check_positive(self, name)
+        for name in ("decode_expert_gb", "routed_experts", "experts_per_token"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+        moe = (self.decode_expert_gb > 0, self.routed_experts > 0, self.experts_per_token > 0)
+        if any(moe) and not all(moe):
+            raise ValueError(
+                "decode_expert_gb, routed_experts, experts_per_token: set all three (MoE) or none"
+            )
+        if self.experts_per_token > self.routed_experts:
+            raise ValueError("experts_per_token: must be <= routed_experts")
+
+    def expert_fraction_touched(self, batch: int) -> float:
+        """Share of the unit's routed experts a decode step of ``batch`` tokens reads."""
+        if not self.routed_experts or batch <= 0:
+            return 0.0
+        return 1.0 - (1.0 - self.experts_per_token / self.routed_experts) ** batch
+
+    def decode_weight_bytes(self, batch: int) -> float:
+        """Weight bytes one decode step of ``batch`` running requests reads on one unit."""
+        touched = self.decode_expert_gb * self.expert_fraction_touched(batch)
+        return (self.decode_weight_gb + touched) * 1e9
 
     def prefill_flops(self, new_tokens: int, cached_tokens: int) -> float:
         # Linear layers cost 2 FLOPs per active parameter per token; causal attention over the
@@ -112,10 +143,18 @@ def prefill_batch_time(
 
 
 def decode_step_time(
-    batch_ctx_tokens: float, model: ModelSpec, gpu: GpuType, engine: EngineSpec
+    batch_ctx_tokens: float,
+    model: ModelSpec,
+    gpu: GpuType,
+    engine: EngineSpec,
+    batch: int = 1,
 ) -> float:
-    """Seconds for one decode step: weights plus every running request's KV, read once."""
-    bytes_read = model.decode_weight_gb * 1e9 + batch_ctx_tokens * model.kv_bytes_per_token
+    """Seconds for one decode step of ``batch`` running requests holding ``batch_ctx_tokens``.
+
+    The step reads the weights the batch touches (all of a dense model; the dense part plus the
+    picked routed experts of an MoE model) and every running request's KV, once.
+    """
+    bytes_read = model.decode_weight_bytes(batch) + batch_ctx_tokens * model.kv_bytes_per_token
     return engine.decode_overhead_s + bytes_read / (
         gpu.mem_bw_tbps * 1e12 * engine.decode_mem_efficiency
     )

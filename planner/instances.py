@@ -192,7 +192,9 @@ class DecodeInstance:
         return self.clock - job
 
     def step_time(self) -> float:
-        return decode_step_time(self.ctx_sum, self.model, self.gpu, self.engine)
+        return decode_step_time(
+            self.ctx_sum, self.model, self.gpu, self.engine, max(self.running, 1)
+        )
 
     def _fits(self, ctx_tokens: int) -> bool:
         if self.running == 0:

@@ -82,11 +82,65 @@ def test_decode_step_scales_with_bandwidth_when_there_is_no_fixed_overhead() -> 
     )["fleet"]
     gpus = {k: GpuType(name=k, **v) for k, v in common["gpu_types"].items()}
     model, engine = ModelSpec(**common["model"]), EngineSpec(**common["engine"])
-    for ctx in (0, 128 * 62_000):
-        ratio = decode_step_time(ctx, model, gpus["GPU-A"], engine) / decode_step_time(
-            ctx, model, gpus["GPU-B"], engine
+    for batch in (1, 10, 128):
+        ctx = batch * 62_000
+        ratio = decode_step_time(ctx, model, gpus["GPU-A"], engine, batch) / decode_step_time(
+            ctx, model, gpus["GPU-B"], engine, batch
         )
         assert abs(ratio - 2.1) < 0.01
+
+
+MOE = ModelSpec("moe", active_params_b=10, attn_flops_per_token_ctx=1e6,
+                kv_bytes_per_token=10_000, decode_weight_gb=20, decode_expert_gb=380,
+                routed_experts=256, experts_per_token=8)  # fmt: skip
+
+
+def test_an_moe_decode_step_reads_only_the_experts_its_batch_picks() -> None:
+    engine = EngineSpec(decode_overhead_s=0.0)
+    # One token picks 8 of 256 experts; 128 tokens touch nearly all of them.
+    assert MOE.expert_fraction_touched(1) == pytest.approx(8 / 256)
+    assert MOE.expert_fraction_touched(128) == pytest.approx(1 - (1 - 8 / 256) ** 128)
+    assert MOE.expert_fraction_touched(128) > 0.98
+    assert MOE.decode_weight_bytes(1) == pytest.approx((20 + 380 * 8 / 256) * 1e9)
+    # Same KV, more requests: a bigger batch reads more expert weights, so it steps slower,
+    # while each step still serves more tokens (throughput grows with the batch).
+    steps = [decode_step_time(0, MOE, GPU, engine, b) for b in (1, 10, 128)]
+    assert steps[0] < steps[1] < steps[2]
+    assert steps[2] == pytest.approx((20 + 380 * MOE.expert_fraction_touched(128)) * 1e9
+                                     / (GPU.mem_bw_tbps * 1e12 * engine.decode_mem_efficiency))
+    assert 1 / steps[0] < 10 / steps[1] < 128 / steps[2]
+    # A dense model reads all its weights whatever the batch.
+    assert decode_step_time(0, MODEL, GPU, engine, 1) == decode_step_time(0, MODEL, GPU, engine, 64)
+
+
+def test_decode_instance_steps_at_its_running_batch() -> None:
+    loop = EventLoop()
+    engine = EngineSpec(decode_overhead_s=0.0)
+    inst = DecodeInstance(InstanceState("d", "main_decode"), GPU, MOE, engine, loop,
+                          kv_capacity_tokens=10**9)  # fmt: skip
+    inst.admit(1_000, lambda tpot, job: None)
+    one = inst.step
+    inst.admit(1_000, lambda tpot, job: None)
+    assert one == pytest.approx(decode_step_time(1_000, MOE, GPU, engine, 1))
+    assert inst.step == pytest.approx(decode_step_time(2_000, MOE, GPU, engine, 2))
+    assert inst.step > one
+    inst.release(1_000)
+    assert inst.step == pytest.approx(one)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"decode_expert_gb": 100}, "set all three"),
+        ({"routed_experts": 256, "experts_per_token": 8}, "set all three"),
+        ({"decode_expert_gb": 100, "routed_experts": 8, "experts_per_token": 16}, "<= routed"),
+        ({"decode_expert_gb": -1}, "decode_expert_gb: must be >= 0"),
+    ],
+)
+def test_moe_fields_are_checked(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelSpec("m", active_params_b=10, attn_flops_per_token_ctx=1e6,
+                  kv_bytes_per_token=10_000, decode_weight_gb=20, **fields)  # fmt: skip
 
 
 def test_decode_overhead_may_be_zero_but_not_negative() -> None:

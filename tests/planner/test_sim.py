@@ -166,6 +166,12 @@ def test_pool_wait_aware_must_be_a_bool() -> None:
         run_case("pdd", config, "fleet")
 
 
+def test_a_decode_unit_cannot_read_more_weights_than_it_holds() -> None:
+    config = deep_merge(small_config("pdd"), {"fleet": {"resident_weight_gb": 300}})
+    with pytest.raises(ValueError, match="exceeds resident_weight_gb 300"):
+        fleet_from_dict(config["fleet"])
+
+
 def test_routing_counts_requests_still_on_their_way_so_decode_load_spreads() -> None:
     # IDC-PD has no prefix affinity: the decode instance is the least loaded one. Requests
     # routed during a prefill's seconds must count, or they would all herd onto one instance.
