@@ -53,8 +53,10 @@ def test_pdd_routes_every_request_through_the_policy_module(monkeypatch) -> None
 
 
 def test_pdd_ttft_tail_is_below_cdc_pd_on_skewed_traffic() -> None:
-    cdc = run_case("cdc", small_config("cdc-pd"), "fleet").summary
-    pdd = run_case("pdd", small_config("pdd"), "fleet").summary
+    # 6 RPS keeps the 4 prefill units below their knee (at 8 prefill queueing, which both
+    # systems share, sets the P90).
+    cdc = run_case("cdc", small_config("cdc-pd", rps=6), "fleet").summary
+    pdd = run_case("pdd", small_config("pdd", rps=6), "fleet").summary
     # The relay hides the few heavy transfers: the tail shrinks most, the P90 a little.
     assert pdd["ttft_s"]["p99"] < 0.5 * cdc["ttft_s"]["p99"]
     assert pdd["ttft_s"]["p90"] < cdc["ttft_s"]["p90"]
