@@ -106,8 +106,11 @@ def test_an_moe_decode_step_reads_only_the_experts_its_batch_picks() -> None:
     # while each step still serves more tokens (throughput grows with the batch).
     steps = [decode_step_time(0, MOE, GPU, engine, b) for b in (1, 10, 128)]
     assert steps[0] < steps[1] < steps[2]
-    assert steps[2] == pytest.approx((20 + 380 * MOE.expert_fraction_touched(128)) * 1e9
-                                     / (GPU.mem_bw_tbps * 1e12 * engine.decode_mem_efficiency))
+    assert steps[2] == pytest.approx(
+        (20 + 380 * MOE.expert_fraction_touched(128))
+        * 1e9
+        / (GPU.mem_bw_tbps * 1e12 * engine.decode_mem_efficiency)
+    )
     assert 1 / steps[0] < 10 / steps[1] < 128 / steps[2]
     # A dense model reads all its weights whatever the batch.
     assert decode_step_time(0, MODEL, GPU, engine, 1) == decode_step_time(0, MODEL, GPU, engine, 64)
