@@ -194,3 +194,25 @@ def test_routing_counts_requests_still_on_their_way_so_decode_load_spreads() -> 
     assert same < 0.4
     # Every routed request arrived: nothing is left counted as on its way.
     assert all(m.assigned == 0 for m in sim.main.values())
+
+
+def test_the_token_share_scenario_relays_every_stated_request_and_ends_on_md() -> None:
+    # PDD.md's token-share condition (64K input, 90% hit, 1K output) on a small fleet: each
+    # delta needs just over the 1 s relay threshold, so every request starts on RLD and is
+    # handed to MD, which makes most of the tokens.
+    from planner.scenario import case_configs
+
+    config = case_configs(load_scenario("paper-token-share"))["rps-20"]
+    config = deep_merge(
+        config,
+        {"fleet": {"pools": SMALL_POOLS}, "workload": {"rps": 2, "duration_s": 120}},
+    )
+    config["warmup_s"] = 20
+    s = run_case("share", config, "fleet").summary
+    assert s["requests"] > 100
+    assert s["pipelines"]["p-rld-md"] == s["requests"]
+    assert s["pipelines"]["p-md"] == 0
+    assert 0.0 < s["tokens"]["relay_share"] < 0.2
+    assert s["tokens"]["relay_decode"] + s["tokens"]["main_decode"] == pytest.approx(
+        1000 * s["requests"], rel=0.01
+    )
