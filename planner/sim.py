@@ -172,13 +172,23 @@ class Simulator:
         for i in range(n):
             self.loop.at(self.arr[i], self._arrive, i)
         self.loop.at(0.0, self._sample)
+        # Link utilisation is measured over the arrival window, not the drain after it.
+        self._link_window: tuple[float, list[tuple[float, float]]] | None = None
+        self.loop.at(last, self._close_link_window)
         drain = drain_s if drain_s is not None else max(600.0, last)
         self.loop.run(until=last + drain)
         return self._record(trace)
 
+    def _close_link_window(self) -> None:
+        self._link_window = (self.loop.now, [ln.totals() for ln in self.links.values()])
+
     def _record(self, trace) -> RunRecord:
         links = list(self.links.values())
         end = self.loop.now or 1.0
+        if self._link_window is not None and self._link_window[0] > 0:
+            window, totals = self._link_window
+        else:
+            window, totals = end, [ln.totals() for ln in links]
         return RunRecord(
             arrival_s=np.array(self.arr),
             ttft_s=np.array(self.ttft),
@@ -198,10 +208,17 @@ class Simulator:
             decisions=sum(1 for p in self.pipe if p != NO_PIPELINE),
             prefill_busy_s=sum(p.busy_s for p in self.prefill.values()),
             pool_utilisation=(
-                float(np.mean([ln.pool_busy_integral / end for ln in links])) if links else 0.0
+                float(np.mean([busy / window for busy, _ in totals])) if links else 0.0
             ),
             link_utilisation=(
-                float(np.mean([ln.bytes_sent / (ln.capacity * end) for ln in links]))
+                float(
+                    np.mean(
+                        [
+                            sent / (ln.capacity * window)
+                            for ln, (_, sent) in zip(links, totals, strict=True)
+                        ]
+                    )
+                )
                 if links
                 else 0.0
             ),

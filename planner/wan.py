@@ -120,6 +120,11 @@ class WanLink:
         self.bytes_sent += nbytes
         self.transfers += 1
 
+    def totals(self) -> tuple[float, float]:
+        """(connection-seconds of pool use over pool size, bytes sent) up to now."""
+        self._advance()
+        return self.pool_busy_integral, self.bytes_sent
+
     def _advance(self) -> None:
         now = self.loop.now
         n = len(self.active)

@@ -216,3 +216,7 @@ def test_the_token_share_scenario_relays_every_stated_request_and_ends_on_md() -
     assert s["tokens"]["relay_decode"] + s["tokens"]["main_decode"] == pytest.approx(
         1000 * s["requests"], rel=0.01
     )
+    # Link utilisation is over the arrival window (not diluted by the drain after it): 2 RPS of
+    # 6,400-token deltas at 4,400 B/token on a 20 Gbit/s line.
+    offered = 2 * 6_400 * 4_400 * 8 / 20e9
+    assert s["wan_link_utilisation"] == pytest.approx(offered, rel=0.2)
