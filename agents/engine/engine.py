@@ -129,11 +129,22 @@ class Engine:
         return self.pool.export_kv(req.block_table, start_token, end_token)
 
     def import_prefix(
-        self, request_id: str, prompt_ids: Sequence[int], start_token: int, payload: bytes
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        start_token: int,
+        payload: bytes,
+        *,
+        recompute_missing: bool = False,
     ) -> ImportResult:
         """Build a held request whose prompt KV is the local cached prefix [0, start_token)
         plus the received KV [start_token, len(prompt)); the received whole blocks join the
-        prefix cache (the DRC). Follow with `start_decode`."""
+        prefix cache (the DRC). Follow with `start_decode`.
+
+        When the cache holds less than [0, start_token) (the sender counted on KV that never
+        arrived), raise `PrefixMissing`, or with `recompute_missing` compute the missing
+        positions here first, from the prompt's token ids (one prefill of the prefix that
+        reuses whatever part is cached): slower, but the request is served."""
         prompt = list(prompt_ids)
         header = read_kv_header(payload)
         if (header.start_token, header.end_token) != (start_token, len(prompt)):
@@ -144,10 +155,16 @@ class Engine:
         if start_token % self.config.block_size:
             raise ValueError(f"start_token {start_token} is not a multiple of the block size")
         match = self.cache.match_prefix(prompt[:start_token])
+        recomputed = 0
+        if match.matched_tokens < start_token and recompute_missing:
+            recomputed = start_token - match.matched_tokens
+            self._fill_prefix(request_id, prompt[:start_token])
+            match = self.cache.match_prefix(prompt[:start_token])
         if match.matched_tokens < start_token:
             raise PrefixMissing(
                 f"{request_id}: payload starts at token {start_token} but this engine holds "
                 f"only {match.matched_tokens} tokens of that prefix"
+                + (" even after recomputing it" if recomputed else "")
             )
         req = self._new_request(request_id, prompt, SamplingParams())
         self.cache.lock(match.node)
@@ -175,7 +192,15 @@ class Engine:
             start_token,
             header.num_tokens,
             self.cache.stats().cached_blocks - cached_before,
+            recomputed,
         )
+
+    def _fill_prefix(self, request_id: str, prefix: list[int]) -> None:
+        """Compute the KV of `prefix` (whole blocks) into the prefix cache and drop the rest:
+        a prefill under a private id, released at once (its KV stays cached)."""
+        fill_id = f"{request_id}#recompute"
+        self.prefill(fill_id, prefix, SamplingParams(max_tokens=1))
+        self.release(fill_id)
 
     def start_decode(
         self,

@@ -26,6 +26,9 @@ class ImportResult(NamedTuple):
     local_tokens: int  # prompt positions taken from the local prefix cache (= start_token)
     received_tokens: int  # prompt positions written from the payload
     new_cached_blocks: int  # received whole blocks the prefix cache did not hold before
+    # Prefix positions this engine computed itself because its cache lacked them (the KV
+    # counted on, e.g. an earlier turn's still in flight, never landed); 0 normally.
+    recomputed_tokens: int = 0
 
 
 class GenerateResult(NamedTuple):

@@ -146,6 +146,9 @@ class Agent:
         self.incoming: dict[str, Incoming] = {}
         # Reservations that answered more than the radix cache held, counting KV in flight.
         self.in_flight_prefix_hits = 0
+        # Imports whose counted-on prefix never landed, so MD recomputed it, and its tokens.
+        self.recomputed_imports = 0
+        self.recomputed_tokens = 0
         self._models: dict[str, LoadedModel] = {}
         self._janitor: asyncio.Task | None = None
         self._idle = asyncio.Event()
@@ -620,6 +623,8 @@ class Agent:
                 "incoming": len(self.incoming),
                 "reservations": len(self.reservations),
                 "prefix_hits": self.in_flight_prefix_hits,
+                "recomputed_imports": self.recomputed_imports,
+                "recomputed_tokens": self.recomputed_tokens,
             },
             "fabrics": fabrics,
             "links": {

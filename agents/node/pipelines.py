@@ -285,7 +285,11 @@ def start_import(
 
     def run(engine):
         try:
-            result = engine.import_prefix(request_id, prompt, start_token, payload)
+            # When the KV this import builds on never landed (its sender gave up, or it was
+            # cancelled), MD computes that prefix itself: slower, but the request is served.
+            result = engine.import_prefix(
+                request_id, prompt, start_token, payload, recompute_missing=True
+            )
         finally:
             unlock_all(engine, unlock)
         failure: Exception | None = None
@@ -304,6 +308,14 @@ def start_import(
         if future.cancelled() or future.exception() is not None:
             agent.finish_incoming(request_id, inst=inst)
         else:
+            result = future.result()[0]
+            if result.recomputed_tokens:
+                agent.recomputed_imports += 1
+                agent.recomputed_tokens += result.recomputed_tokens
+                log.warning(
+                    "%s: recomputed %d prefix tokens the cache lacked (KV counted on never "
+                    "landed)", request_id, result.recomputed_tokens,
+                )  # fmt: skip
             agent.finish_incoming(request_id, landed=True, pins=future.result()[2], inst=inst)
 
     future = inst.worker.call(run)

@@ -114,6 +114,30 @@ def test_import_without_the_local_prefix_raises_prefix_missing(tiny, engine_conf
     assert receiver.stats().kv_blocks_used == 0
 
 
+def test_import_can_recompute_a_missing_prefix_and_decodes_like_generate(
+    tiny, engine_config, prompt
+) -> None:
+    expected = Engine(tiny, engine_config).generate(prompt, GREEDY_24).output_ids
+    sender = Engine(tiny, engine_config)
+    first = sender.prefill("req", prompt, GREEDY_24)
+    payload = sender.export_kv("req", 32, len(prompt))
+    # The receiver holds the first block only: blocks [16, 32) are recomputed from the ids.
+    receiver = Engine(tiny, engine_config)
+    receiver.generate(prompt[:16] + [ord("?")] * 3, SamplingParams(max_tokens=1))
+    assert receiver.cached_prefix_len(prompt) == 16
+    imported = receiver.import_prefix("req", prompt, 32, payload, recompute_missing=True)
+    assert (imported.local_tokens, imported.received_tokens, imported.recomputed_tokens) == (
+        32,
+        13,
+        16,
+    )
+    receiver.start_decode("req", prompt, first.first_token, GREEDY_24)
+    assert [first.first_token, *_drain(receiver)["req"]] == expected
+    # The recompute left no request behind, only its KV in the cache.
+    assert not any(rid.endswith("#recompute") for rid in receiver.requests)
+    assert receiver.cached_prefix_len(prompt) == 32
+
+
 def test_prefill_reuses_its_own_prefix_cache(tiny, engine_config, prompt) -> None:
     engine = Engine(tiny, engine_config)
     engine.prefill("a", prompt, GREEDY_24)
