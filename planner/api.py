@@ -161,9 +161,13 @@ def goodput_search(
                 hi = mid
         at_ceiling = lo >= hi_rps - 1e-9
     cost = fleet.cost_per_hour()
+    # The search steps the drawn rate; the goodput is the rate the fleet actually received
+    # there (equal for open-loop traffic, lower where closed-loop sessions waited on it).
+    goodput = best["offered_rps"]
     return {
-        "goodput_rps": lo,
-        "bcr": lo / cost,
+        "goodput_rps": goodput,
+        "drawn_rps": lo,
+        "bcr": goodput / cost,
         "cost_per_hour": cost,
         "at": best,
         "bracket": [lo, hi],

@@ -62,13 +62,20 @@ def summarise(rec: RunRecord, sla: Sla, warmup_s: float, cost_per_hour: float) -
     }
     relayed = pipelines[Pipeline.P_RLD_MD]
     horizon = float(drawn[window][-1] - warmup_s) if window.any() else 0.0
-    rps = float(window.sum() / horizon) if horizon > 0 else 0.0
+    drawn_rps = float(window.sum() / horizon) if horizon > 0 else 0.0
+    # The offered rate is what actually arrived in the measured span. With closed-loop sessions
+    # a turn waits for its previous response, so a fleet that answers slowly receives fewer
+    # requests per second than drawn (its turns slip past the span); comparing fleets at the
+    # same drawn rate would credit the slower one with load it never got.
+    arrived = (rec.arrival_s >= warmup_s) & (rec.arrival_s <= warmup_s + horizon)
+    rps = float(arrived.sum() / horizon) if horizon > 0 else 0.0
     sla_met = bool(ttft_pct["p90"] < sla.ttft_p90_s and ttft_pct["p99"] < sla.ttft_p99_s)
     in_window_hits = rec.md_hit_tokens[window & served]
     inputs = rec.input_tokens[window & served]
     return {
         "requests": int(window.sum()),
         "offered_rps": rps,
+        "drawn_rps": drawn_rps,
         "ttft_s": ttft_pct,
         "e2e_s": percentiles((rec.finish_s - rec.arrival_s)[window]),
         "wan_transfer_s": percentiles(rec.wan_s[window]),

@@ -123,13 +123,17 @@ def test_drc_counts_in_flight_must_be_a_bool() -> None:
         fleet_from_dict(cfg["fleet"])
 
 
-def test_window_and_offered_rate_follow_the_drawn_arrivals() -> None:
+def test_window_follows_the_drawn_arrivals_and_offered_rate_what_arrived() -> None:
     cfg = config(True)
     trace = make_trace(cfg)
     summary, record = run_fleet(fleet_from_dict(cfg["fleet"]), trace, Sla(), 10.0)
     drawn = trace.arrival_s >= 10.0
+    span = trace.arrival_s[-1] - 10.0
     assert summary["requests"] == int(drawn.sum())
-    assert summary["offered_rps"] == pytest.approx(drawn.sum() / (trace.arrival_s[-1] - 10.0))
+    assert summary["drawn_rps"] == pytest.approx(drawn.sum() / span)
+    arrived = (record.arrival_s >= 10.0) & (record.arrival_s <= trace.arrival_s[-1])
+    assert summary["offered_rps"] == pytest.approx(arrived.sum() / span)
+    assert summary["offered_rps"] <= summary["drawn_rps"]
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])

@@ -141,9 +141,23 @@ def test_goodput_search_with_a_relative_tolerance_brackets_tightly() -> None:
     fleet = fleet_from_dict(config["fleet"])
     found = goodput_search(fleet, config, Sla(), 10.0, 2.0, 64.0, rel_tol=0.1)
     lo, hi = found["bracket"]
-    assert found["goodput_rps"] == lo > 0
+    assert found["drawn_rps"] == lo > 0
     assert found["at_ceiling"] or (hi - lo) <= 0.1 * lo
     assert found["at"]["sla"]["met"]
+    # The goodput is the rate the fleet actually received at that drawn rate.
+    assert found["goodput_rps"] == found["at"]["offered_rps"] > 0
+    assert found["bcr"] == pytest.approx(found["goodput_rps"] / found["cost_per_hour"])
+
+
+def test_offered_rate_is_what_arrived_so_a_slow_closed_loop_fleet_gets_less() -> None:
+    # Open loop: every request arrives when drawn, offered = drawn. Closed loop on a fleet that
+    # answers slowly (a tiny decode batch): turns wait for their previous responses and slip
+    # past the measured span, so the fleet receives less than drawn, and is measured on that.
+    open_loop = run_case("o", small_config("pdd", closed_loop=False), "fleet").summary
+    assert open_loop["offered_rps"] == pytest.approx(open_loop["drawn_rps"])
+    slow = deep_merge(small_config("pdd"), {"fleet": {"engine": {"max_decode_batch": 2}}})
+    closed = run_case("c", slow, "fleet").summary
+    assert closed["offered_rps"] < 0.9 * closed["drawn_rps"]
 
 
 def test_the_policy_sees_the_wan_pool_queue_and_relays_more() -> None:
