@@ -3,9 +3,11 @@ prefixes (from agents' heartbeats, shared through fleet.live) and the WAN links.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -17,6 +19,8 @@ from fleet.choices import DesiredState, InstanceRole, NodeStatus
 from fleet.choices import LinkStatus as FleetLinkStatus
 from fleet.models import Instance, WANLink
 from routing.policy import ClusterSnapshot, InstanceState, LinkStatus, WanLinkState
+
+log = logging.getLogger(__name__)
 
 SNAPSHOT_MAX_AGE_S = 0.25  # rebuild at most 4x a second per process, however many requests
 
@@ -156,39 +160,101 @@ def build_live_view(model_name: str) -> LiveView:
 
 
 class DispatchLedger:
-    """Requests this process has routed to each instance, by wall time.
+    """Requests the gateway has routed to each instance, by wall time.
 
     An agent reports its load every couple of seconds, so every decision between two reports
     would see the same loads and pick the same least-loaded instance (a herd). The gateway
-    therefore adds what it has itself routed to an instance since that instance's last report
-    (see :func:`with_dispatches`). Entries older than ``horizon_s`` are forgotten.
+    therefore adds what it has routed to an instance since that instance's last report (see
+    :func:`with_dispatches`). Entries older than ``horizon_s`` are forgotten.
+
+    With ``redis_url`` the ledger is shared by every gateway process (a sorted set of dispatch
+    times per instance), so several workers do not herd either. This process's own dispatches
+    are always kept in memory as well: if Redis fails, the ledger logs it and counts those.
     """
 
-    def __init__(self, horizon_s: float = 30.0) -> None:
+    def __init__(
+        self, horizon_s: float = 30.0, redis_url: str = "", *, prefix: str = "baton:dispatch"
+    ) -> None:
         self.horizon_s = horizon_s
+        self.prefix = prefix
         self._times: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
+        self._redis = None
+        self._warned_at = 0.0
+        if redis_url:
+            import redis
+
+            self._redis = redis.Redis.from_url(
+                redis_url, socket_connect_timeout=0.5, socket_timeout=0.5
+            )
+
+    @property
+    def shared(self) -> bool:
+        return self._redis is not None
 
     def record(self, instance_ids: Iterable[str | None], now: float | None = None) -> None:
         now = time.time() if now is None else now
+        ids = [iid for iid in instance_ids if iid]
         with self._lock:
-            for iid in instance_ids:
-                if iid:
-                    times = self._times.setdefault(iid, deque())
-                    times.append(now)
-                    while times and times[0] < now - self.horizon_s:
-                        times.popleft()
+            for iid in ids:
+                times = self._times.setdefault(iid, deque())
+                times.append(now)
+                while times and times[0] < now - self.horizon_s:
+                    times.popleft()
+        if self._redis is not None and ids:
+            try:
+                pipe = self._redis.pipeline(transaction=False)
+                for iid in ids:
+                    key = f"{self.prefix}:{iid}"
+                    pipe.zadd(key, {f"{now:.6f}:{uuid.uuid4().hex[:12]}": now})
+                    pipe.zremrangebyscore(key, "-inf", now - self.horizon_s)
+                    pipe.expire(key, int(self.horizon_s * 2) + 1)
+                pipe.execute()
+            except Exception as exc:  # noqa: BLE001 - any Redis failure: count locally
+                self._redis_failed("record", exc)
 
     def since(self, instance_id: str, t: float) -> int:
         """Dispatches to ``instance_id`` after wall time ``t``."""
+        return self.since_many([(instance_id, t)])[instance_id]
+
+    def since_many(self, pairs: Iterable[tuple[str, float]]) -> dict[str, int]:
+        """Dispatches to each instance after its wall time (one Redis round trip when shared)."""
+        pairs = list(pairs)
+        if self._redis is not None and pairs:
+            try:
+                pipe = self._redis.pipeline(transaction=False)
+                for iid, t in pairs:
+                    pipe.zcount(f"{self.prefix}:{iid}", f"({t}", "+inf")
+                return {iid: int(n) for (iid, _), n in zip(pairs, pipe.execute(), strict=True)}
+            except Exception as exc:  # noqa: BLE001 - any Redis failure: count locally
+                self._redis_failed("count", exc)
         with self._lock:
-            # Newest last: count back only until the first dispatch the report already saw.
-            times = self._times.get(instance_id, ())
-            return sum(1 for _ in takewhile(lambda x: x > t, reversed(times)))
+            return {iid: self._local_since(iid, t) for iid, t in pairs}
+
+    def _local_since(self, instance_id: str, t: float) -> int:
+        # Caller holds the lock. Newest last: count back only until the first dispatch the
+        # report already saw.
+        times = self._times.get(instance_id, ())
+        return sum(1 for _ in takewhile(lambda x: x > t, reversed(times)))
 
     def clear(self) -> None:
         with self._lock:
+            ids = list(self._times)
             self._times.clear()
+        if self._redis is not None and ids:
+            try:
+                self._redis.delete(*[f"{self.prefix}:{iid}" for iid in ids])
+            except Exception as exc:  # noqa: BLE001
+                self._redis_failed("clear", exc)
+
+    def _redis_failed(self, what: str, exc: Exception) -> None:
+        now = time.monotonic()
+        if now - self._warned_at > 60:  # once a minute, not once a request
+            self._warned_at = now
+            log.warning(
+                "dispatch ledger: Redis %s failed (%s); counting this process's dispatches only",
+                what, exc,
+            )  # fmt: skip
 
 
 def with_dispatches(view: LiveView, ledger: DispatchLedger) -> ClusterSnapshot:
@@ -197,12 +263,19 @@ def with_dispatches(view: LiveView, ledger: DispatchLedger) -> ClusterSnapshot:
     snap = view.snapshot
     changed = False
 
+    everything = (*snap.prefill, *snap.relay_decode, *snap.main_decode)
+    counted = ledger.since_many(
+        (st.id, view.reported[st.id][0])
+        for st in everything
+        if st.id in view.reported and view.reported[st.id][1] > 0
+    )
+
     def adjusted(states: tuple[InstanceState, ...]) -> tuple[InstanceState, ...]:
         nonlocal changed
         out = []
         for st in states:
-            at, capacity = view.reported.get(st.id, (0.0, 0.0))
-            extra = ledger.since(st.id, at) if capacity > 0 else 0
+            _, capacity = view.reported.get(st.id, (0.0, 0.0))
+            extra = counted.get(st.id, 0)
             if extra:
                 changed = True
                 st = replace(st, load=st.load + extra / capacity)

@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 # thread-sensitive thread: concurrent requests must not queue behind each other there.
 
 live_views = LiveViewCache()
-dispatches = DispatchLedger()
+# Shared by every gateway process through Redis when REDIS_URL is set (else this process's).
+dispatches = DispatchLedger(redis_url=settings.REDIS_URL)
 policies = PolicyCache()
 _limiter: RateLimiter | None = None
 

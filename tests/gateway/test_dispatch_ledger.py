@@ -3,6 +3,12 @@ between two heartbeats does not herd onto the instance that looked least loaded.
 
 from __future__ import annotations
 
+import os
+import time
+import uuid
+
+import pytest
+
 from routing.live import DispatchLedger, LiveView, with_dispatches
 from routing.policy import (
     ClusterSnapshot,
@@ -72,3 +78,47 @@ def test_old_dispatches_are_forgotten_and_unknown_instances_count_nothing() -> N
     assert ledger.since("nobody", 0.0) == 0
     ledger.clear()
     assert ledger.since("r1", -1.0) == 0
+
+
+def test_a_ledger_whose_redis_is_unreachable_counts_its_own_dispatches(caplog) -> None:
+    ledger = DispatchLedger(redis_url="redis://127.0.0.1:1/0")  # nothing listens on port 1
+    assert ledger.shared
+    ledger.record(["r1", "m1"], now=101.0)
+    ledger.record(["r1"], now=102.0)
+    assert ledger.since_many([("r1", 100.0), ("m1", 101.5), ("p1", 0.0)]) == {
+        "r1": 2,
+        "m1": 0,
+        "p1": 0,
+    }
+    snap = with_dispatches(view(report_at=100.0), ledger)
+    assert {s.id: s.load for s in snap.relay_decode}["r1"] == 0.10 + 2 / 100
+    assert "counting this process's dispatches only" in caplog.text
+
+
+@pytest.mark.redis
+def test_gateway_processes_share_the_ledger_through_redis() -> None:
+    # Two ledgers on one Redis stand for two gateway worker processes.
+    prefix = f"baton:test-dispatch:{uuid.uuid4().hex}"
+    url = os.environ["REDIS_URL"]
+    first = DispatchLedger(redis_url=url, prefix=prefix)
+    second = DispatchLedger(redis_url=url, prefix=prefix)
+    now = time.time()
+    first.record(["r1", "m1"], now=now - 1.0)
+    second.record(["r1", None], now=now)
+    # Each sees the other's dispatches after the report time.
+    for ledger in (first, second):
+        assert ledger.since_many([("r1", now - 5.0), ("m1", now - 0.5), ("r2", 0.0)]) == {
+            "r1": 2,
+            "m1": 0,
+            "r2": 0,
+        }
+    snap = with_dispatches(view(report_at=now - 5.0), second)
+    loads = {s.id: s.load for s in (*snap.relay_decode, *snap.main_decode)}
+    assert loads["r1"] == 0.10 + 2 / 100 and loads["m1"] == 1 / 100
+    # Dispatches older than the horizon are dropped from Redis when the next one is recorded.
+    short = DispatchLedger(horizon_s=1.0, redis_url=url, prefix=prefix)
+    short.record(["m1"], now=now + 5.0)
+    assert short.since("m1", 0.0) == 1
+    for ledger in (first, second, short):
+        ledger.clear()
+    assert first.since_many([("r1", 0.0), ("m1", 0.0)]) == {"r1": 0, "m1": 0}
