@@ -159,6 +159,9 @@ def build_live_view(model_name: str) -> LiveView:
     )
 
 
+REDIS_RETRY_S = 10.0  # how long the dispatch ledger counts locally after a Redis failure
+
+
 class DispatchLedger:
     """Requests the gateway has routed to each instance, by wall time.
 
@@ -181,6 +184,8 @@ class DispatchLedger:
         self._lock = threading.Lock()
         self._redis = None
         self._warned_at = 0.0
+        self._redis_down_until = 0.0  # after a failure, skip Redis for a while (no timeouts
+        # on every request while it is down)
         if redis_url:
             import redis
 
@@ -201,7 +206,7 @@ class DispatchLedger:
                 times.append(now)
                 while times and times[0] < now - self.horizon_s:
                     times.popleft()
-        if self._redis is not None and ids:
+        if self._use_redis() and ids:
             try:
                 pipe = self._redis.pipeline(transaction=False)
                 for iid in ids:
@@ -220,7 +225,7 @@ class DispatchLedger:
     def since_many(self, pairs: Iterable[tuple[str, float]]) -> dict[str, int]:
         """Dispatches to each instance after its wall time (one Redis round trip when shared)."""
         pairs = list(pairs)
-        if self._redis is not None and pairs:
+        if self._use_redis() and pairs:
             try:
                 pipe = self._redis.pipeline(transaction=False)
                 for iid, t in pairs:
@@ -247,8 +252,12 @@ class DispatchLedger:
             except Exception as exc:  # noqa: BLE001
                 self._redis_failed("clear", exc)
 
+    def _use_redis(self) -> bool:
+        return self._redis is not None and time.monotonic() >= self._redis_down_until
+
     def _redis_failed(self, what: str, exc: Exception) -> None:
         now = time.monotonic()
+        self._redis_down_until = now + REDIS_RETRY_S
         if now - self._warned_at > 60:  # once a minute, not once a request
             self._warned_at = now
             log.warning(
