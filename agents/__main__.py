@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 
 from agents.node.settings import ROLES, load_settings
@@ -29,6 +30,11 @@ def _serve_parser(sub) -> None:
     )
     p.add_argument("--control-plane", help="control plane URL (with --token)")
     p.add_argument("--token", help="this node's agent token")
+    p.add_argument(
+        "--data-token",
+        help="fleet-wide data-plane token peers and the gateway must send "
+        "(default: $BATON_DATA_TOKEN; a control plane may hand it out at registration)",
+    )
     p.add_argument("--advertise-url", help="HTTP URL peers reach this agent at")
     p.add_argument("--heartbeat-interval-s", type=float)
     p.add_argument("--drain-grace-s", type=float, help="SIGTERM: wait this long for requests")
@@ -71,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
         flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "log_level")}
+        if flags.get("data_token") is None and os.environ.get("BATON_DATA_TOKEN"):
+            flags["data_token"] = os.environ["BATON_DATA_TOKEN"]
         try:
             settings = load_settings(args.config, flags)
         except (ValueError, OSError) as exc:

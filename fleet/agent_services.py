@@ -104,7 +104,7 @@ def node_register(*, node: Node, endpoint: str, report: dict[str, Any]) -> dict[
         "heartbeat_interval_s": heartbeat_interval_s(),
         "command_token": node.command_token,
         "links": link_settings_for(node),
-    }
+    } | ({"data_token": settings.BATON_DATA_TOKEN} if settings.BATON_DATA_TOKEN else {})
 
 
 @transaction.atomic

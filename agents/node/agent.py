@@ -158,8 +158,16 @@ class Agent:
         self.http = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=32)
         )
+        self.data_token: str | None = None
+        if settings.data_token:
+            self.set_data_token(settings.data_token)
         for peer, link in settings.links.items():
             self.set_link(peer, link)
+
+    def set_data_token(self, token: str) -> None:
+        """Require `token` on the data endpoints and send it on every call to a peer."""
+        self.data_token = token
+        self.http.headers["Authorization"] = f"Bearer {token}"
 
     # -- lifecycle ---------------------------------------------------------------------------
 

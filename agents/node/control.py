@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from agents.node.agent import Agent
-from agents.node.settings import link_from_json
+from agents.node.settings import check_data_token, link_from_json
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,16 @@ class ControlPlaneLink:
 
     def apply(self, answer: dict[str, Any]) -> None:
         self.agent.command_token = str(answer["command_token"])
+        data_token = answer.get("data_token")
+        if data_token:
+            try:
+                token = check_data_token(data_token, "data_token")
+            except ValueError as exc:
+                log.warning("ignoring the control plane's data-plane token: %s", exc)
+            else:
+                if self.agent.data_token not in (None, token):
+                    log.warning("the control plane's data-plane token replaces this agent's")
+                self.agent.set_data_token(token)
         self.agent.registered = True
         interval = answer.get("heartbeat_interval_s")
         if isinstance(interval, (int, float)) and interval > 0:

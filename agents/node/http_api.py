@@ -105,6 +105,11 @@ def build_app(agent: Agent) -> Starlette:
 
     def data(handler):
         async def wrapped(request: Request) -> Response:
+            token = agent.data_token
+            if token is not None:
+                given = request.headers.get("authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                    return error(401, "missing or wrong data-plane token (Authorization: Bearer)")
             return await guarded(handler, request)
 
         return wrapped

@@ -21,14 +21,14 @@ def make_prompt(length: int, seed: int) -> list[int]:
 
 
 def stream_events(
-    url: str, body: dict[str, Any], timeout_s: float = 300.0
+    url: str, body: dict[str, Any], timeout_s: float = 300.0, headers: dict[str, str] | None = None
 ) -> tuple[list[dict[str, Any]], float | None, float]:
     """POST and read the NDJSON events; returns (events, client TTFT, client e2e)."""
     events: list[dict[str, Any]] = []
     started = time.monotonic()
     ttft = None
     with httpx.Client(timeout=httpx.Timeout(30.0, read=timeout_s)) as http:
-        with http.stream("POST", url, json=body) as response:
+        with http.stream("POST", url, json=body, headers=headers) as response:
             if response.status_code != 200:
                 response.read()
                 return (

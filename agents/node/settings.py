@@ -28,6 +28,10 @@ class AgentSettings:
     links: dict[str, LinkSettings] = field(default_factory=dict)
     control_plane: str | None = None
     token: str | None = None
+    # Fleet-wide data-plane token: when set, the data endpoints (/v1/generate, /v1/pdd/*)
+    # require "Authorization: Bearer <it>" and this agent sends it to its peers. A control
+    # plane with BATON_DATA_TOKEN hands it out at registration as well.
+    data_token: str | None = None
     advertise_url: str | None = None
     heartbeat_interval_s: float = 2.0
     drain_grace_s: float = 30.0
@@ -50,6 +54,8 @@ class AgentSettings:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if (self.control_plane is None) != (self.token is None):
             raise ValueError("--control-plane and --token go together")
+        if self.data_token is not None:
+            check_data_token(self.data_token, "data_token")
         for name in ("heartbeat_interval_s", "kv_timeout_s", "handoff_timeout_s", "reserve_ttl_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -59,6 +65,12 @@ class AgentSettings:
         for name in ("threads", "num_blocks", "block_size", "max_running"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def check_data_token(value: object, name: str) -> str:
+    if not isinstance(value, str) or len(value) < 16 or any(c.isspace() for c in value):
+        raise ValueError(f"{name} must be a string of at least 16 characters without spaces")
+    return value
 
 
 def split_host_port(value: str, name: str = "address") -> tuple[str, int]:

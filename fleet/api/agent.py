@@ -105,6 +105,10 @@ class AgentRegisterView(AgentView):
                 "heartbeat_interval_s": serializers.FloatField(),
                 "command_token": serializers.CharField(),
                 "links": serializers.DictField(),
+                "data_token": serializers.CharField(
+                    required=False,
+                    help_text="the fleet's data-plane token, when BATON_DATA_TOKEN is set",
+                ),
             },
         ),
     )

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from django.conf import settings
 
 from routing.live import Endpoint, LiveView
 from routing.policy import Decision, Pipeline
@@ -25,6 +26,12 @@ def http_client() -> httpx.AsyncClient:
             timeout=httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=30.0)
         )
     return _client
+
+
+def data_plane_headers() -> dict[str, str]:
+    """The fleet's data-plane token, when one is set (BATON_DATA_TOKEN)."""
+    token = settings.BATON_DATA_TOKEN
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 class AgentRunError(Exception):
@@ -94,7 +101,9 @@ async def run_events(url: str, body: dict[str, Any]) -> AsyncIterator[dict[str, 
     """Yield the agent's NDJSON events; closing the generator closes the stream, which the
     agents take as a cancellation."""
     try:
-        async with http_client().stream("POST", url, json=body) as response:
+        async with http_client().stream(
+            "POST", url, json=body, headers=data_plane_headers()
+        ) as response:
             if response.status_code != 200:
                 detail = (await response.aread()).decode(errors="replace")[:500]
                 raise AgentRunError(f"prefill agent answered HTTP {response.status_code}: {detail}")

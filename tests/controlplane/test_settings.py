@@ -101,3 +101,16 @@ def test_control_plane_imports_without_torch(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_a_too_short_data_plane_token_refuses_to_start(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL"}} | {
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+        "BATON_VAR_DIR": str(tmp_path),
+        "BATON_DATA_TOKEN": "short",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode != 0
+    assert "BATON_DATA_TOKEN must be at least 16 characters" in out.stderr

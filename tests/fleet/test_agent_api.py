@@ -67,6 +67,14 @@ def test_registration_records_endpoint_and_returns_command_token_and_links(
     assert node_a.status == NodeStatus.ONLINE
 
 
+def test_registration_hands_out_the_data_plane_token_only_when_one_is_set(
+    node_a, token_a, settings
+):
+    assert "data_token" not in register(token_a).json()
+    settings.BATON_DATA_TOKEN = "fleet-data-token-0123456789"
+    assert register(token_a).json()["data_token"] == "fleet-data-token-0123456789"
+
+
 def test_each_registration_issues_a_new_command_token(node_a, token_a):
     first = register(token_a).json()["command_token"]
     second = register(token_a).json()["command_token"]

@@ -200,3 +200,28 @@ def test_models_lists_served_models(tenant_key):
     body = _client(tenant_key).get("/v1/models").json()
     assert body["object"] == "list"
     assert [m["id"] for m in body["data"]] == ["baton-tiny"]
+
+
+def test_the_gateway_sends_the_data_plane_token_to_the_agents(settings, monkeypatch):
+    import asyncio
+
+    import httpx
+
+    from routing.gateway import runner
+
+    seen: list[str | None] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(200, content=b'{"type": "done", "finish_reason": "stop"}\n')
+
+    monkeypatch.setattr(runner, "_client", httpx.AsyncClient(transport=httpx.MockTransport(answer)))
+
+    async def run() -> list[dict]:
+        return [e async for e in runner.run_events("http://agent/v1/pdd/generate", {})]
+
+    settings.BATON_DATA_TOKEN = ""
+    assert asyncio.run(run())[-1]["type"] == "done"
+    settings.BATON_DATA_TOKEN = "fleet-data-token-0123456789"
+    asyncio.run(run())
+    assert seen == [None, "Bearer fleet-data-token-0123456789"]

@@ -11,13 +11,23 @@ import time
 import httpx
 import pytest
 import uvicorn
-from agent_node_helpers import agent_args, get, make_prompt, run_single, running
+from agent_node_helpers import (
+    FAST_LINK,
+    agent_args,
+    get,
+    make_prompt,
+    run_single,
+    running,
+    stream_events,
+    summarize,
+)
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from agents.node.launch import AgentProcess
+from agents.node.loopback import pdd_body
 
 pytestmark = pytest.mark.slow
 
@@ -131,6 +141,7 @@ class FakeControlPlane:
                     "datacenter": "dc-a",
                     "heartbeat_interval_s": 0.2,
                     "command_token": "cmd-secret",
+                    "data_token": "cp-data-token-0123456789",
                     "links": {
                         "dc-b": {
                             "bandwidth_gbps": 3.0,
@@ -212,6 +223,49 @@ def test_commands_need_the_command_token_once_registered():
                 timeout=60,
             )
             assert put.status_code == 200
+            # The control plane handed out the fleet's data-plane token: data calls need it.
+            cancel = f"{a.http}/v1/pdd/cancel"
+            assert httpx.post(cancel, json={"request_id": "x"}, timeout=60).status_code == 401
+            data = {"Authorization": "Bearer cp-data-token-0123456789"}
+            answer = httpx.post(cancel, json={"request_id": "x"}, headers=data, timeout=60)
+            assert answer.status_code == 200
+
+
+def test_the_data_plane_token_is_required_and_sent_between_agents():
+    # P calls RLD and MD itself (reserve, relay, decode, handoff): with a fleet-wide data-plane
+    # token every agent refuses calls without it and sends it to its peers.
+    token = "data-plane-secret-0123"
+    with running(
+        AgentProcess(
+            agent_args("main_decode", "dc-b", "--link", f"dc-a={FAST_LINK}", "--data-token", token),
+            "md-t",
+        ),
+        AgentProcess(
+            agent_args("prefill", "dc-a", "--link", f"dc-b={FAST_LINK}", "--data-token", token),
+            "p-t",
+        ),
+        AgentProcess(
+            agent_args(
+                "relay_decode", "dc-a", "--link", f"dc-b={FAST_LINK}", "--data-token", token
+            ),
+            "rld-t",
+        ),
+    ) as (md, p, rld):
+        prompt = make_prompt(60, 5)
+        body = pdd_body("tok-1", prompt, 6, "p-rld-md", "one-shot", p, rld, md, handoff_at=2)
+        url = f"{p.http}/v1/pdd/generate"
+        for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}):
+            refused = httpx.post(url, json=body, headers=headers, timeout=60)
+            assert refused.status_code == 401
+            assert "data-plane token" in refused.json()["error"]
+        cancel = httpx.post(f"{md.http}/v1/pdd/cancel", json={"request_id": "x"}, timeout=60)
+        assert cancel.status_code == 401
+        events, _, _ = stream_events(url, body, headers={"Authorization": f"Bearer {token}"})
+        result = summarize(events)
+        assert result["error"] is None, result["error"]
+        assert len(result["output_token_ids"]) == 6
+        assert result["stats"]["tokens_by_role"]["md"] > 0  # RLD handed off to MD
+        assert get(p, "/health").status_code == 200  # health stays open
 
 
 def test_sigterm_drains_the_in_flight_request_then_exits_0():
