@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -57,6 +58,11 @@ async def via_gateway(url: str, key: str, i: int, max_tokens: int) -> float:
         return time.perf_counter() - t0
 
 
+def _data_headers() -> dict[str, str]:
+    token = os.environ.get("BATON_DATA_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 async def direct(p_http: str, plan: dict, i: int, max_tokens: int) -> float:
     prompt = ByteTokenizer().encode(apply_chat_template(messages_for(i)))
     body = {
@@ -67,7 +73,8 @@ async def direct(p_http: str, plan: dict, i: int, max_tokens: int) -> float:
     }
     async with httpx.AsyncClient(timeout=300) as http:
         t0 = time.perf_counter()
-        async with http.stream("POST", f"{p_http}/v1/pdd/generate", json=body) as response:
+        url = f"{p_http}/v1/pdd/generate"
+        async with http.stream("POST", url, json=body, headers=_data_headers()) as response:
             response.raise_for_status()
             async for _ in response.aiter_lines():
                 pass

@@ -5,6 +5,7 @@ tokens, one greedy request through the same `POST /v1/pdd/generate` call the gat
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from typing import Any
@@ -23,7 +24,11 @@ def make_prompt(length: int, seed: int) -> list[int]:
 def stream_events(
     url: str, body: dict[str, Any], timeout_s: float = 300.0, headers: dict[str, str] | None = None
 ) -> tuple[list[dict[str, Any]], float | None, float]:
-    """POST and read the NDJSON events; returns (events, client TTFT, client e2e)."""
+    """POST and read the NDJSON events; returns (events, client TTFT, client e2e). Without
+    `headers`, sends $BATON_DATA_TOKEN (the agents started from this environment need it)."""
+    if headers is None:
+        token = os.environ.get("BATON_DATA_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
     events: list[dict[str, Any]] = []
     started = time.monotonic()
     ttft = None
