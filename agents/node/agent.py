@@ -165,9 +165,17 @@ class Agent:
             self.set_link(peer, link)
 
     def set_data_token(self, token: str) -> None:
-        """Require `token` on the data endpoints and send it on every call to a peer."""
+        """Require `token` on the data endpoints and the KV fabrics, and send it on every call
+        and transfer to a peer."""
         self.data_token = token
         self.http.headers["Authorization"] = f"Bearer {token}"
+        for fabric in self._fabrics():
+            fabric.token = token
+
+    def _fabrics(self) -> list:
+        clients = [self.intra_client, self._unshaped_wan, *self.wan_clients.values()]
+        servers = [s for s in (self.intra_server, self.wan_server) if s is not None]
+        return [*clients, *servers]
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -189,6 +197,7 @@ class Agent:
             fabric=FabricName.WAN,
             counters=self.counters,
         )
+        self.intra_server.token = self.wan_server.token = self.data_token
         await self.intra_server.start()
         await self.wan_server.start()
         self._janitor = asyncio.create_task(self._sweep())
@@ -364,7 +373,9 @@ class Agent:
         if shaper is None:
             shaper = LinkShaper(link)
             self.links[peer] = shaper
-            self.wan_clients[peer] = FabricClient(FabricName.WAN, shaper, counters=self.counters)
+            client = FabricClient(FabricName.WAN, shaper, counters=self.counters)
+            client.token = self.data_token
+            self.wan_clients[peer] = client
             return shaper.settings
         return shaper.update(
             bandwidth_gbps=link.bandwidth_gbps, rtt_ms=link.rtt_ms, pool_size=link.pool_size

@@ -19,6 +19,7 @@ from agents.transfer.frames import (
     Payload,
     encode_end,
     encode_frame_header,
+    encode_hello,
     encode_token_ids,
 )
 from agents.transfer.records import KVChunk, TokenIds, TransferStats
@@ -91,6 +92,8 @@ class FabricClient:
         self.shaper = shaper
         self.counters = counters or FabricCounters()
         self.connect_timeout_s = connect_timeout_s
+        # The fleet's data-plane token: sent in a HELLO frame first on every connection.
+        self.token: str | None = None
 
     async def send(
         self,
@@ -148,6 +151,8 @@ class FabricClient:
     async def _connect(self, host: str, port: int) -> asyncio.StreamWriter:
         async with asyncio.timeout(self.connect_timeout_s):
             _, writer = await asyncio.open_connection(host, port)
+        if self.token:
+            writer.write(encode_hello(self.token))
         return writer
 
     async def _send_unshaped(self, host: str, port: int, wire: _Wire) -> None:

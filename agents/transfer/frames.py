@@ -46,6 +46,7 @@ class FrameKind(IntEnum):
     TOKENS = 2  # token ids for positions [token_start, token_end), uint32 each
     END = 3  # closes a transfer; payload is END_SUMMARY
     ERROR = 4  # the sender aborts the transfer; payload is a UTF-8 reason
+    HELLO = 5  # first frame of a connection to a server with a token; payload is the token
 
 
 DATA_KINDS = frozenset({FrameKind.KV_BLOCKS, FrameKind.TOKENS})
@@ -156,6 +157,14 @@ def encode_frame(
 def encode_end(request_id: str, *, payload_bytes: int, frames: int) -> bytes:
     """Return the END frame that closes a transfer of `frames` data frames."""
     return encode_frame(FrameKind.END, request_id, END_SUMMARY.pack(payload_bytes, frames))
+
+
+HELLO_REQUEST_ID = "hello"
+
+
+def encode_hello(token: str) -> bytes:
+    """Return the HELLO frame that opens a connection to a fabric server with a token."""
+    return encode_frame(FrameKind.HELLO, HELLO_REQUEST_ID, token.encode("utf-8"))
 
 
 def encode_error(request_id: str, reason: str) -> bytes:

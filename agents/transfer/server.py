@@ -8,6 +8,7 @@ being served, and no error escapes into the event loop.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import inspect
 import logging
 import math
@@ -118,6 +119,9 @@ class FabricServer:
         self._server: asyncio.Server | None = None
         self._port: int | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        # The fleet's data-plane token: when set, a connection must open with a HELLO frame
+        # carrying it, or it is closed before any transfer is read.
+        self.token: str | None = None
 
     @property
     def host(self) -> str:
@@ -168,6 +172,7 @@ class FabricServer:
         self._connections.add(task)
         connected_at = time.monotonic()
         assembly: _Assembly | None = None
+        greeted = self.token is None
         try:
             while True:
                 try:
@@ -179,6 +184,22 @@ class FabricServer:
                         f"connection closed after {assembly.frames} frames, before END",
                         request_id=assembly.request_id,
                     ) from None
+                if frame.kind is FrameKind.HELLO:
+                    if assembly is not None:
+                        raise TransferProtocolError(
+                            "HELLO inside a transfer", request_id=assembly.request_id
+                        )
+                    if self.token is not None and not hmac.compare_digest(
+                        frame.payload, self.token.encode("utf-8")
+                    ):
+                        raise TransferProtocolError("wrong fabric token in HELLO")
+                    greeted = True
+                    continue
+                if not greeted:
+                    raise TransferProtocolError(
+                        "connection did not open with a HELLO carrying the fabric token",
+                        request_id=frame.request_id,
+                    )
                 if assembly is None:
                     assembly = _Assembly(frame.request_id, time.monotonic())
                 assembly.wire_bytes += frame.wire_bytes

@@ -339,3 +339,35 @@ def test_update_link_from_thread_changes_the_running_shaper() -> None:
 
     assert (settings.bandwidth_gbps, settings.rtt_ms, settings.pool_size) == (0.5, 10, 5)
     assert shaper.pool.capacity == 5
+
+
+def test_a_server_with_a_token_takes_only_connections_that_open_with_it(
+    run, collector, make_chunks
+) -> None:
+    chunks = make_chunks(2, 1_000)
+
+    async def scenario():
+        async with FabricServer(collector.on_transfer, collector.on_error) as server:
+            server.token = "fabric-token-0123456789"
+            client = FabricClient()
+            # No HELLO: refused before any transfer is read.
+            await client.send(server.host, server.port, "no-hello", chunks)
+            missing = await collector.next_error()
+            client.token = "wrong-token-0123456789"
+            await client.send(server.host, server.port, "wrong", chunks)
+            wrong = await collector.next_error()
+            client.token = "fabric-token-0123456789"
+            await client.send(server.host, server.port, "right", chunks)
+            delivered = await collector.next_transfer()
+            # A server without a token accepts a client that sends one (rolling a token out).
+            server.token = None
+            await client.send(server.host, server.port, "open", chunks)
+            return missing, wrong, delivered, await collector.next_transfer()
+
+    missing, wrong, delivered, opened = run(scenario())
+
+    assert missing[0] == "no-hello" and isinstance(missing[1], TransferProtocolError)
+    assert "did not open with a HELLO" in str(missing[1])
+    assert wrong[0] is None and "wrong fabric token" in str(wrong[1])
+    assert delivered.request_id == "right" and delivered.chunks == tuple(chunks)
+    assert opened.request_id == "open"
