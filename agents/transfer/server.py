@@ -215,7 +215,11 @@ class FabricServer:
                     )
                     await self._call("on_transfer", self._on_transfer, transfer)
         except asyncio.CancelledError:
-            raise
+            # `close()` cancels open connections. End the handler normally: on Python 3.11
+            # asyncio's stream callback calls task.exception() on a cancelled handler and logs
+            # the CancelledError as an "Exception in callback" error at every shutdown with a
+            # transfer in flight.
+            return
         except Exception as exc:  # noqa: BLE001 - one connection must never take the server down
             request_id = getattr(exc, "request_id", None) or (
                 assembly.request_id if assembly is not None else None

@@ -371,3 +371,21 @@ def test_a_server_with_a_token_takes_only_connections_that_open_with_it(
     assert wrong[0] is None and "wrong fabric token" in str(wrong[1])
     assert delivered.request_id == "right" and delivered.chunks == tuple(chunks)
     assert opened.request_id == "open"
+
+
+def test_closing_the_server_mid_transfer_logs_no_asyncio_error(run, collector, caplog) -> None:
+    async def scenario():
+        server = FabricServer(collector.on_transfer, collector.on_error)
+        await server.start()
+        _, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(_kv("half", b"x" * 1000)[:60])  # a frame cut short: the server waits
+        await writer.drain()
+        while server.open_connections == 0:
+            await asyncio.sleep(0.01)
+        await server.close()
+        writer.close()
+        await asyncio.sleep(0.05)  # let asyncio run the connection's done-callback
+
+    with caplog.at_level("ERROR", logger="asyncio"):
+        run(scenario())
+    assert "Exception in callback" not in caplog.text
