@@ -172,7 +172,7 @@ class Agent:
         for fabric in self._fabrics():
             fabric.token = token
 
-    def _fabrics(self) -> list:
+    def _fabrics(self) -> list[FabricClient | FabricServer]:
         clients = [self.intra_client, self._unshaped_wan, *self.wan_clients.values()]
         servers = [s for s in (self.intra_server, self.wan_server) if s is not None]
         return [*clients, *servers]
