@@ -105,6 +105,10 @@ def build_app(agent: Agent) -> Starlette:
 
     def data(handler):
         async def wrapped(request: Request) -> Response:
+            if agent.settings.control_plane and not agent.registered:
+                # Nobody routes here before the control plane knows this agent, and its answer
+                # may carry the fleet's data-plane token: refuse until then.
+                return error(503, "not registered with the control plane yet")
             token = agent.data_token
             if token is not None:
                 given = request.headers.get("authorization", "")

@@ -268,6 +268,19 @@ def test_the_data_plane_token_is_required_and_sent_between_agents():
         assert get(p, "/health").status_code == 200  # health stays open
 
 
+def test_an_agent_with_a_control_plane_takes_no_data_calls_before_registering():
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening
+    args = ["--node", "n3", "--datacenter", "dc-a", "--listen", "127.0.0.1:0",
+            "--control-plane", nowhere, "--token", "agent-secret", "--threads", "1"]  # fmt: skip
+    with running(AgentProcess(args, "unregistered")) as (a,):
+        assert get(a, "/health").status_code == 200
+        answer = httpx.post(f"{a.http}/v1/pdd/cancel", json={"request_id": "x"}, timeout=60)
+        assert answer.status_code == 503
+        assert "not registered" in answer.json()["error"]
+
+
 def test_sigterm_drains_the_in_flight_request_then_exits_0():
     with running(AgentProcess(agent_args("main_decode", "dc-a"), "drain")) as (a,):
         events: list[dict] = []
