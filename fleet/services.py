@@ -12,10 +12,12 @@ import logging
 import secrets
 from typing import Any
 
+from celery.exceptions import Retry
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Count, Q
 
+from fleet.agent_client import AgentUnreachable
 from fleet.choices import DesiredState, InstanceRole
 from fleet.models import (
     Datacenter,
@@ -65,6 +67,10 @@ def enqueue_after_commit(task_name: str, *args: Any) -> None:
 
         try:
             getattr(tasks, task_name).delay(*args)
+        except (AgentUnreachable, Retry) as exc:
+            # Expected while an agent is starting or away (run eagerly without a broker, the
+            # task's own retry surfaces here): one line, no traceback.
+            log.warning("could not run %s%r now (%s); reconcile will retry", task_name, args, exc)
         except Exception:
             log.warning(
                 "could not run %s%r now; reconcile will retry", task_name, args, exc_info=True

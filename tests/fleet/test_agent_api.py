@@ -247,3 +247,32 @@ def test_agent_command_for_an_unknown_node_is_a_one_line_error():
 
     with pytest.raises(CommandError, match="no node with hostname or id 'ghost'"):
         call_command("agent_command", "ghost")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unreachable_agent_is_one_warning_line_and_an_unexpected_error_a_traceback(
+    monkeypatch, caplog
+):
+    from fleet import tasks
+    from fleet.agent_client import AgentUnreachable
+
+    def unreachable(*args):
+        raise AgentUnreachable("a-1: PUT /links/dc-b: connection refused")
+
+    def broken(*args):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(tasks.link_apply, "delay", unreachable)
+    with caplog.at_level("WARNING", logger="fleet.services"):
+        services.enqueue_after_commit("link_apply", 1)
+    (record,) = caplog.records
+    assert "reconcile will retry" in record.getMessage() and "connection refused" in (
+        record.getMessage()
+    )
+    assert record.exc_info is None
+    caplog.clear()
+    monkeypatch.setattr(tasks.link_apply, "delay", broken)
+    with caplog.at_level("WARNING", logger="fleet.services"):
+        services.enqueue_after_commit("link_apply", 1)
+    (record,) = caplog.records
+    assert record.exc_info is not None
