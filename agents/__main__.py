@@ -6,9 +6,9 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 
+from agents.dataplane import env_data_token
 from agents.node.settings import ROLES, load_settings
 
 
@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
         flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "log_level")}
-        if flags.get("data_token") is None and os.environ.get("BATON_DATA_TOKEN"):
-            flags["data_token"] = os.environ["BATON_DATA_TOKEN"]
+        if flags.get("data_token") is None:
+            flags["data_token"] = env_data_token()
         try:
             settings = load_settings(args.config, flags)
         except (ValueError, OSError) as exc:

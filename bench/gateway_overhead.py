@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import time
 from pathlib import Path
 
 import httpx
 
+from agents.dataplane import bearer_headers, env_data_token
 from agents.engine.tokenizer import ByteTokenizer, apply_chat_template
 from bench.testbed import start_cluster
 
@@ -58,11 +58,6 @@ async def via_gateway(url: str, key: str, i: int, max_tokens: int) -> float:
         return time.perf_counter() - t0
 
 
-def _data_headers() -> dict[str, str]:
-    token = os.environ.get("BATON_DATA_TOKEN")
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
 async def direct(p_http: str, plan: dict, i: int, max_tokens: int) -> float:
     prompt = ByteTokenizer().encode(apply_chat_template(messages_for(i)))
     body = {
@@ -74,7 +69,9 @@ async def direct(p_http: str, plan: dict, i: int, max_tokens: int) -> float:
     async with httpx.AsyncClient(timeout=300) as http:
         t0 = time.perf_counter()
         url = f"{p_http}/v1/pdd/generate"
-        async with http.stream("POST", url, json=body, headers=_data_headers()) as response:
+        async with http.stream(
+            "POST", url, json=body, headers=bearer_headers(env_data_token())
+        ) as response:
             response.raise_for_status()
             async for _ in response.aiter_lines():
                 pass

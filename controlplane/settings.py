@@ -12,6 +12,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from agents.dataplane import check_data_token
 from controlplane.env import env_bool, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -185,8 +186,11 @@ BATON_RECONCILE_INTERVAL_S = float(env_str("BATON_RECONCILE_INTERVAL_S", "5.0"))
 # Fleet-wide data-plane token: handed to agents at registration and sent by the gateway on
 # every call to an agent's data endpoints. Empty: the data plane is open (private network).
 BATON_DATA_TOKEN = env_str("BATON_DATA_TOKEN", "")
-if BATON_DATA_TOKEN and (len(BATON_DATA_TOKEN) < 16 or any(c.isspace() for c in BATON_DATA_TOKEN)):
-    raise ImproperlyConfigured("BATON_DATA_TOKEN must be at least 16 characters without spaces")
+if BATON_DATA_TOKEN:
+    try:
+        check_data_token(BATON_DATA_TOKEN, "BATON_DATA_TOKEN")
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
 # Without a broker the ASGI process runs the beat schedule itself (see embedded_beat.py).
 BATON_EMBEDDED_BEAT = env_bool("BATON_EMBEDDED_BEAT", default=True)
 CELERY_BEAT_SCHEDULE = {

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from agents.dataplane import bearer_headers
 from agents.engine import Engine, EngineConfig, load_model
 from agents.engine.loader import LoadedModel
 from agents.node.inflight import block_prefix_len
@@ -168,7 +169,7 @@ class Agent:
         """Require `token` on the data endpoints and the KV fabrics, and send it on every call
         and transfer to a peer."""
         self.data_token = token
-        self.http.headers["Authorization"] = f"Bearer {token}"
+        self.http.headers.update(bearer_headers(token))
         for fabric in self._fabrics():
             fabric.token = token
 

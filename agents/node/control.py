@@ -10,8 +10,9 @@ from typing import Any
 
 import httpx
 
+from agents.dataplane import check_data_token
 from agents.node.agent import Agent
-from agents.node.settings import check_data_token, link_from_json
+from agents.node.settings import link_from_json
 
 log = logging.getLogger(__name__)
 

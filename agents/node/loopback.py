@@ -5,13 +5,13 @@ tokens, one greedy request through the same `POST /v1/pdd/generate` call the gat
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from typing import Any
 
 import httpx
 
+from agents.dataplane import bearer_headers, env_data_token
 from agents.node.launch import AgentProcess
 
 
@@ -27,8 +27,7 @@ def stream_events(
     """POST and read the NDJSON events; returns (events, client TTFT, client e2e). Without
     `headers`, sends $BATON_DATA_TOKEN (the agents started from this environment need it)."""
     if headers is None:
-        token = os.environ.get("BATON_DATA_TOKEN")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = bearer_headers(env_data_token())
     events: list[dict[str, Any]] = []
     started = time.monotonic()
     ttft = None

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from agents.dataplane import check_data_token
 from agents.transfer.shaping import LinkSettings
 
 ROLES = ("prefill", "relay_decode", "main_decode")
@@ -65,12 +66,6 @@ class AgentSettings:
         for name in ("threads", "num_blocks", "block_size", "max_running"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-
-def check_data_token(value: object, name: str) -> str:
-    if not isinstance(value, str) or len(value) < 16 or any(c.isspace() for c in value):
-        raise ValueError(f"{name} must be a string of at least 16 characters without spaces")
-    return value
 
 
 def split_host_port(value: str, name: str = "address") -> tuple[str, int]:

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 from django.conf import settings
 
+from agents.dataplane import bearer_headers
 from routing.live import Endpoint, LiveView
 from routing.policy import Decision, Pipeline
 
@@ -30,8 +31,7 @@ def http_client() -> httpx.AsyncClient:
 
 def data_plane_headers() -> dict[str, str]:
     """The fleet's data-plane token, when one is set (BATON_DATA_TOKEN)."""
-    token = settings.BATON_DATA_TOKEN
-    return {"Authorization": f"Bearer {token}"} if token else {}
+    return bearer_headers(settings.BATON_DATA_TOKEN)
 
 
 class AgentRunError(Exception):
