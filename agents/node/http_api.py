@@ -85,14 +85,19 @@ def error(status: int, message: str, field: str | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
+def bearer_ok(request: Request, token: str | None) -> bool:
+    """True when no token is required or the request carries it (constant-time compare)."""
+    if token is None:
+        return True
+    given = request.headers.get("authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+
 def build_app(agent: Agent) -> Starlette:
     def command(handler: Callable[[Request], Awaitable[Response]]):
         async def wrapped(request: Request) -> Response:
-            token = agent.command_token
-            if token is not None:
-                given = request.headers.get("authorization", "")
-                if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                    return error(401, "missing or wrong command token (Authorization: Bearer)")
+            if not bearer_ok(request, agent.command_token):
+                return error(401, "missing or wrong command token (Authorization: Bearer)")
             return await guarded(handler, request)
 
         return wrapped
@@ -109,11 +114,8 @@ def build_app(agent: Agent) -> Starlette:
                 # Nobody routes here before the control plane knows this agent, and its answer
                 # may carry the fleet's data-plane token: refuse until then.
                 return error(503, "not registered with the control plane yet")
-            token = agent.data_token
-            if token is not None:
-                given = request.headers.get("authorization", "")
-                if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                    return error(401, "missing or wrong data-plane token (Authorization: Bearer)")
+            if not bearer_ok(request, agent.data_token):
+                return error(401, "missing or wrong data-plane token (Authorization: Bearer)")
             return await guarded(handler, request)
 
         return wrapped

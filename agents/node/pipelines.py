@@ -308,7 +308,7 @@ def start_import(
         if future.cancelled() or future.exception() is not None:
             agent.finish_incoming(request_id, inst=inst)
         else:
-            result = future.result()[0]
+            result, _, pins = future.result()
             if result.recomputed_tokens:
                 agent.recomputed_imports += 1
                 agent.recomputed_tokens += result.recomputed_tokens
@@ -316,7 +316,7 @@ def start_import(
                     "%s: recomputed %d prefix tokens the cache lacked (KV counted on never "
                     "landed)", request_id, result.recomputed_tokens,
                 )  # fmt: skip
-            agent.finish_incoming(request_id, landed=True, pins=future.result()[2], inst=inst)
+            agent.finish_incoming(request_id, landed=True, pins=pins, inst=inst)
 
     future = inst.worker.call(run)
     future.add_done_callback(settled)
