@@ -22,6 +22,12 @@ SMALL_POOLS = [
     {"role": "main_decode", "gpu": "GPU-B", "count": 4, "datacenter": "B"},
 ]
 
+# IDC-PD: P and decode in one datacenter, no WAN.
+IDC_POOLS = [
+    {"role": "prefill", "gpu": "GPU-A", "count": 4, "datacenter": "A"},
+    {"role": "main_decode", "gpu": "GPU-A", "count": 4, "datacenter": "A"},
+]
+
 
 def small_config(system: str, **workload) -> dict:
     base = load_scenario({"name": "t", "include": "_common.json"})["base"]
@@ -88,12 +94,8 @@ def test_p_rld_relay_load_grows_while_pdd_stays_flat() -> None:
 
 
 def test_idc_pd_needs_no_wan() -> None:
-    pools = [
-        {"role": "prefill", "gpu": "GPU-A", "count": 4, "datacenter": "A"},
-        {"role": "main_decode", "gpu": "GPU-A", "count": 4, "datacenter": "A"},
-    ]
     config = small_config("idc-pd", duration_s=60)
-    config["fleet"]["pools"] = pools
+    config["fleet"]["pools"] = IDC_POOLS
     summary = run_case("idc", config, "fleet").summary
     assert summary["wan_transfer_s"]["n"] == 0
     assert summary["unfinished"] == 0
@@ -191,12 +193,8 @@ def test_a_decode_unit_cannot_read_more_weights_than_it_holds() -> None:
 def test_routing_counts_requests_still_on_their_way_so_decode_load_spreads() -> None:
     # IDC-PD has no prefix affinity: the decode instance is the least loaded one. Requests
     # routed during a prefill's seconds must count, or they would all herd onto one instance.
-    pools = [
-        {"role": "prefill", "gpu": "GPU-A", "count": 4, "datacenter": "A"},
-        {"role": "main_decode", "gpu": "GPU-A", "count": 4, "datacenter": "A"},
-    ]
     config = small_config("idc-pd", duration_s=120)
-    config["fleet"]["pools"] = pools
+    config["fleet"]["pools"] = IDC_POOLS
     sim = Simulator(fleet_from_dict(config["fleet"]))
     sim.run(make_trace(config))
     per_md = Counter(main for _, _, main in sim.route if main)

@@ -70,3 +70,22 @@ def get(agent: AgentProcess, path: str, **kw) -> httpx.Response:
 
 
 __all__ = ["make_prompt", "stream_events", "summarize"]
+
+
+@contextlib.contextmanager
+def pdd_agents(
+    p_link: str = FAST_LINK, *extra: str, single: bool = True, tag: str = ""
+) -> Iterator[dict[str, AgentProcess]]:
+    """P and RLD in dc-a, MD in dc-b, P's WAN link to MD `p_link` (the others fast), every
+    agent started with `extra` flags; with `single`, one more engine in dc-a for reference
+    runs. Yields them by name: "md", "p", "rld" (and "single")."""
+    specs = {
+        "md": agent_args("main_decode", "dc-b", "--link", f"dc-a={FAST_LINK}", *extra),
+        "p": agent_args("prefill", "dc-a", "--link", f"dc-b={p_link}", *extra),
+        "rld": agent_args("relay_decode", "dc-a", "--link", f"dc-b={FAST_LINK}", *extra),
+    }
+    if single:
+        specs["single"] = agent_args("main_decode", "dc-a", *extra)
+    procs = [AgentProcess(args, name + tag) for name, args in specs.items()]
+    with running(*procs) as started:
+        yield dict(zip(specs, started, strict=True))

@@ -16,6 +16,7 @@ from agent_node_helpers import (
     agent_args,
     get,
     make_prompt,
+    pdd_agents,
     run_single,
     running,
     stream_events,
@@ -235,22 +236,8 @@ def test_the_data_plane_token_is_required_and_sent_between_agents():
     # P calls RLD and MD itself (reserve, relay, decode, handoff): with a fleet-wide data-plane
     # token every agent refuses calls without it and sends it to its peers.
     token = "data-plane-secret-0123"
-    with running(
-        AgentProcess(
-            agent_args("main_decode", "dc-b", "--link", f"dc-a={FAST_LINK}", "--data-token", token),
-            "md-t",
-        ),
-        AgentProcess(
-            agent_args("prefill", "dc-a", "--link", f"dc-b={FAST_LINK}", "--data-token", token),
-            "p-t",
-        ),
-        AgentProcess(
-            agent_args(
-                "relay_decode", "dc-a", "--link", f"dc-b={FAST_LINK}", "--data-token", token
-            ),
-            "rld-t",
-        ),
-    ) as (md, p, rld):
+    with pdd_agents(FAST_LINK, "--data-token", token, single=False, tag="-token") as agents:
+        md, p, rld = agents["md"], agents["p"], agents["rld"]
         prompt = make_prompt(60, 5)
         body = pdd_body("tok-1", prompt, 6, "p-rld-md", "one-shot", p, rld, md, handoff_at=2)
         url = f"{p.http}/v1/pdd/generate"

@@ -12,13 +12,11 @@ import time
 import httpx
 import pytest
 from agent_node_helpers import (
-    FAST_LINK,
-    agent_args,
     get,
     make_prompt,
+    pdd_agents,
     run_pdd,
     run_single,
-    running,
     summarize,
 )
 
@@ -37,13 +35,8 @@ SLOW_LINK = "0.002:5:16"
 @pytest.fixture(scope="module")
 def slow_wan():
     """P and RLD in dc-a, MD in dc-b behind a slow WAN from P, and one engine for `single`."""
-    with running(
-        AgentProcess(agent_args("main_decode", "dc-b", "--link", f"dc-a={FAST_LINK}"), "md"),
-        AgentProcess(agent_args("prefill", "dc-a", "--link", f"dc-b={SLOW_LINK}"), "p-slow"),
-        AgentProcess(agent_args("relay_decode", "dc-a", "--link", f"dc-b={FAST_LINK}"), "rld"),
-        AgentProcess(agent_args("main_decode", "dc-a"), "single"),
-    ) as (md, p, rld, single):
-        yield {"md": md, "p": p, "rld": rld, "single": single}
+    with pdd_agents(SLOW_LINK, tag="-slow-wan") as agents:
+        yield agents
 
 
 def assert_one_ordered_stream(result: dict) -> None:
