@@ -48,11 +48,13 @@ TARGET = {
 SYSTEMS = ("idc-pd", "cdc-pd")
 
 
-def _run(point: tuple[str, float, float, int]) -> dict[str, Any]:
-    system, eff, rps, seed = point
+def _run(point: tuple[str, float, float, int, float | None]) -> dict[str, Any]:
+    system, eff, rps, seed, decode_ratio = point
     config = copy.deepcopy(case_configs(load_scenario("paper-ttft"))["cdc-pd"])
     config["fleet"]["system"] = system
     config["fleet"]["engine"]["prefill_efficiency"] = eff
+    if decode_ratio is not None:
+        config["fleet"]["engine"]["decode_mem_efficiency"] = round(decode_ratio * eff, 4)
     config["workload"]["rps"] = rps
     config["workload"]["seed"] = seed
     start = time.perf_counter()
@@ -60,6 +62,7 @@ def _run(point: tuple[str, float, float, int]) -> dict[str, Any]:
     return {
         "system": system,
         "prefill_efficiency": eff,
+        "decode_mem_efficiency": config["fleet"]["engine"]["decode_mem_efficiency"],
         "rps": rps,
         "seed": seed,
         "ttft_p50": s["ttft_s"]["p50"],
@@ -96,17 +99,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rps", type=float, nargs="+", default=[110, 112, 114, 115, 116, 117, 118])
     ap.add_argument("--eff", type=float, nargs="+", default=[0.30, 0.31, 0.32, 0.33, 0.34, 0.35])
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument(
+        "--decode-ratio", type=float, default=None,
+        help="set decode_mem_efficiency to this multiple of each prefill efficiency (the "
+        "balance found by calibrate_decode.py; default: the scenario's decode efficiency)",
+    )  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.decode_ratio is not None and not 0 < args.decode_ratio <= 2:
+        ap.error("--decode-ratio: must be in (0, 2]")
     if any(r <= 0 for r in args.rps):
         ap.error("--rps: rates must be > 0")
     if any(not 0 < e <= 1 for e in args.eff):
         ap.error("--eff: efficiencies must be in (0, 1]")
-    grid = list(itertools.product(SYSTEMS, args.eff, args.rps, args.seeds))
+    grid = [
+        (*point, args.decode_ratio)
+        for point in itertools.product(SYSTEMS, args.eff, args.rps, args.seeds)
+    ]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         runs = list(pool.map(_run, grid))
     rows = [_row(runs, eff, rps) for eff in args.eff for rps in args.rps]
+    if args.decode_ratio is not None:
+        print(f"decode_mem_efficiency = {args.decode_ratio} x prefill efficiency")
     print("targets (PDD.md): " + ", ".join(f"{s} {k} {v} s" for (s, k), v in TARGET.items()))
     print(f"{'eff':>5} {'rps':>6} | {'idc P50':>7} | {'cdc P50':>7} {'P90':>6} {'P99':>6} | "
           f"{'cdc P90 range':>13} | worst err")  # fmt: skip
@@ -124,7 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         target = [{"system": s, "percentile": k, "seconds": v} for (s, k), v in TARGET.items()]
         Path(args.out).write_text(
-            json.dumps({"target": target, "runs": runs, "rows": rows, "chosen": best}, indent=2)
+            json.dumps(
+                {
+                    "target": target,
+                    "decode_ratio": args.decode_ratio,
+                    "runs": runs,
+                    "rows": rows,
+                    "chosen": best,
+                },
+                indent=2,
+            )
             + "\n"
         )
     return 0

@@ -1,0 +1,170 @@
+"""Calibrate decode's absolute speed on the balance of the published PDD fleet.
+
+PDD.md publishes how much faster the decode-friendly chip decodes (GPU-B 210% of GPU-A) but not
+how fast either decodes; in the model that absolute speed is ``engine.decode_mem_efficiency``
+(the share of peak memory bandwidth a decode step achieves, all per-step time included). It
+does publish the fleet PDD ran on: 40 P (GPU-A) feeding 32 MD (GPU-B). A deployment is sized
+for its load, so this takes that fleet as balanced: its 32 MD carry, under the SLA, what its
+40 P carry.
+
+For each decode efficiency on a grid it runs the ``paper-bcr`` PDD case twice, with a goodput
+search each (the highest rate meeting P90 TTFT < 10 s and P99 < 15 s):
+
+* prefill side: the MD pool and the WAN line made ample (x``--ample``), so only P binds;
+* decode side: the P pool and the WAN line made ample, so only MD binds.
+
+The balanced efficiency is where the two goodputs meet (linear interpolation between grid
+points of their difference). Only the PDD fleet's composition and the SLA take part: no IDC-PD
+run, no BCR, no TTFT figure; every BCR at the chosen value is a prediction.
+
+Usage:
+    .venv/bin/python bench/planner/calibrate_decode.py [--jobs 2] \
+        [--eff 0.15 0.175 0.2 ...] [--seeds 1] [--out bench/planner/calibration_decode.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from planner.api import _sla, goodput_search  # noqa: E402
+from planner.fleet import fleet_from_dict  # noqa: E402
+from planner.scenario import case_configs, load_scenario  # noqa: E402
+
+SIDES = ("prefill", "decode")
+# The pool that must not bind on each side's run: the other side's pool is made ample.
+AMPLE_ROLE = {"prefill": "main_decode", "decode": "prefill"}
+
+
+def side_config(side: str, eff: float, seed: int, ample: int, prefill_eff: float | None):
+    """The paper-bcr PDD case with one pool and the WAN line made ample."""
+    config = copy.deepcopy(case_configs(load_scenario("paper-bcr"))["pdd"])
+    engine = config["fleet"]["engine"]
+    engine["decode_mem_efficiency"] = eff
+    if prefill_eff is not None:
+        engine["prefill_efficiency"] = prefill_eff
+    config["workload"]["seed"] = seed
+    for pool in config["fleet"]["pools"]:
+        if pool["role"] == AMPLE_ROLE[side]:
+            pool["count"] *= ample
+    for link in config["fleet"]["links"].values():
+        link["bandwidth_gbps"] *= ample
+        link["pool_size"] *= ample
+    return config
+
+
+def _run(point: tuple[str, float, int, int, float | None]) -> dict[str, Any]:
+    side, eff, seed, ample, prefill_eff = point
+    config = side_config(side, eff, seed, ample, prefill_eff)
+    search = config["goodput_search"]
+    start = time.perf_counter()
+    found = goodput_search(
+        fleet_from_dict(config["fleet"]),
+        config,
+        _sla(config),
+        float(config.get("warmup_s", 60.0)),
+        search["lo_rps"],
+        search["hi_rps"],
+        rel_tol=search.get("rel_tol", 0.01),
+    )
+    at = found["at"]
+    return {
+        "side": side,
+        "decode_mem_efficiency": eff,
+        "seed": seed,
+        "goodput_rps": found["goodput_rps"],
+        "drawn_rps": found.get("drawn_rps"),
+        "ttft_p90": at["ttft_s"]["p90"],
+        "ttft_p99": at["ttft_s"]["p99"],
+        "runs": found["runs"],
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def balance(rows: list[dict[str, Any]]) -> float | None:
+    """Efficiency where decode-side goodput meets prefill-side goodput (None if not bracketed)."""
+    pts = sorted((r["decode_mem_efficiency"], r["decode"] - r["prefill"]) for r in rows)
+    for (e0, d0), (e1, d1) in itertools.pairwise(pts):
+        if d0 == 0:
+            return e0
+        if d0 * d1 < 0 or d1 == 0:
+            return e0 + (e1 - e0) * (-d0) / (d1 - d0)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--eff", type=float, nargs="+", default=[0.15, 0.175, 0.2, 0.225, 0.25])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1])
+    ap.add_argument("--ample", type=int, default=4, help="multiplier for the non-binding side")
+    ap.add_argument(
+        "--prefill-eff", type=float, default=None,
+        help="override engine.prefill_efficiency (default: the scenario's)",
+    )  # fmt: skip
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if any(not 0 < e <= 1 for e in args.eff):
+        ap.error("--eff: efficiencies must be in (0, 1]")
+    if args.ample < 2:
+        ap.error("--ample: must be >= 2")
+    if args.prefill_eff is not None and not 0 < args.prefill_eff <= 1:
+        ap.error("--prefill-eff: must be in (0, 1]")
+    grid = [
+        (side, eff, seed, args.ample, args.prefill_eff)
+        for side, eff, seed in itertools.product(SIDES, args.eff, args.seeds)
+    ]
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        runs = list(pool.map(_run, grid))
+    rows = []
+    for eff in args.eff:
+        row: dict[str, Any] = {"decode_mem_efficiency": eff}
+        for side in SIDES:
+            mine = [r["goodput_rps"] for r in runs
+                    if r["side"] == side and r["decode_mem_efficiency"] == eff]  # fmt: skip
+            row[side] = float(np.mean(mine))
+        row["ratio"] = row["decode"] / row["prefill"] if row["prefill"] else None
+        rows.append(row)
+    print("goodput (received RPS) of the paper-bcr PDD fleet with the other side ample "
+          f"(x{args.ample}), seeds {args.seeds}")  # fmt: skip
+    print(f"{'decode eff':>10} | {'P-bound (40 P)':>14} | {'MD-bound (32 MD)':>16} | MD / P")
+    for row in rows:
+        ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
+        print(f"{row['decode_mem_efficiency']:>10.3f} | {row['prefill']:>14.1f} | "
+              f"{row['decode']:>16.1f} | {ratio}")  # fmt: skip
+    chosen = balance(rows)
+    if chosen is None:
+        print("the grid does not bracket the balance: widen --eff")
+    else:
+        print(f"balanced at decode_mem_efficiency {chosen:.3f}")
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "ample": args.ample,
+                    "seeds": args.seeds,
+                    "prefill_efficiency": args.prefill_eff,
+                    "runs": runs,
+                    "rows": rows,
+                    "balanced": chosen,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return 0 if chosen is not None else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
