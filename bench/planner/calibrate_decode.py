@@ -17,9 +17,14 @@ The balanced efficiency is where the two goodputs meet (linear interpolation bet
 points of their difference). Only the PDD fleet's composition and the SLA take part: no IDC-PD
 run, no BCR, no TTFT figure; every BCR at the chosen value is a prediction.
 
+``--knob max_decode_batch`` sweeps the running-request cap per decode unit instead (the other
+way a decode node's capacity can be limited); ``--engine KEY=VALUE`` fixes other engine
+constants for every run.
+
 Usage:
     .venv/bin/python bench/planner/calibrate_decode.py [--jobs 2] \
-        [--eff 0.15 0.175 0.2 ...] [--seeds 1] [--out bench/planner/calibration_decode.json]
+        [--knob decode_mem_efficiency] [--values 0.15 0.175 0.2 ...] [--seeds 1] \
+        [--engine prefill_efficiency=0.22 ...] [--out bench/planner/calibration_decode.json]
 """
 
 from __future__ import annotations
@@ -47,13 +52,13 @@ SIDES = ("prefill", "decode")
 AMPLE_ROLE = {"prefill": "main_decode", "decode": "prefill"}
 
 
-def side_config(side: str, eff: float, seed: int, ample: int, prefill_eff: float | None):
+def side_config(side: str, knob: str, value: float, seed: int, ample: int,
+                engine_set: dict[str, float]) -> dict[str, Any]:  # fmt: skip
     """The paper-bcr PDD case with one pool and the WAN line made ample."""
     config = copy.deepcopy(case_configs(load_scenario("paper-bcr"))["pdd"])
     engine = config["fleet"]["engine"]
-    engine["decode_mem_efficiency"] = eff
-    if prefill_eff is not None:
-        engine["prefill_efficiency"] = prefill_eff
+    engine.update(engine_set)
+    engine[knob] = value
     config["workload"]["seed"] = seed
     for pool in config["fleet"]["pools"]:
         if pool["role"] == AMPLE_ROLE[side]:
@@ -64,9 +69,9 @@ def side_config(side: str, eff: float, seed: int, ample: int, prefill_eff: float
     return config
 
 
-def _run(point: tuple[str, float, int, int, float | None]) -> dict[str, Any]:
-    side, eff, seed, ample, prefill_eff = point
-    config = side_config(side, eff, seed, ample, prefill_eff)
+def _run(point: tuple[str, str, float, int, int, dict[str, float]]) -> dict[str, Any]:
+    side, knob, value, seed, ample, engine_set = point
+    config = side_config(side, knob, value, seed, ample, engine_set)
     search = config["goodput_search"]
     start = time.perf_counter()
     found = goodput_search(
@@ -81,7 +86,7 @@ def _run(point: tuple[str, float, int, int, float | None]) -> dict[str, Any]:
     at = found["at"]
     return {
         "side": side,
-        "decode_mem_efficiency": eff,
+        knob: value,
         "seed": seed,
         "goodput_rps": found["goodput_rps"],
         "drawn_rps": found.get("drawn_rps"),
@@ -92,9 +97,9 @@ def _run(point: tuple[str, float, int, int, float | None]) -> dict[str, Any]:
     }
 
 
-def balance(rows: list[dict[str, Any]]) -> float | None:
-    """Efficiency where decode-side goodput meets prefill-side goodput (None if not bracketed)."""
-    pts = sorted((r["decode_mem_efficiency"], r["decode"] - r["prefill"]) for r in rows)
+def balance(rows: list[dict[str, Any]], knob: str = "decode_mem_efficiency") -> float | None:
+    """Knob value where decode-side goodput meets prefill-side goodput (None if not bracketed)."""
+    pts = sorted((r[knob], r["decode"] - r["prefill"]) for r in rows)
     for (e0, d0), (e1, d1) in itertools.pairwise(pts):
         if d0 == 0:
             return e0
@@ -103,58 +108,92 @@ def balance(rows: list[dict[str, Any]]) -> float | None:
     return None
 
 
+KNOBS = ("decode_mem_efficiency", "max_decode_batch")
+
+
+def _engine_set(text: str) -> tuple[str, float]:
+    key, sep, value = text.partition("=")
+    if not sep or key not in ("prefill_efficiency", *KNOBS):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected prefill_efficiency=V, decode_mem_efficiency=V or "
+            "max_decode_batch=N"
+        )
+    try:
+        number = int(value) if key == "max_decode_batch" else float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: {value!r} is not a number") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be > 0")
+    return key, number
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--eff", type=float, nargs="+", default=[0.15, 0.175, 0.2, 0.225, 0.25])
+    ap.add_argument("--knob", choices=KNOBS, default="decode_mem_efficiency",
+                    help="the decode constant to sweep")  # fmt: skip
+    ap.add_argument(
+        "--values", "--eff", dest="values", type=float, nargs="+",
+        default=[0.15, 0.175, 0.2, 0.225, 0.25],
+        help="grid of the knob's values (integers for max_decode_batch)",
+    )  # fmt: skip
     ap.add_argument("--seeds", type=int, nargs="+", default=[1])
     ap.add_argument("--ample", type=int, default=4, help="multiplier for the non-binding side")
     ap.add_argument(
-        "--prefill-eff", type=float, default=None,
-        help="override engine.prefill_efficiency (default: the scenario's)",
+        "--engine", type=_engine_set, nargs="*", default=[], metavar="KEY=VALUE",
+        help="engine overrides for every run, e.g. prefill_efficiency=0.22",
     )  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    if any(not 0 < e <= 1 for e in args.eff):
-        ap.error("--eff: efficiencies must be in (0, 1]")
+    knob = args.knob
+    if knob == "max_decode_batch":
+        if any(v < 1 or v != int(v) for v in args.values):
+            ap.error("--values: max_decode_batch values must be positive integers")
+        values: list[float] = [int(v) for v in args.values]
+    else:
+        if any(not 0 < v <= 1 for v in args.values):
+            ap.error("--values: efficiencies must be in (0, 1]")
+        values = list(args.values)
     if args.ample < 2:
         ap.error("--ample: must be >= 2")
-    if args.prefill_eff is not None and not 0 < args.prefill_eff <= 1:
-        ap.error("--prefill-eff: must be in (0, 1]")
+    engine_set = dict(args.engine)
+    if knob in engine_set:
+        ap.error(f"--engine: {knob} is the swept knob")
     grid = [
-        (side, eff, seed, args.ample, args.prefill_eff)
-        for side, eff, seed in itertools.product(SIDES, args.eff, args.seeds)
+        (side, knob, value, seed, args.ample, engine_set)
+        for side, value, seed in itertools.product(SIDES, values, args.seeds)
     ]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         runs = list(pool.map(_run, grid))
     rows = []
-    for eff in args.eff:
-        row: dict[str, Any] = {"decode_mem_efficiency": eff}
+    for value in values:
+        row: dict[str, Any] = {knob: value}
         for side in SIDES:
-            mine = [r["goodput_rps"] for r in runs
-                    if r["side"] == side and r["decode_mem_efficiency"] == eff]  # fmt: skip
+            mine = [r["goodput_rps"] for r in runs if r["side"] == side and r[knob] == value]
             row[side] = float(np.mean(mine))
         row["ratio"] = row["decode"] / row["prefill"] if row["prefill"] else None
         rows.append(row)
+    overrides = ", ".join(f"{k} {v}" for k, v in engine_set.items()) or "none"
     print("goodput (received RPS) of the paper-bcr PDD fleet with the other side ample "
-          f"(x{args.ample}), seeds {args.seeds}")  # fmt: skip
-    print(f"{'decode eff':>10} | {'P-bound (40 P)':>14} | {'MD-bound (32 MD)':>16} | MD / P")
+          f"(x{args.ample}), seeds {args.seeds}, engine overrides: {overrides}")  # fmt: skip
+    print(f"{knob:>21} | {'P-bound (40 P)':>14} | {'MD-bound (32 MD)':>16} | MD / P")
     for row in rows:
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
-        print(f"{row['decode_mem_efficiency']:>10.3f} | {row['prefill']:>14.1f} | "
+        print(f"{row[knob]:>21.3f} | {row['prefill']:>14.1f} | "
               f"{row['decode']:>16.1f} | {ratio}")  # fmt: skip
-    chosen = balance(rows)
+    chosen = balance(rows, knob)
     if chosen is None:
-        print("the grid does not bracket the balance: widen --eff")
+        print("the grid does not bracket the balance: widen --values")
     else:
-        print(f"balanced at decode_mem_efficiency {chosen:.3f}")
+        print(f"balanced at {knob} {chosen:.3f}")
     if args.out:
         Path(args.out).write_text(
             json.dumps(
                 {
+                    "knob": knob,
                     "ample": args.ample,
                     "seeds": args.seeds,
-                    "prefill_efficiency": args.prefill_eff,
+                    "engine": engine_set,
                     "runs": runs,
                     "rows": rows,
                     "balanced": chosen,

@@ -48,10 +48,11 @@ TARGET = {
 SYSTEMS = ("idc-pd", "cdc-pd")
 
 
-def _run(point: tuple[str, float, float, int, float | None]) -> dict[str, Any]:
-    system, eff, rps, seed, decode_ratio = point
+def _run(point: tuple[str, float, float, int, float | None, dict[str, Any]]) -> dict[str, Any]:
+    system, eff, rps, seed, decode_ratio, engine_set = point
     config = copy.deepcopy(case_configs(load_scenario("paper-ttft"))["cdc-pd"])
     config["fleet"]["system"] = system
+    config["fleet"]["engine"].update(engine_set)
     config["fleet"]["engine"]["prefill_efficiency"] = eff
     if decode_ratio is not None:
         config["fleet"]["engine"]["decode_mem_efficiency"] = round(decode_ratio * eff, 4)
@@ -63,6 +64,7 @@ def _run(point: tuple[str, float, float, int, float | None]) -> dict[str, Any]:
         "system": system,
         "prefill_efficiency": eff,
         "decode_mem_efficiency": config["fleet"]["engine"]["decode_mem_efficiency"],
+        "max_decode_batch": config["fleet"]["engine"]["max_decode_batch"],
         "rps": rps,
         "seed": seed,
         "ttft_p50": s["ttft_s"]["p50"],
@@ -104,17 +106,32 @@ def main(argv: list[str] | None = None) -> int:
         help="set decode_mem_efficiency to this multiple of each prefill efficiency (the "
         "balance found by calibrate_decode.py; default: the scenario's decode efficiency)",
     )  # fmt: skip
+    ap.add_argument("--decode-eff", type=float, default=None,
+                    help="fixed decode_mem_efficiency (default: the scenario's)")  # fmt: skip
+    ap.add_argument("--decode-batch", type=int, default=None,
+                    help="fixed max_decode_batch (default: the scenario's)")  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.decode_ratio is not None and not 0 < args.decode_ratio <= 2:
         ap.error("--decode-ratio: must be in (0, 2]")
+    if args.decode_ratio is not None and args.decode_eff is not None:
+        ap.error("--decode-eff: give either it or --decode-ratio")
+    if args.decode_eff is not None and not 0 < args.decode_eff <= 1:
+        ap.error("--decode-eff: must be in (0, 1]")
+    if args.decode_batch is not None and args.decode_batch < 1:
+        ap.error("--decode-batch: must be >= 1")
+    engine_set: dict[str, Any] = {}
+    if args.decode_eff is not None:
+        engine_set["decode_mem_efficiency"] = args.decode_eff
+    if args.decode_batch is not None:
+        engine_set["max_decode_batch"] = args.decode_batch
     if any(r <= 0 for r in args.rps):
         ap.error("--rps: rates must be > 0")
     if any(not 0 < e <= 1 for e in args.eff):
         ap.error("--eff: efficiencies must be in (0, 1]")
     grid = [
-        (*point, args.decode_ratio)
+        (*point, args.decode_ratio, engine_set)
         for point in itertools.product(SYSTEMS, args.eff, args.rps, args.seeds)
     ]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -122,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [_row(runs, eff, rps) for eff in args.eff for rps in args.rps]
     if args.decode_ratio is not None:
         print(f"decode_mem_efficiency = {args.decode_ratio} x prefill efficiency")
+    if engine_set:
+        print("engine: " + ", ".join(f"{k} {v}" for k, v in engine_set.items()))
     print("targets (PDD.md): " + ", ".join(f"{s} {k} {v} s" for (s, k), v in TARGET.items()))
     print(f"{'eff':>5} {'rps':>6} | {'idc P50':>7} | {'cdc P50':>7} {'P90':>6} {'P99':>6} | "
           f"{'cdc P90 range':>13} | worst err")  # fmt: skip
@@ -143,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "target": target,
                     "decode_ratio": args.decode_ratio,
+                    "engine": engine_set,
                     "runs": runs,
                     "rows": rows,
                     "chosen": best,

@@ -85,7 +85,7 @@ def test_p_rld_relay_load_grows_while_pdd_stays_flat() -> None:
     pdd_load0, pdd_load1, pdd_hit0, pdd_hit1 = early_late("pdd")
     prld_load0, prld_load1, prld_hit0, prld_hit1 = early_late("p-rld")
     # P-RLD: MD's cache falls behind, its hit rate decays and the relay takes ever more load.
-    assert prld_hit1 < prld_hit0 - 0.1
+    assert prld_hit1 < prld_hit0 - 0.05
     assert prld_load1 > 1.5 * prld_load0
     assert prld_load1 > 5 * pdd_load1
     # PDD: every request ends on MD, so MD's hit rate and the relay load stay level.
