@@ -1,0 +1,81 @@
+"""The decode-balance calibration's pure parts: the fleet it runs and where it reads the balance."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.planner.calibrate_decode import balance, main, side_config
+from planner.scenario import case_configs, load_scenario
+
+
+def _pools(config: dict) -> dict[str, int]:
+    return {p["role"]: p["count"] for p in config["fleet"]["pools"]}
+
+
+def test_each_side_makes_the_other_pool_and_the_wan_ample() -> None:
+    base = case_configs(load_scenario("paper-bcr"))["pdd"]
+    base_pools = _pools(base)
+    base_link = base["fleet"]["links"]["B"]
+
+    prefill = side_config("prefill", "decode_mem_efficiency", 0.2, 3, 4, {})
+    assert _pools(prefill)["main_decode"] == 4 * base_pools["main_decode"]
+    assert _pools(prefill)["prefill"] == base_pools["prefill"]
+    decode = side_config("decode", "max_decode_batch", 40, 3, 4, {"prefill_efficiency": 0.3})
+    assert _pools(decode)["prefill"] == 4 * base_pools["prefill"]
+    assert _pools(decode)["main_decode"] == base_pools["main_decode"]
+    assert _pools(decode)["relay_decode"] == base_pools["relay_decode"]
+    for config in (prefill, decode):
+        link = config["fleet"]["links"]["B"]
+        assert link["bandwidth_gbps"] == 4 * base_link["bandwidth_gbps"]
+        assert link["pool_size"] == 4 * base_link["pool_size"]
+        assert config["workload"]["seed"] == 3
+    assert prefill["fleet"]["engine"]["decode_mem_efficiency"] == 0.2
+    assert decode["fleet"]["engine"]["max_decode_batch"] == 40
+    assert decode["fleet"]["engine"]["prefill_efficiency"] == 0.3
+    # The scenario itself is not changed by building a side.
+    assert _pools(case_configs(load_scenario("paper-bcr"))["pdd"]) == base_pools
+
+
+def test_balance_interpolates_where_decode_meets_prefill() -> None:
+    rows = [
+        {"decode_mem_efficiency": 0.10, "prefill": 80.0, "decode": 60.0},
+        {"decode_mem_efficiency": 0.20, "prefill": 80.0, "decode": 100.0},
+        {"decode_mem_efficiency": 0.30, "prefill": 80.0, "decode": 140.0},
+    ]
+    assert balance(rows) == pytest.approx(0.15)
+    # Rows may come in any order; another knob is read by name.
+    cap_rows = [
+        {"max_decode_batch": 48, "prefill": 78.0, "decode": 82.0},
+        {"max_decode_batch": 40, "prefill": 78.0, "decode": 76.0},
+    ]
+    assert balance(cap_rows, "max_decode_batch") == pytest.approx(40 + 8 * 2 / 6)
+
+
+def test_balance_is_none_when_the_grid_does_not_bracket_it() -> None:
+    rows = [
+        {"decode_mem_efficiency": 0.2, "prefill": 80.0, "decode": 90.0},
+        {"decode_mem_efficiency": 0.3, "prefill": 80.0, "decode": 120.0},
+    ]
+    assert balance(rows) is None
+    level = [
+        {"decode_mem_efficiency": 0.2, "prefill": 80.0, "decode": 80.0},
+        {"decode_mem_efficiency": 0.3, "prefill": 80.0, "decode": 90.0},
+    ]
+    assert balance(level) == 0.2
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--knob", "max_decode_batch", "--values", "40.5"], "positive integers"),
+        (["--values", "1.5"], "(0, 1]"),
+        (["--ample", "1"], "--ample"),
+        (["--engine", "decode_mem_efficiency=0.2"], "swept knob"),
+        (["--engine", "foo=1"], "expected prefill_efficiency"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
