@@ -43,8 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from planner.api import _sla, goodput_search  # noqa: E402
-from planner.fleet import fleet_from_dict  # noqa: E402
+from planner.api import run_case  # noqa: E402
 from planner.scenario import case_configs, load_scenario  # noqa: E402
 
 SIDES = ("prefill", "decode")
@@ -72,17 +71,9 @@ def side_config(side: str, knob: str, value: float, seed: int, ample: int,
 def _run(point: tuple[str, str, float, int, int, dict[str, float]]) -> dict[str, Any]:
     side, knob, value, seed, ample, engine_set = point
     config = side_config(side, knob, value, seed, ample, engine_set)
-    search = config["goodput_search"]
     start = time.perf_counter()
-    found = goodput_search(
-        fleet_from_dict(config["fleet"]),
-        config,
-        _sla(config),
-        float(config.get("warmup_s", 60.0)),
-        search["lo_rps"],
-        search["hi_rps"],
-        rel_tol=search.get("rel_tol", 0.01),
-    )
+    # paper-bcr's own goodput search (doubling, then bisection to its rel_tol).
+    found = run_case(side, config, "fleet").goodput
     at = found["at"]
     return {
         "side": side,
@@ -111,7 +102,8 @@ def balance(rows: list[dict[str, Any]], knob: str = "decode_mem_efficiency") -> 
 KNOBS = ("decode_mem_efficiency", "max_decode_batch")
 
 
-def _engine_set(text: str) -> tuple[str, float]:
+def engine_override(text: str) -> tuple[str, float]:
+    """Parse one ``--engine KEY=VALUE`` (also used by calibrate_load.py)."""
     key, sep, value = text.partition("=")
     if not sep or key not in ("prefill_efficiency", *KNOBS):
         raise argparse.ArgumentTypeError(
@@ -139,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1])
     ap.add_argument("--ample", type=int, default=4, help="multiplier for the non-binding side")
     ap.add_argument(
-        "--engine", type=_engine_set, nargs="*", default=[], metavar="KEY=VALUE",
+        "--engine", type=engine_override, nargs="*", default=[], metavar="KEY=VALUE",
         help="engine overrides for every run, e.g. prefill_efficiency=0.22",
     )  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)

@@ -35,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.planner.calibrate_decode import engine_override  # noqa: E402
 from planner.api import run_case  # noqa: E402
 from planner.scenario import case_configs, load_scenario  # noqa: E402
 
@@ -106,26 +107,23 @@ def main(argv: list[str] | None = None) -> int:
         help="set decode_mem_efficiency to this multiple of each prefill efficiency (the "
         "balance found by calibrate_decode.py; default: the scenario's decode efficiency)",
     )  # fmt: skip
-    ap.add_argument("--decode-eff", type=float, default=None,
-                    help="fixed decode_mem_efficiency (default: the scenario's)")  # fmt: skip
-    ap.add_argument("--decode-batch", type=int, default=None,
-                    help="fixed max_decode_batch (default: the scenario's)")  # fmt: skip
+    ap.add_argument(
+        "--engine", type=engine_override, nargs="*", default=[], metavar="KEY=VALUE",
+        help="fixed decode settings for every run, e.g. decode_mem_efficiency=0.3 "
+        "max_decode_batch=43 (default: the scenario's)",
+    )  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.decode_ratio is not None and not 0 < args.decode_ratio <= 2:
         ap.error("--decode-ratio: must be in (0, 2]")
-    if args.decode_ratio is not None and args.decode_eff is not None:
-        ap.error("--decode-eff: give either it or --decode-ratio")
-    if args.decode_eff is not None and not 0 < args.decode_eff <= 1:
-        ap.error("--decode-eff: must be in (0, 1]")
-    if args.decode_batch is not None and args.decode_batch < 1:
-        ap.error("--decode-batch: must be >= 1")
-    engine_set: dict[str, Any] = {}
-    if args.decode_eff is not None:
-        engine_set["decode_mem_efficiency"] = args.decode_eff
-    if args.decode_batch is not None:
-        engine_set["max_decode_batch"] = args.decode_batch
+    engine_set: dict[str, Any] = dict(args.engine)
+    if "prefill_efficiency" in engine_set:
+        ap.error("--engine: prefill_efficiency is swept by --eff")
+    if args.decode_ratio is not None and "decode_mem_efficiency" in engine_set:
+        ap.error("--engine: give decode_mem_efficiency or --decode-ratio, not both")
+    if not 0 < engine_set.get("decode_mem_efficiency", 1) <= 1:
+        ap.error("--engine: decode_mem_efficiency must be in (0, 1]")
     if any(r <= 0 for r in args.rps):
         ap.error("--rps: rates must be > 0")
     if any(not 0 < e <= 1 for e in args.eff):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.planner.calibrate_decode import balance, main, side_config
+from bench.planner.calibrate_load import main as load_main
 from planner.scenario import case_configs, load_scenario
 
 
@@ -77,5 +78,21 @@ def test_balance_is_none_when_the_grid_does_not_bracket_it() -> None:
 def test_bad_arguments_exit_2_with_a_message(argv, message, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--engine", "prefill_efficiency=0.2"], "swept by --eff"),
+        (["--decode-ratio", "0.6", "--engine", "decode_mem_efficiency=0.2"], "not both"),
+        (["--engine", "decode_mem_efficiency=1.5"], "(0, 1]"),
+        (["--engine", "max_decode_batch=0"], "must be > 0"),
+    ],
+)
+def test_load_calibration_takes_the_same_engine_overrides(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        load_main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
