@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import statistics
@@ -192,6 +193,96 @@ class Experts:
         ref = self.loop(x, counts).float()
         err = ((got - ref).norm() / ref.norm()).item()
         return None if err < 2e-2 else f"torch._grouped_mm disagrees with the loop (rel {err:.2e})"
+
+
+FP8_MAX = 448.0  # largest float8_e4m3fn
+
+
+def to_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise float8 (e4m3): x ~= q * scale[:, None]."""
+    scale = x.abs().amax(dim=-1).float().clamp(min=1e-12) / FP8_MAX
+    return (x.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+class Fp8Experts:
+    """The same experts in float8 with per-channel scales, as DeepSeek-V3 serves them (its
+    weights are block-scaled; row-wise scales here), through ``torch._scaled_grouped_mm``."""
+
+    def __init__(self, experts: Experts):
+        self.s = experts.s
+        self.w13, self.s13 = self._quantize(experts.w13)  # (E, 2N, H), (E, 2N)
+        self.w2, self.s2 = self._quantize(experts.w2)  # (E, H, N), (E, H)
+
+    @staticmethod
+    def _quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scale = w.abs().amax(dim=-1).float().clamp(min=1e-12) / FP8_MAX
+        q = (w.float() / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        return q, scale
+
+    def forward(self, x8: torch.Tensor, sx: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        """Both expert GEMMs and the activation's re-quantization between them."""
+        n = self.s.moe_inter
+        h = torch._scaled_grouped_mm(
+            x8, self.w13.transpose(1, 2), sx, self.s13, offs=offs,
+            out_dtype=torch.bfloat16, use_fast_accum=True,
+        )  # fmt: skip
+        a8, sa = to_fp8_rows(F.silu(h[:, :n]) * h[:, n:])
+        return torch._scaled_grouped_mm(
+            a8, self.w2.transpose(1, 2), sa, self.s2, offs=offs,
+            out_dtype=torch.bfloat16, use_fast_accum=True,
+        )  # fmt: skip
+
+
+def padded_offsets(counts: list[int], multiple: int, device) -> tuple[list[int], torch.Tensor]:
+    """Each group's rows rounded up to ``multiple`` (the FP8 grouped kernel's alignment)."""
+    padded = [-(-c // multiple) * multiple for c in counts]
+    return padded, torch.tensor(padded, device=device).cumsum(0).to(torch.int32)
+
+
+def measure_prefill_moe_fp8(timer, s, experts, device, tokens_list, gen) -> dict:
+    """The routed experts in float8 against tokens per pass (CUDA, SM90+ only)."""
+    if device.type != "cuda":
+        return {"skipped": "float8 grouped GEMM needs CUDA"}
+    try:
+        n = 8192
+        a8, sa = to_fp8_rows(torch.randn(n, n, device=device))
+        b8, sb = to_fp8_rows(torch.randn(n, n, device=device))
+        sec = timer(
+            partial(torch._scaled_mm, a8, b8.t(), sa[:, None], sb[None, :],
+                    out_dtype=torch.bfloat16, use_fast_accum=True)
+        )  # fmt: skip
+        peak = 2 * n**3 / sec / 1e12
+        fp8 = Fp8Experts(experts)
+        # correctness against the bf16 experts on a small routed batch
+        counts = [3 + (e % 5) * 8 for e in range(s.local_experts)]
+        padded, offs = padded_offsets(counts, 16, device)
+        x = rand((sum(counts), s.hidden), device, torch.bfloat16, 1.0)
+        xp = torch.zeros(sum(padded), s.hidden, device=device, dtype=torch.bfloat16)
+        src = dst = 0
+        for c, pc in zip(counts, padded, strict=True):
+            xp[dst : dst + c] = x[src : src + c]
+            src, dst = src + c, dst + pc
+        x8, sx = to_fp8_rows(xp)
+        got = fp8.forward(x8, sx, offs).float()
+        ref = experts.loop(x, counts).float()
+        starts = [0, *itertools.accumulate(padded)][:-1]
+        keep = torch.cat([torch.arange(o, o + c) for o, c in zip(starts, counts, strict=True)])
+        err = ((got[keep.to(device)] - ref).norm() / ref.norm()).item()
+        rows_out = []
+        for t in tokens_list:
+            counts = local_counts(t, s, device, gen).tolist()
+            padded, offs = padded_offsets(counts, 16, device)
+            x8, sx = to_fp8_rows(rand((sum(padded), s.hidden), device, torch.bfloat16, 1.0))
+            sec = timer(partial(fp8.forward, x8, sx, offs))
+            flops = experts.flops(sum(counts))
+            rows_out.append(
+                {"tokens_per_pass": t, "rows": sum(counts), "padded_rows": sum(padded), "s": sec,
+                 "tflops": flops / sec / 1e12, "efficiency": flops / sec / 1e12 / peak}
+            )  # fmt: skip
+    except (RuntimeError, AttributeError, TypeError, ValueError) as exc:
+        return {"skipped": f"float8 path unavailable: {str(exc).splitlines()[0][:160]}"}
+    fit = fit_half_tokens([(r["tokens_per_pass"], r["efficiency"]) for r in rows_out])
+    return {"fp8_gemm_tflops": peak, "check_rel_error": err, "rows": rows_out, "fit": fit}
 
 
 def measure_ceilings(timer: Timer, device, dtype, quick: bool) -> dict:
@@ -496,6 +587,33 @@ def table(result: dict) -> str:
         f"  fit eff = {fit['e_inf']:.2f} t/(t+h): h = {fit['half_tokens']:.0f} tokens per pass "
         f"(worst {fit['worst_rel_error']:.0%})"
     )
+    moe_fit = result.get("prefill_moe_fit")
+    fp8 = result.get("prefill_moe_fp8")
+    if moe_fit and fp8:
+        lines.append(
+            f"routed experts alone, bf16: half point {moe_fit['half_tokens']:.0f} tokens per pass"
+            f" (worst {moe_fit['worst_rel_error']:.0%})"
+        )
+        if "skipped" in fp8:
+            lines.append(f"routed experts in float8: {fp8['skipped']}")
+        else:
+            lines.append(
+                f"routed experts in float8 (GEMM peak {fp8['fp8_gemm_tflops']:.0f} TFLOP/s, "
+                f"check vs bf16 {fp8['check_rel_error']:.1e}):  tokens/pass  TFLOP/s  eff"
+                "  eff/eff(16K)"
+            )
+            ref = next((r["efficiency"] for r in fp8["rows"] if r["tokens_per_pass"] == 16384),
+                       max(r["efficiency"] for r in fp8["rows"]))  # fmt: skip
+            for r in fp8["rows"]:
+                lines.append(
+                    f"  {r['tokens_per_pass']:>8}  {r['tflops']:>8.1f}  {r['efficiency']:.2f}"
+                    f"  {r['efficiency'] / ref:>6.2f}"
+                )
+            f = fp8["fit"]
+            lines.append(
+                f"  fit: half point {f['half_tokens']:.0f} tokens per pass "
+                f"(worst {f['worst_rel_error']:.0%})"
+            )
     lines.append("prefill attention (causal, one request):  tokens  TFLOP/s  eff")
     for r in result["prefill_attention"]:
         if "error" in r:
@@ -592,6 +710,10 @@ def run(quick: bool, device_name: str | None, reps: int, seed: int) -> dict:
     result["prefill_linear_fit"] = fit_half_tokens(
         [(r["tokens_per_pass"], r["efficiency"]) for r in result["prefill_linear"]]
     )
+    result["prefill_moe_fit"] = fit_half_tokens(
+        [(r["tokens_per_pass"], r["efficiency"]) for r in result["prefill_moe"]]
+    )
+    result["prefill_moe_fp8"] = measure_prefill_moe_fp8(timer, s, experts, device, tokens, gen)
     lengths = [128, 256] if quick else [1024, 4096, 16384]
     layer = DecodeLayer(s, experts, device, dtype)
     batches = [4, 16] if quick else [8, 16, 32, 64, 128, 256]

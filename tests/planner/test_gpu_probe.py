@@ -76,3 +76,30 @@ def test_bad_reps_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--quick", "--reps", "0"])
     assert exc.value.code == 2
+
+
+def test_float8_rows_round_trip_within_e4m3_precision() -> None:
+    from bench.planner.gpu_probe import to_fp8_rows
+
+    x = torch.randn(16, 256) * torch.logspace(-3, 3, 16)[:, None]  # rows of very different size
+    q, scale = to_fp8_rows(x)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (16,)
+    err = (q.float() * scale[:, None] - x).norm(dim=1) / x.norm(dim=1)
+    assert (err < 0.05).all()
+
+
+def test_fp8_groups_are_padded_to_the_kernel_alignment() -> None:
+    from bench.planner.gpu_probe import padded_offsets
+
+    padded, offs = padded_offsets([3, 0, 17, 16], 16, "cpu")
+    assert padded == [16, 0, 32, 16]
+    assert offs.tolist() == [16, 16, 48, 64] and offs.dtype == torch.int32
+
+
+def test_fp8_is_skipped_with_a_reason_off_the_gpu() -> None:
+    from bench.planner.gpu_probe import Timer, measure_prefill_moe_fp8
+
+    experts = Experts(QUICK, "cpu", torch.float32)
+    cpu = torch.device("cpu")
+    got = measure_prefill_moe_fp8(Timer(cpu, 1, 0), QUICK, experts, cpu, [256], None)
+    assert got == {"skipped": "float8 grouped GEMM needs CUDA"}
