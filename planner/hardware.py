@@ -85,6 +85,9 @@ class ModelSpec:
         return linear + attn
 
 
+PREFILL_ORDERS = ("fifo", "srpt")
+
+
 @dataclass(slots=True)
 class EngineSpec:
     """Scheduler and efficiency settings of the engines (assumptions, not chip facts)."""
@@ -102,8 +105,17 @@ class EngineSpec:
     # an MoE layer splits a pass's tokens over its experts, so a small pass gives each expert
     # GEMM few rows and runs far below peak. 0 = efficiency independent of the pass size.
     prefill_half_tokens: int = 0
+    # Which queued request a prefill pass serves first: "fifo" (arrival order; what Baton's
+    # agents do) or "srpt" (fewest new tokens left first, re-chosen at every chunk boundary:
+    # short requests overtake a long one between its chunks; long ones can wait without bound).
+    prefill_order: str = "fifo"
 
     def __post_init__(self) -> None:
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise ValueError(
+                f"prefill_order: must be one of {', '.join(PREFILL_ORDERS)}, "
+                f"got {self.prefill_order!r}"
+            )
         if not isinstance(self.prefill_half_tokens, int) or self.prefill_half_tokens < 0:
             raise ValueError(
                 "prefill_half_tokens: must be a non-negative integer, "

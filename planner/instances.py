@@ -22,7 +22,7 @@ from routing.policy import InstanceState
 
 
 class PrefillInstance:
-    """FIFO chunked prefill: a pass holds at most ``prefill_batch_tokens`` new tokens.
+    """Chunked prefill: a pass holds at most ``prefill_batch_tokens`` new tokens.
 
     A request longer than the budget is cut into budget-sized chunks from its start; each chunk
     attends to the cached prefix plus the chunks before it. A pass takes the head request's next
@@ -31,6 +31,11 @@ class PrefillInstance:
     to fill the gap (chunk boundaries stay fixed within each request), so a small tail in front
     of long requests runs nearly alone, at the low efficiency of a small pass (see
     ``hardware.prefill_efficiency``).
+
+    The order is the engine's ``prefill_order``: "fifo" keeps arrival order (a chunked request
+    holds the head until it is done); "srpt" serves the request with the fewest new tokens left
+    first, chosen again before every pass, so short requests overtake a long one between its
+    chunks.
     """
 
     def __init__(
@@ -47,7 +52,10 @@ class PrefillInstance:
         self.engine = engine
         self.loop = loop
         # [request, new tokens left, context already there (cached + done chunks), done]
-        self.queue: deque[list] = deque()
+        self.queue: deque[list] = deque()  # "fifo"
+        self.heap: list[tuple[int, int, list]] = []  # "srpt": (new tokens left, arrival, item)
+        self.srpt = engine.prefill_order == "srpt"
+        self._arrivals = 0
         self.busy = False
         self.backlog_tokens = 0
         self.busy_s = 0.0
@@ -55,27 +63,52 @@ class PrefillInstance:
         self.passes = 0
 
     def submit(self, req: int, new_tokens: int, cached_tokens: int, done: Callable[[int], None]):
-        self.queue.append([req, new_tokens, cached_tokens, done])
+        self._push([req, new_tokens, cached_tokens, done])
         self.backlog_tokens += new_tokens
         # Load as backlog in units of eight full batches: only the order matters to the policy.
         self.state.load = self.backlog_tokens / (8 * self.engine.prefill_batch_tokens)
         if not self.busy:
             self._start_batch()
 
+    def _push(self, item: list) -> None:
+        if self.srpt:
+            self._arrivals += 1
+            heapq.heappush(self.heap, (item[1], self._arrivals, item))
+        else:
+            self.queue.append(item)
+
+    def _peek(self) -> list | None:
+        if self.srpt:
+            return self.heap[0][2] if self.heap else None
+        return self.queue[0] if self.queue else None
+
+    def _pop(self) -> list:
+        return heapq.heappop(self.heap)[2] if self.srpt else self.queue.popleft()
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting or being prefilled."""
+        return len(self.heap) if self.srpt else len(self.queue)
+
     def _start_batch(self) -> None:
         budget = self.engine.prefill_batch_tokens
-        head = self.queue[0]
+        head = self._peek()
         chunk = min(head[1], budget)
         flops = self.model.prefill_flops(chunk, head[2])
         tokens = chunk
         finished = []
         if chunk >= head[1]:
-            finished.append(self.queue.popleft())
-            while self.queue and tokens + self.queue[0][1] <= budget:
-                item = self.queue.popleft()
+            finished.append(self._pop())
+            while (nxt := self._peek()) is not None and tokens + nxt[1] <= budget:
+                item = self._pop()
                 tokens += item[1]
                 flops += self.model.prefill_flops(item[1], item[2])
                 finished.append(item)
+        elif self.srpt:  # re-queued under its smaller remainder
+            self._pop()
+            head[1] -= chunk
+            head[2] += chunk
+            self._push(head)
         else:
             head[1] -= chunk
             head[2] += chunk
@@ -90,7 +123,7 @@ class PrefillInstance:
         self.tokens += tokens
         self.state.load = self.backlog_tokens / (8 * self.engine.prefill_batch_tokens)
         self.busy = False
-        if self.queue:
+        if self.queued:
             self._start_batch()
         for req, _, _, done in finished:
             done(req)

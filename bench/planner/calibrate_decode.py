@@ -44,6 +44,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from planner.api import run_case  # noqa: E402
+from planner.hardware import PREFILL_ORDERS  # noqa: E402
 from planner.scenario import case_configs, load_scenario  # noqa: E402
 
 SIDES = ("prefill", "decode")
@@ -102,14 +103,20 @@ def balance(rows: list[dict[str, Any]], knob: str = "decode_mem_efficiency") -> 
 KNOBS = ("decode_mem_efficiency", "max_decode_batch")
 
 
-def engine_override(text: str) -> tuple[str, float]:
+def engine_override(text: str) -> tuple[str, float | str]:
     """Parse one ``--engine KEY=VALUE`` (also used by calibrate_load.py)."""
     key, sep, value = text.partition("=")
-    if not sep or key not in ("prefill_efficiency", *KNOBS):
+    if not sep or key not in ("prefill_efficiency", "prefill_order", *KNOBS):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: expected prefill_efficiency=V, decode_mem_efficiency=V or "
-            "max_decode_batch=N"
+            f"{text!r}: expected prefill_efficiency=V, decode_mem_efficiency=V, "
+            f"max_decode_batch=N or prefill_order={'|'.join(PREFILL_ORDERS)}"
         )
+    if key == "prefill_order":
+        if value not in PREFILL_ORDERS:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: prefill_order is one of {', '.join(PREFILL_ORDERS)}"
+            )
+        return key, value
     try:
         number = int(value) if key == "max_decode_batch" else float(value)
     except ValueError:

@@ -73,6 +73,7 @@ def test_balance_is_none_when_the_grid_does_not_bracket_it() -> None:
         (["--ample", "1"], "--ample"),
         (["--engine", "decode_mem_efficiency=0.2"], "swept knob"),
         (["--engine", "foo=1"], "expected prefill_efficiency"),
+        (["--engine", "prefill_order=lifo"], "prefill_order is one of fifo, srpt"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(argv, message, capsys) -> None:
@@ -96,3 +97,12 @@ def test_load_calibration_takes_the_same_engine_overrides(argv, message, capsys)
         load_main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_prefill_order_is_an_engine_override_with_a_name_not_a_number() -> None:
+    from bench.planner.calibrate_decode import engine_override
+
+    assert engine_override("prefill_order=srpt") == ("prefill_order", "srpt")
+    assert engine_override("max_decode_batch=43") == ("max_decode_batch", 43)
+    config = side_config("prefill", "decode_mem_efficiency", 0.2, 1, 4, {"prefill_order": "srpt"})
+    assert config["fleet"]["engine"]["prefill_order"] == "srpt"

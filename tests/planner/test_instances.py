@@ -154,3 +154,45 @@ def test_decode_overhead_may_be_zero_but_not_negative() -> None:
     EngineSpec(decode_overhead_s=0.0)
     with pytest.raises(ValueError, match="decode_overhead_s"):
         EngineSpec(decode_overhead_s=-0.001)
+
+
+def _finish_order(order: str, arrivals: list[tuple[float, str, int]]) -> list[str]:
+    """Names in the order their prefill ends; arrivals are (time, name, new tokens)."""
+    engine = EngineSpec(prefill_batch_tokens=1000, prefill_overhead_s=0.001, prefill_order=order)
+    loop = EventLoop()
+    inst = PrefillInstance(InstanceState("p", "prefill"), GPU, MODEL, engine, loop)
+    names: dict[int, str] = {}
+    done: list[str] = []
+    for k, (at, name, n) in enumerate(arrivals):
+        names[k] = name
+        loop.at(at, inst.submit, k, n, 0, lambda req: done.append(names[req]))
+    loop.run()
+    assert inst.queued == 0 and inst.backlog_tokens == 0
+    return done
+
+
+def test_fifo_prefill_finishes_a_long_request_before_a_later_short_one() -> None:
+    # "long" needs 5 passes; "short" arrives while its first chunk runs.
+    arrivals = [(0.0, "long", 5000), (1e-6, "short", 200)]
+    assert _finish_order("fifo", arrivals) == ["long", "short"]
+
+
+def test_srpt_prefill_lets_a_short_request_overtake_a_long_one_between_chunks() -> None:
+    arrivals = [(0.0, "long", 5000), (1e-6, "short", 200), (2e-6, "mid", 900)]
+    assert _finish_order("srpt", arrivals) == ["short", "mid", "long"]
+
+
+def test_srpt_prefill_chunks_a_long_request_from_its_start_and_counts_every_token() -> None:
+    engine = EngineSpec(prefill_batch_tokens=1000, prefill_overhead_s=0.001, prefill_order="srpt")
+    loop = EventLoop()
+    inst = PrefillInstance(InstanceState("p", "prefill"), GPU, MODEL, engine, loop)
+    inst.submit(0, 2500, 100, lambda req: None)
+    inst.submit(1, 300, 0, lambda req: None)
+    loop.run()
+    # the long one's first chunk (it was alone), the 300 alone, then 1000 + 500 of the long one.
+    assert inst.passes == 4 and inst.tokens == 2800
+
+
+def test_an_unknown_prefill_order_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="prefill_order: must be one of fifo, srpt"):
+        EngineSpec(prefill_order="lifo")
