@@ -419,16 +419,18 @@ class DecodeLayer:
         )
         return sum(w.numel() * w.element_size() for w in ws)
 
-    def attention(self, x, kv, kernel: str = "bmm"):
-        """The attention half of the step. ``kernel``: "bmm" (two batched GEMMs around a
-        softmax, the scores round-trip through memory) or "sdpa" (torch's fused attention,
-        the 128 heads as 128 queries against the one latent KV, as FlashMLA does)."""
+    def attention(self, x, kv, kernel: str = "bmm", tokens: int = 1):
+        """The attention half of the step for ``kv.shape[0]`` requests, ``tokens`` new tokens
+        each (1 in decode; more in an extend step, whose tokens all attend to the whole cached
+        context: the causal mask among them is left out). ``kernel``: "bmm" (two batched GEMMs
+        around a softmax, the scores round-trip through memory) or "sdpa" (torch's fused
+        attention, the heads as queries against the one latent KV, as FlashMLA does)."""
         s = self.s
-        bc = x.shape[0]
-        q = F.linear(F.linear(x, self.w_qa), self.w_qb).view(bc, s.heads, s.nope + s.rope)
-        F.linear(x, self.w_kva)  # this token's latent (its cache write is not timed)
-        q_lat = torch.einsum("bhn,hnc->bhc", q[..., : s.nope], self.w_uk)
-        q_full = torch.cat([q_lat, q[..., s.nope :]], dim=-1)  # (bc, heads, latent)
+        bc = kv.shape[0]
+        q = F.linear(F.linear(x, self.w_qa), self.w_qb).view(bc, tokens, s.heads, s.nope + s.rope)
+        F.linear(x, self.w_kva)  # the new tokens' latents (their cache write is not timed)
+        q_lat = torch.einsum("bthn,hnc->bthc", q[..., : s.nope], self.w_uk)
+        q_full = torch.cat([q_lat, q[..., s.nope :]], dim=-1).view(bc, tokens * s.heads, s.latent)
         scale = 1.0 / math.sqrt(s.nope + s.rope)
         if kernel == "sdpa":
             ctx = F.scaled_dot_product_attention(
@@ -440,14 +442,25 @@ class DecodeLayer:
         else:
             scores = torch.bmm(q_full, kv.transpose(1, 2))
             probs = torch.softmax(scores * scale, dim=-1)
-            ctx = torch.bmm(probs, kv[..., : s.kv_lora])  # (bc, heads, kv_lora)
-        o = torch.einsum("bhc,hcv->bhv", ctx, self.w_uv).reshape(bc, s.heads * s.v_head)
+            ctx = torch.bmm(probs, kv[..., : s.kv_lora])  # (bc, tokens * heads, kv_lora)
+        ctx = ctx.view(bc, tokens, s.heads, s.kv_lora)
+        o = torch.einsum("bthc,hcv->bthv", ctx, self.w_uv).reshape(bc * tokens, -1)
         return F.linear(o, self.w_o)
 
     def step(self, x, kv, kernel: str, xe, counts: list[int]):
         """The whole layer: attention, shared expert, this chip's touched routed experts."""
         self.attention(x, kv, kernel)
         self.shared(x)
+        if any(counts):
+            self.experts.loop(xe, counts)
+
+    def extend_step(self, x, kv, x_ext, kv_ext, x_all, kernel: str, xe, counts: list[int]):
+        """A decode step in which one request brings ``x_ext.shape[0]`` tokens (the extend
+        pass of the RLD-to-MD handoff: MD recomputes the KV of the tokens RLD made)."""
+        if kv.shape[0]:
+            self.attention(x, kv, kernel)
+        self.attention(x_ext, kv_ext, kernel, tokens=x_ext.shape[0])
+        self.shared(x_all)
         if any(counts):
             self.experts.loop(xe, counts)
 
@@ -516,6 +529,38 @@ def measure_decode(timer, s, layer, device, dtype, batches, contexts, gen, bw, p
     return out
 
 
+EXTEND_TOKENS = 100  # PDD.md: recomputing 100 tokens' KV took ~one decode step (305 ms)
+
+
+def measure_extend(timer, s, layer, device, dtype, batches, contexts, gen, kernel) -> list[dict]:
+    """A decode step against the same step with one request extending by 100 tokens."""
+    out = []
+    n = EXTEND_TOKENS
+    for ctx in contexts:
+        for b in batches:
+            bc = max(b // s.ep, 1)
+            kv = rand((bc, ctx, s.latent), device, dtype, 1.0)
+            x = rand((bc, s.hidden), device, dtype, 1.0)
+            counts = local_counts(b, s, device, gen).tolist()
+            xe = rand((max(sum(counts), 1), s.hidden), device, dtype, 1.0)
+            plain, _ = timer.graphed(partial(layer.step, x, kv, kernel, xe, counts))
+            decode_s = timer(plain)
+            ext_counts = local_counts(b - 1 + n, s, device, gen).tolist()
+            xe_ext = rand((max(sum(ext_counts), 1), s.hidden), device, dtype, 1.0)
+            x_ext = rand((n, s.hidden), device, dtype, 1.0)
+            x_all = rand((bc - 1 + n, s.hidden), device, dtype, 1.0)
+            run, _ = timer.graphed(
+                partial(layer.extend_step, x[: bc - 1], kv[: bc - 1], x_ext, kv[bc - 1 :],
+                        x_all, kernel, xe_ext, ext_counts)
+            )  # fmt: skip
+            extend_s = timer(run)
+            out.append(
+                {"ctx": ctx, "node_batch": b, "extend_tokens": n, "decode_step_s": decode_s,
+                 "extend_step_s": extend_s, "steps": extend_s / decode_s}
+            )  # fmt: skip
+    return out
+
+
 def combine_linear(moe: list[dict], dense: list[dict], peak: float) -> list[dict]:
     """A pass's matrix work on one chip (routed experts + dense), efficiency against ``t``.
 
@@ -561,13 +606,31 @@ def planner_curve(t: int, half: int, full: int = 16384) -> float:
 
 
 def table(result: dict) -> str:
-    lines = []
+    """The run's figures as text; sections a run left out (``--only``) are left out here."""
     c = result["ceilings"]
-    lines.append(
+    lines = [
         f"device {result['device']} ({result['dtype']}): GEMM {c['gemm_tflops']:.3g} TFLOP/s, "
         f"copy {c['copy_tbps']:.2f} TB/s (read + write)"
-    )
-    lines.append("prefill MoE (one chip's experts):  tokens/pass  rows/expert  TFLOP/s  eff")
+    ]
+    if "prefill_moe" in result:
+        lines += prefill_table(result)
+    if "decode" in result:
+        lines += decode_table(result)
+    if result.get("extend"):
+        lines.append(
+            f"extend of {result['extend'][0]['extend_tokens']} tokens in a decode step "
+            "(the handoff's recompute):  ctx  node-batch  decode ms  with extend ms  = steps"
+        )
+        for r in result["extend"]:
+            lines.append(
+                f"  {r['ctx']:>6} {r['node_batch']:>5}  {r['decode_step_s'] * 1e3:>8.3f}"
+                f"  {r['extend_step_s'] * 1e3:>8.3f}  {r['steps']:>6.2f}"
+            )
+    return "\n".join(lines)
+
+
+def prefill_table(result: dict) -> list[str]:
+    lines = ["prefill MoE (one chip's experts):  tokens/pass  rows/expert  TFLOP/s  eff"]
     for r in result["prefill_moe"]:
         tf = max(r.get("grouped_tflops", 0.0), r["loop_tflops"])
         lines.append(
@@ -626,10 +689,14 @@ def table(result: dict) -> str:
             lines.append(f"  {r['tokens']:>8}  error: {r['error']}")
         else:
             lines.append(f"  {r['tokens']:>8}  {r['tflops']:>8.1f}  {r['efficiency']:.2f}")
-    lines.append(
+    return lines
+
+
+def decode_table(result: dict) -> list[str]:
+    lines = [
         "decode step (one layer, one chip):  ctx  node-batch  experts  step ms  attn ms (kernel)"
         "  moe ms  bw-eff  x61 ms"
-    )
+    ]
     for r in result["decode"]:
         lines.append(
             f"  {r['ctx']:>6} {r['node_batch']:>5} {r['experts_touched']:>4}  "
@@ -637,8 +704,7 @@ def table(result: dict) -> str:
             f"  {r['moe_s'] * 1e3:>6.3f}"
             f"  {r['bw_efficiency']:.2f}  {r['node_step_ms_61_layers']:>6.1f}"
         )
-    lines += decode_summary(result)
-    return "\n".join(lines)
+    return lines + decode_summary(result)
 
 
 def fused_attention_only(device):
@@ -669,7 +735,7 @@ def decode_summary(result: dict) -> list[str]:
     lines.append("decode, a heavy batch against a light one: step-time ratio / bytes ratio")
     by = {(r["ctx"], r["node_batch"]): r for r in result["decode"]}
     batches = sorted({r["node_batch"] for r in result["decode"]})
-    light, heavy = batches[1] if len(batches) > 1 else batches[0], batches[-2]
+    light, heavy = (batches[1], batches[-2]) if len(batches) > 3 else (batches[0], batches[-1])
     for ctx in sorted({r["ctx"] for r in result["decode"]}):
         lo, hi = by[(ctx, light)], by[(ctx, heavy)]
         t_ratio = hi["step_s"] / lo["step_s"]
@@ -681,7 +747,9 @@ def decode_summary(result: dict) -> list[str]:
     return lines
 
 
-def run(quick: bool, device_name: str | None, reps: int, seed: int) -> dict:
+def run(
+    quick: bool, device_name: str | None, reps: int, seed: int, only: str | None = None
+) -> dict:
     if device_name:
         device = torch.device(device_name)
     else:
@@ -708,6 +776,13 @@ def run(quick: bool, device_name: str | None, reps: int, seed: int) -> dict:
     bw = result["ceilings"]["copy_tbps"]  # bytes through memory per second, reads + writes
     result["peaks_used"] = {"tflops": peak, "read_tbps": bw}
     experts = Experts(s, device, dtype)
+    batches = [4, 16] if quick else [8, 16, 32, 64, 128, 256]
+    contexts = [64, 256] if quick else [4096, 16384, 65536]
+    extend_at = ([16], [256]) if quick else ([16, 128], [16384, 65536])
+    if only == "extend":  # the handoff's recompute alone, with the faster decode attention
+        layer = DecodeLayer(s, experts, device, dtype)
+        result["extend"] = measure_extend(timer, s, layer, device, dtype, *extend_at, gen, "bmm")
+        return result
     result["grouped_mm"] = experts.grouped_ok or "ok"
     tokens = [256, 512] if quick else [512, 1024, 2048, 4096, 8192, 16384, 32768]
     result["prefill_moe"] = measure_prefill_moe(timer, s, experts, device, dtype, tokens, gen, peak)
@@ -722,8 +797,6 @@ def run(quick: bool, device_name: str | None, reps: int, seed: int) -> dict:
     result["prefill_moe_fp8"] = measure_prefill_moe_fp8(timer, s, experts, device, tokens, gen)
     lengths = [128, 256] if quick else [1024, 4096, 16384]
     layer = DecodeLayer(s, experts, device, dtype)
-    batches = [4, 16] if quick else [8, 16, 32, 64, 128, 256]
-    contexts = [64, 256] if quick else [4096, 16384, 65536]
     with fused_attention_only(device):
         result["prefill_attention"] = measure_prefill_attention(
             timer, s, device, dtype, lengths, peak
@@ -731,6 +804,11 @@ def run(quick: bool, device_name: str | None, reps: int, seed: int) -> dict:
         result["decode"] = measure_decode(
             timer, s, layer, device, dtype, batches, contexts, gen, bw, peak
         )
+        kernel = "bmm" if quick else min(
+            ("bmm", "sdpa"), key=lambda k: sum(r["attention_variants"].get(k, math.inf)
+                                               for r in result["decode"])
+        )  # fmt: skip
+        result["extend"] = measure_extend(timer, s, layer, device, dtype, *extend_at, gen, kernel)
     return result
 
 
@@ -741,6 +819,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20, help="timed repetitions (median)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, help="write the JSON here")
+    ap.add_argument("--only", choices=["extend"], help="run the ceilings and this section alone")
     ap.add_argument(
         "--from", dest="source", type=Path, help="print the table of an earlier run's JSON"
     )
@@ -755,7 +834,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"gpu_probe: --from {args.source}: {exc}") from None
         print(text)
         return 0
-    result = run(args.quick, args.device, args.reps, args.seed)
+    result = run(args.quick, args.device, args.reps, args.seed, args.only)
     text = table(result)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

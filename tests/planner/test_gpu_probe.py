@@ -56,7 +56,7 @@ def test_quick_run_writes_every_section(tmp_path, capsys) -> None:
     out = tmp_path / "probe.json"
     assert main(["--quick", "--device", "cpu", "--reps", "1", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    for key in ("ceilings", "prefill_moe", "prefill_dense", "prefill_linear", "decode"):
+    for key in ("ceilings", "prefill_moe", "prefill_dense", "prefill_linear", "decode", "extend"):
         assert result[key], key
     assert result["prefill_linear_fit"]["half_tokens"] > 0
     for row in result["decode"]:
@@ -103,3 +103,29 @@ def test_fp8_is_skipped_with_a_reason_off_the_gpu() -> None:
     cpu = torch.device("cpu")
     got = measure_prefill_moe_fp8(Timer(cpu, 1, 0), QUICK, experts, cpu, [256], None)
     assert got == {"skipped": "float8 grouped GEMM needs CUDA"}
+
+
+def test_an_extend_attends_like_that_many_single_token_decodes_of_one_request() -> None:
+    from bench.planner.gpu_probe import DecodeLayer
+
+    torch.manual_seed(0)
+    layer = DecodeLayer(QUICK, Experts(QUICK, "cpu", torch.float32), "cpu", torch.float32)
+    kv = torch.randn(1, 40, QUICK.latent)
+    x = torch.randn(3, QUICK.hidden)
+    together = layer.attention(x, kv, tokens=3)
+    one_by_one = layer.attention(x, kv.expand(3, -1, -1).contiguous())
+    assert together.shape == (3, QUICK.hidden)
+    assert torch.allclose(together, one_by_one, rtol=1e-4, atol=1e-5)
+
+
+def test_only_extend_runs_the_ceilings_and_the_extend_alone(tmp_path) -> None:
+    out = tmp_path / "extend.json"
+    assert (
+        main(["--quick", "--device", "cpu", "--reps", "1", "--only", "extend", "--out", str(out)])
+        == 0
+    )
+    result = json.loads(out.read_text())
+    assert "decode" not in result and "prefill_moe" not in result
+    (row,) = result["extend"]
+    assert row["extend_tokens"] == 100 and row["steps"] > 0
+    assert "extend of 100 tokens" in out.with_suffix(".txt").read_text()
