@@ -10,8 +10,8 @@ simulator keeps its FIFO chunked prefill):
   FIFO above 128 queued, a chunked request in progress keeps its turn);
 * ``context-parallel``: a request with more than ``--cap`` new tokens is split into contiguous
   parts over up to four P (the least loaded ones) and is done when every part is;
-* ``srpt``: before every pass the queue is ordered by new tokens left, fewest first (shortest
-  remaining prefill first, preempting at chunk boundaries; FIFO above 256 queued).
+* ``srpt``: the engine's own ``prefill_order`` "srpt" (fewest new tokens left first, chosen
+  again at every chunk boundary), set in the scenario rather than patched in.
 
 Runs ``paper-ttft``'s fleet as in-DC PD, CDC-PD and PDD at its calibrated rate and engines.
 
@@ -41,7 +41,6 @@ from planner.scenario import case_configs, load_scenario  # noqa: E402
 ORDERS = ("fifo", "chunk-cap", "lpm", "context-parallel", "srpt")
 SYSTEMS = ("idc-pd", "cdc-pd", "pdd")
 LPM_MAX_QUEUE = 128
-SRPT_MAX_QUEUE = 256
 CP_MAX_PARTS = 4
 
 _fifo_start = instances.PrefillInstance._start_batch
@@ -81,12 +80,6 @@ def _lpm_start(self) -> None:
             del queue[best]
             queue.appendleft(item)
     self._chunking = queue[0] if queue[0][1] > self.engine.prefill_batch_tokens else None
-    _fifo_start(self)
-
-
-def _srpt_start(self) -> None:
-    if 1 < len(self.queue) <= SRPT_MAX_QUEUE:
-        self.queue = deque(sorted(self.queue, key=lambda item: item[1]))
     _fifo_start(self)
 
 
@@ -130,8 +123,6 @@ def _patch(order: str, cap: int) -> None:
         cls._start_batch = _chunk_cap_start(cap)
     elif order == "lpm":
         cls._start_batch = _lpm_start
-    elif order == "srpt":
-        cls._start_batch = _srpt_start
     elif order == "context-parallel":
         cls.__init__ = _registering_init
         cls.submit = _context_parallel_submit(cap)
@@ -143,6 +134,8 @@ def _run(job: tuple[str, str, int, int]) -> tuple:
     config = copy.deepcopy(case_configs(load_scenario("paper-ttft"))["cdc-pd"])
     config["fleet"]["system"] = system
     config["workload"]["seed"] = seed
+    if order == "srpt":
+        config["fleet"]["engine"]["prefill_order"] = "srpt"
     try:
         ttft = run_case(system, config, "fleet").summary["ttft_s"]
     finally:
