@@ -39,6 +39,10 @@ def _serve_parser(sub) -> None:
     p.add_argument("--heartbeat-interval-s", type=float)
     p.add_argument("--drain-grace-s", type=float, help="SIGTERM: wait this long for requests")
     p.add_argument("--threads", type=int, help="torch threads")
+    p.add_argument(
+        "--device",
+        help="where engines run: cpu, cuda or cuda:N (default: $BATON_ENGINE_DEVICE, else cpu)",
+    )
     p.add_argument("--num-blocks", type=int, help="KV blocks per engine instance")
     p.add_argument("--block-size", type=int)
     p.add_argument("--max-running", type=int)

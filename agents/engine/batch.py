@@ -35,6 +35,12 @@ class ForwardBatch(NamedTuple):
     def num_tokens(self) -> int:
         return self.input_ids.numel()
 
+    def to(self, device: torch.device) -> ForwardBatch:
+        """The same batch with every tensor on ``device`` (built on the CPU, then moved once)."""
+        if device.type == "cpu":
+            return self
+        return ForwardBatch(*(t.to(device, non_blocking=True) for t in self))
+
 
 def build_forward_batch(chunks: Sequence[SeqChunk], block_size: int) -> ForwardBatch:
     """Index tensors for `chunks`; a padded layout so attention is one call for the batch."""

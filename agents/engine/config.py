@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -22,6 +23,17 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(_DTYPES)}")
     return _DTYPES[name]
+
+
+def parse_device(name: str) -> torch.device:
+    """Return the torch device for "cpu", "cuda" or "cuda:N" (no check that it exists)."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"EngineConfig.device must be cpu, cuda or cuda:N, got {name!r}")
+    return device
 
 
 @dataclass(slots=True)
@@ -93,8 +105,12 @@ class EngineConfig:
     max_batch_tokens: int = 2048  # new tokens one forward may process (prefill chunking bound)
     dtype: str = "float32"
     seed: int = 0
+    # Where the model and its KV pool live: "cpu", "cuda" or "cuda:N". The default comes from
+    # BATON_ENGINE_DEVICE (unset: "cpu"), so a GPU server's agents are pointed at it once.
+    device: str = field(default_factory=lambda: os.environ.get("BATON_ENGINE_DEVICE", "cpu"))
 
     def __post_init__(self) -> None:
+        parse_device(self.device)
         if self.block_size < 1:
             raise ValueError(f"EngineConfig.block_size must be >= 1, got {self.block_size}")
         if self.num_blocks < 1:
@@ -112,3 +128,7 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return parse_dtype(self.dtype)
+
+    @property
+    def torch_device(self) -> torch.device:
+        return parse_device(self.device)

@@ -41,8 +41,18 @@ class Engine:
         self.tokenizer = model.tokenizer if isinstance(model, LoadedModel) else None
         model = model.model if isinstance(model, LoadedModel) else model
         dtype = self.config.torch_dtype
-        # Casting is in place, so engines sharing a model must share its dtype too.
-        self.model = model if model.lm_head.weight.dtype == dtype else model.to(dtype)
+        device = self.config.torch_device
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                f"EngineConfig.device {self.config.device!r}: torch sees no CUDA device "
+                "(this torch build or machine has none; use device 'cpu')"
+            )
+        # Casting and moving are in place, so engines sharing a model must share its dtype and
+        # device too.
+        weight = model.lm_head.weight
+        if weight.dtype != dtype or weight.device != device:
+            model = model.to(device=device, dtype=dtype)
+        self.model = model
         cfg = model.config
         self.model_config = cfg
         self.pool = PagedKVPool(
@@ -52,6 +62,7 @@ class Engine:
             self.config.num_blocks,
             self.config.block_size,
             dtype,
+            device,
         )
         self.cache = RadixCache(self.config.block_size)
         self.scheduler = Scheduler(self.config, self.pool, self.cache)

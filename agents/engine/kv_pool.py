@@ -122,6 +122,7 @@ class PagedKVPool(KVPool):
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.device = self.k_cache.device
         # Pop from the end so block 0 is handed out first (easier to read in tests and dumps).
         self._free = list(range(num_blocks - 1, -1, -1))
         self._is_free = [True] * num_blocks
@@ -155,7 +156,8 @@ class PagedKVPool(KVPool):
         )
         pos = torch.arange(start_token, end_token)
         table = torch.tensor(block_table, dtype=torch.long)
-        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+        slots = table[pos // self.block_size] * self.block_size + pos % self.block_size
+        return slots.to(self.device)
 
     def _flat(self) -> tuple[torch.Tensor, torch.Tensor]:
         layers, blocks, bs, heads, dim = self.k_cache.shape
@@ -178,7 +180,7 @@ class PagedKVPool(KVPool):
             end_token,
             0,
         )
-        return header + body.view(torch.uint8).numpy().tobytes()
+        return header + body.cpu().view(torch.uint8).numpy().tobytes()
 
     def import_kv(self, payload: bytes | bytearray | memoryview, blocks: list[int]) -> KVHeader:
         header = read_kv_header(payload)
@@ -206,7 +208,7 @@ class PagedKVPool(KVPool):
             # The body is only read (then copied into the pool), so a read-only buffer is fine.
             warnings.simplefilter("ignore", UserWarning)
             raw = torch.frombuffer(payload, dtype=torch.uint8, offset=KV_HEADER_BYTES)
-        body = raw.view(header.dtype).view(2, layers, n, heads, dim)
+        body = raw.view(header.dtype).view(2, layers, n, heads, dim).to(self.device)
         slots = self.slots(blocks, 0, n)
         k, v = self._flat()
         k[:, slots] = body[0]

@@ -20,7 +20,7 @@ class ModelRunner:
     def run(self, requests: list[Request], num_tokens: list[int]) -> torch.Tensor:
         """Run `num_tokens[i]` pending positions of each request and advance its cached_len.
 
-        Returns float32 logits [m, vocab] for the m requests (in order) whose pending positions
+        Returns float32 CPU logits [m, vocab] for the m requests (in order) whose pending positions
         are now all computed; a chunked prompt that is not finished gets no row."""
         chunks = []
         for req, n in zip(requests, num_tokens, strict=True):
@@ -29,11 +29,13 @@ class ModelRunner:
             chunks.append(
                 SeqChunk(req.token_ids[req.cached_len : end], req.cached_len, req.block_table)
             )
-        batch = build_forward_batch(chunks, self.pool.block_size)
+        batch = build_forward_batch(chunks, self.pool.block_size).to(self.pool.device)
         pairs = zip(requests, num_tokens, strict=True)
         complete = [i for i, (req, n) in enumerate(pairs) if n == req.extend_len]
         rows = batch.last_index[complete] if complete else batch.last_index[:0]
         logits = self.model(batch, self.pool.k_cache, self.pool.v_cache, rows)  # [m, vocab]
         for req, n in zip(requests, num_tokens, strict=True):
             req.cached_len += n
-        return logits
+        # Sampling runs on the CPU (per-request CPU generators keep seeded sampling the same
+        # on every device); [m, vocab] is small next to the forward.
+        return logits.cpu()

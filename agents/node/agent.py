@@ -263,6 +263,7 @@ class Agent:
             max_running=s.max_running,
             max_queued=s.max_queued,
             seed=s.seed,
+            **({"device": s.device} if s.device else {}),
         )
         try:
             loaded = self._models.get(inst.source)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.dataplane import check_data_token
+from agents.engine.config import parse_device
 from agents.transfer.shaping import LinkSettings
 
 ROLES = ("prefill", "relay_decode", "main_decode")
@@ -37,6 +38,9 @@ class AgentSettings:
     heartbeat_interval_s: float = 2.0
     drain_grace_s: float = 30.0
     threads: int = 1
+    # Where this agent's engines run: "cpu", "cuda" or "cuda:N"; None = $BATON_ENGINE_DEVICE,
+    # else the CPU (agents.engine.EngineConfig.device).
+    device: str | None = None
     # Engine capacity of every instance this agent starts.
     num_blocks: int = 1024
     block_size: int = 16
@@ -63,6 +67,8 @@ class AgentSettings:
                 raise ValueError(f"{name} must be > 0, got {value}")
         if self.drain_grace_s < 0:
             raise ValueError(f"drain_grace_s must be >= 0, got {self.drain_grace_s}")
+        if self.device is not None:
+            parse_device(self.device)
         for name in ("threads", "num_blocks", "block_size", "max_running"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -11,13 +11,17 @@ BS = 16
 
 
 def _pool(tiny: LoadedModel, num_blocks: int = 32) -> PagedKVPool:
+    """A pool where the shared model is (engines move it: BATON_ENGINE_DEVICE=cuda runs)."""
     cfg = tiny.config
-    return PagedKVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, num_blocks, BS)
+    device = tiny.model.lm_head.weight.device
+    return PagedKVPool(
+        cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, num_blocks, BS, device=device
+    )
 
 
 def _forward(tiny: LoadedModel, pool: PagedKVPool, chunks: list[SeqChunk]) -> torch.Tensor:
-    batch = build_forward_batch(chunks, BS)
-    return tiny.model(batch, pool.k_cache, pool.v_cache)  # [T, vocab]
+    batch = build_forward_batch(chunks, BS).to(pool.device)
+    return tiny.model(batch, pool.k_cache, pool.v_cache).cpu()  # [T, vocab]
 
 
 def _ids(n: int, seed: int) -> list[int]:
