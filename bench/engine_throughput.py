@@ -1,5 +1,6 @@
-"""Prefill / decode throughput of baton-tiny on this machine at batch 1, 8 and 32, and the time
-of an extend (the handoff's recompute) of k tokens on top of a cached context; prints JSON."""
+"""Prefill / decode throughput of an engine (baton-tiny, or a checkpoint folder with --model) at
+batch 1, 8 and 32, and the time of an extend (the handoff's recompute) of k tokens on top of a
+cached context; prints JSON. The device is $BATON_ENGINE_DEVICE (default cpu)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 
 from agents.engine import BATON_TINY, Engine, EngineConfig, SamplingParams, load_model
+from agents.engine.config import parse_dtype
 
 BLOCK_SIZE = 16
 
@@ -23,7 +25,9 @@ def _prompt(length: int, seed: int) -> list[int]:
     return torch.randint(32, 127, (length,), generator=gen).tolist()
 
 
-def bench_batch(loaded, batch: int, prompt_len: int, decode_steps: int) -> dict[str, dict]:
+def bench_batch(
+    loaded, batch: int, prompt_len: int, decode_steps: int, dtype: str = "float32"
+) -> dict[str, dict]:
     """One engine, `batch` distinct prompts: time the prefill forward, then `decode_steps`."""
     need = batch * (-(-(prompt_len + decode_steps + 1) // BLOCK_SIZE))
     config = EngineConfig(
@@ -32,6 +36,7 @@ def bench_batch(loaded, batch: int, prompt_len: int, decode_steps: int) -> dict[
         max_running=batch,
         max_queued=batch,
         max_batch_tokens=batch * prompt_len,
+        dtype=dtype,
     )
     engine = Engine(loaded, config)
     params = SamplingParams(max_tokens=decode_steps + 1, ignore_eos=True)
@@ -65,10 +70,12 @@ def bench_batch(loaded, batch: int, prompt_len: int, decode_steps: int) -> dict[
     }
 
 
-def bench_recompute(loaded, k: int, context_len: int, repeats: int) -> dict[str, float]:
+def bench_recompute(
+    loaded, k: int, context_len: int, repeats: int, dtype: str = "float32"
+) -> dict[str, float]:
     """Time `extend` of k known tokens (one forward over k positions) after a cached context."""
     config = EngineConfig(
-        block_size=BLOCK_SIZE, num_blocks=4 * (context_len + k) // BLOCK_SIZE + 16
+        block_size=BLOCK_SIZE, num_blocks=4 * (context_len + k) // BLOCK_SIZE + 16, dtype=dtype
     )
     engine = Engine(loaded, config)
     prompt = _prompt(context_len, seed=1000)
@@ -95,6 +102,7 @@ def bench_recompute(loaded, k: int, context_len: int, repeats: int) -> dict[str,
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default=BATON_TINY)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--prompt-len", type=int, default=128)
@@ -106,21 +114,29 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    loaded = load_model(args.model)
-    Engine(loaded, EngineConfig(num_blocks=16)).generate(_prompt(32, 0), SamplingParams(4))
+    try:
+        loaded = load_model(args.model, parse_dtype(args.dtype))
+    except ValueError as exc:
+        parser.error(str(exc))
+    warm = EngineConfig(num_blocks=16, dtype=args.dtype)
+    Engine(loaded, warm).generate(_prompt(32, 0), SamplingParams(4))
     result = {
         "model": args.model,
+        "dtype": args.dtype,
+        "device": warm.device,  # $BATON_ENGINE_DEVICE, else cpu
         "torch": torch.__version__,
         "threads": args.threads,
         "machine": platform.machine(),
         "prompt_len": args.prompt_len,
         "decode_steps": args.decode_steps,
         "batches": {
-            str(b): bench_batch(loaded, b, args.prompt_len, args.decode_steps) for b in args.batches
+            str(b): bench_batch(loaded, b, args.prompt_len, args.decode_steps, args.dtype)
+            for b in args.batches
         },
         "recompute_context_len": args.context_len,
         "recompute": {
-            str(k): bench_recompute(loaded, k, args.context_len, args.repeats) for k in args.ks
+            str(k): bench_recompute(loaded, k, args.context_len, args.repeats, args.dtype)
+            for k in args.ks
         },
     }
     text = json.dumps(result, indent=2)
