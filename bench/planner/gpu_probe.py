@@ -143,6 +143,11 @@ def rand(shape, device, dtype, scale=0.05):
     return (torch.randn(shape, device=device, dtype=torch.float32) * scale).to(dtype)
 
 
+def check_counts(s: Shapes) -> list[int]:
+    """Uneven rows per local expert for checking a grouped kernel against the per-expert loop."""
+    return [3 + (e % 5) * 8 for e in range(s.local_experts)]
+
+
 def local_counts(tokens: int, s: Shapes, device, generator) -> torch.Tensor:
     """Rows each of this chip's experts receives from ``tokens`` uniformly routed tokens."""
     picks = torch.rand(tokens, s.experts, generator=generator).topk(s.topk, dim=1).indices
@@ -186,7 +191,7 @@ class Experts:
         """None when torch._grouped_mm runs here and agrees with the per-expert loop."""
         if not hasattr(torch, "_grouped_mm"):
             return "torch._grouped_mm missing"
-        counts = [3 + (e % 5) * 8 for e in range(self.s.local_experts)]
+        counts = check_counts(self.s)
         x = rand((sum(counts), self.s.hidden), device, dtype, scale=1.0)
         offs = torch.tensor(counts, device=device).cumsum(0).to(torch.int32)
         try:
@@ -203,9 +208,11 @@ FP8_CHECK = 0.1  # relative error against bf16 that float8 with row-wise scales 
 
 
 def to_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row-wise float8 (e4m3): x ~= q * scale[:, None]."""
+    """Float8 (e4m3) with one scale per row (per last-dimension vector, at any rank):
+    x ~= q * scale[..., None]."""
     scale = x.abs().amax(dim=-1).float().clamp(min=1e-12) / FP8_MAX
-    return (x.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+    q = (x.float() / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
 
 
 class Fp8Experts:
@@ -214,14 +221,8 @@ class Fp8Experts:
 
     def __init__(self, experts: Experts):
         self.s = experts.s
-        self.w13, self.s13 = self._quantize(experts.w13)  # (E, 2N, H), (E, 2N)
-        self.w2, self.s2 = self._quantize(experts.w2)  # (E, H, N), (E, H)
-
-    @staticmethod
-    def _quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        scale = w.abs().amax(dim=-1).float().clamp(min=1e-12) / FP8_MAX
-        q = (w.float() / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-        return q, scale
+        self.w13, self.s13 = to_fp8_rows(experts.w13)  # (E, 2N, H), (E, 2N)
+        self.w2, self.s2 = to_fp8_rows(experts.w2)  # (E, H, N), (E, H)
 
     def forward(self, x8: torch.Tensor, sx: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         """Both expert GEMMs and the activation's re-quantization between them."""
@@ -258,7 +259,7 @@ def measure_prefill_moe_fp8(timer, s, experts, device, tokens_list, gen) -> dict
         peak = 2 * n**3 / sec / 1e12
         fp8 = Fp8Experts(experts)
         # correctness against the bf16 experts on a small routed batch
-        counts = [3 + (e % 5) * 8 for e in range(s.local_experts)]
+        counts = check_counts(s)
         padded, offs = padded_offsets(counts, 16, device)
         x = rand((sum(counts), s.hidden), device, torch.bfloat16, 1.0)
         xp = torch.zeros(sum(padded), s.hidden, device=device, dtype=torch.bfloat16)
