@@ -53,7 +53,7 @@ AMPLE_ROLE = {"prefill": "main_decode", "decode": "prefill"}
 
 
 def side_config(side: str, knob: str, value: float, seed: int, ample: int,
-                engine_set: dict[str, float]) -> dict[str, Any]:  # fmt: skip
+                engine_set: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """The paper-bcr PDD case with one pool and the WAN line made ample."""
     config = copy.deepcopy(case_configs(load_scenario("paper-bcr"))["pdd"])
     engine = config["fleet"]["engine"]
@@ -69,7 +69,7 @@ def side_config(side: str, knob: str, value: float, seed: int, ample: int,
     return config
 
 
-def _run(point: tuple[str, str, float, int, int, dict[str, float]]) -> dict[str, Any]:
+def _run(point: tuple[str, str, float, int, int, dict[str, Any]]) -> dict[str, Any]:
     side, knob, value, seed, ample, engine_set = point
     config = side_config(side, knob, value, seed, ample, engine_set)
     start = time.perf_counter()
