@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,8 @@ PROTOCOL_VERSION = 1
 # Transfer ids on the fabric: "<request id>|<target instance id>|<what>", what = "kv" or
 # "h<n>" / "h<n>.final" (a handoff batch of token ids).
 SEP = "|"
+# How many ended (request, instance) pairs an agent remembers, to drop their late transfers.
+ENDED_REMEMBERED = 4096
 
 
 class InstanceState:
@@ -143,6 +146,10 @@ class Agent:
         self.command_token: str | None = None  # set by registration with a control plane
         self.registered = False
         self._inbox: dict[tuple[str, str], _InboxEntry] = {}
+        # (request, instance) whose consumer has finished here, newest last (bounded): a
+        # transfer for one of them arriving or failing later (RLD cancels its unsent handoff
+        # batches once the request is over) is expected and dropped without a new inbox entry.
+        self._ended: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.reservations: dict[str, Reservation] = {}
         self.incoming: dict[str, Incoming] = {}
         # Reservations that answered more than the radix cache held, counting KV in flight.
@@ -404,7 +411,19 @@ class Agent:
         return entry.queue
 
     def drop_inbox(self, request_id: str, instance_id: str) -> None:
-        self._inbox.pop((request_id, instance_id), None)
+        """The request is over on this instance: drop its inbox and remember that it ended."""
+        key = (request_id, instance_id)
+        self._inbox.pop(key, None)
+        self._ended[key] = None
+        self._ended.move_to_end(key)
+        while len(self._ended) > ENDED_REMEMBERED:
+            self._ended.popitem(last=False)
+
+    def _ended_here(self, transfer_id: str | None) -> bool:
+        if transfer_id is None or transfer_id.count(SEP) != 2:
+            return False
+        request_id, instance_id, _ = transfer_id.split(SEP)
+        return (request_id, instance_id) in self._ended
 
     def fail_inbox(self, request_id: str, reason: str) -> None:
         """Wake every consumer of request_id with a failure (a cancel, a failed send)."""
@@ -424,6 +443,10 @@ class Agent:
         return entry, what
 
     async def _on_transfer(self, transfer: Transfer) -> None:
+        if self._ended_here(transfer.request_id):
+            log.debug("transfer %s arrived after its request ended here; dropped",
+                      transfer.request_id)  # fmt: skip
+            return
         entry, what = self._entry(transfer.request_id)
         if entry is None:
             log.warning("transfer %r names no request|instance|kind; dropped", transfer.request_id)
@@ -431,6 +454,11 @@ class Agent:
         entry.queue.put_nowait((what, transfer))
 
     async def _on_transfer_error(self, transfer_id: str | None, exc: Exception) -> None:
+        if self._ended_here(transfer_id):
+            # The sender gave up on a request that is already over here (RLD cancels its
+            # in-flight handoff batches when the request ends): nobody waits for it.
+            log.info("transfer %s cut after its request ended here: %r", transfer_id, exc)
+            return
         log.warning("transfer %s failed: %r", transfer_id, exc)
         entry, _ = self._entry(transfer_id)
         if entry is not None:

@@ -46,6 +46,9 @@ from agents.node.wire import (
 from agents.transfer.records import KVChunk, TokenIds, Transfer, TransferStats
 
 log = logging.getLogger(__name__)
+
+# How long a finished relay lets its in-flight handoff batches (token IDs) reach MD.
+HANDOFF_SEND_GRACE_S = 5.0
 Events = AsyncIterator[dict[str, Any]]
 
 
@@ -87,6 +90,13 @@ def fire_and_forget(agent: Agent, coro) -> None:
     task = asyncio.create_task(coro)
     agent.background.add(task)
     task.add_done_callback(agent.background.discard)
+
+
+async def _settle(tasks: list[asyncio.Task], grace_s: float) -> None:
+    """Give tasks ``grace_s`` to finish, then cancel what is left."""
+    _, pending = await asyncio.wait(tasks, timeout=grace_s)
+    for task in pending:
+        task.cancel()
 
 
 async def cancel_remote(agent: Agent, peer: Peer | None, request_id: str) -> None:
@@ -763,8 +773,12 @@ async def run_relay(agent: Agent, inst: Instance, req: RelayRequest) -> Events:
             deadline.cancel()
         if md_task is not None:
             md_task.cancel()
-        for task in handoff.sent:
-            task.cancel()
+        unsent = [task for task in handoff.sent if not task.done()]
+        if unsent:
+            # Let handoff batches already on the wire end (a few bytes of token IDs each)
+            # rather than cut them mid-stream, which MD would log as a failed transfer; MD
+            # drops them once the request is over there.
+            fire_and_forget(agent, _settle(unsent, HANDOFF_SEND_GRACE_S))
         worker.remove_sink(rid)
         agent.drop_inbox(rid, inst.instance_id)
         if engine_live:

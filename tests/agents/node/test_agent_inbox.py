@@ -1,0 +1,96 @@
+"""The agent's transfer inbox: transfers and failures for a request that has ended on this
+instance (RLD's last handoff batch, cut or late) are dropped quietly, not queued or warned."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from agents.node import agent as agent_module
+from agents.node.agent import Agent
+from agents.node.settings import AgentSettings
+from agents.transfer import PartialTransferError
+from agents.transfer.records import Transfer
+
+
+def transfer(transfer_id: str) -> Transfer:
+    return Transfer(
+        request_id=transfer_id,
+        chunks=(),
+        tokens=None,
+        payload_bytes=0,
+        wire_bytes=0,
+        frames=0,
+        connected_at=0.0,
+        first_frame_at=0.0,
+        completed_at=0.0,
+    )
+
+
+def run(coro_fn):
+    async def main():
+        agent = Agent(AgentSettings())
+        try:
+            return await coro_fn(agent)
+        finally:
+            await agent.close()
+
+    return asyncio.run(main())
+
+
+def test_a_failure_for_a_live_or_unclaimed_request_is_queued_and_warned(caplog) -> None:
+    async def scenario(agent: Agent):
+        queue = agent.inbox("r1", "3")
+        cut = PartialTransferError("connection closed after 1 frames, before END")
+        with caplog.at_level(logging.INFO, logger=agent_module.__name__):
+            await agent._on_transfer_error("r1|3|h0", cut)
+            # Not claimed yet (KV may land before MD's consumer starts): kept for it.
+            await agent._on_transfer_error("r2|3|kv", cut)
+        assert queue.get_nowait() is cut
+        assert agent.inbox("r2", "3").get_nowait() is cut
+        assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.WARNING]
+
+    run(scenario)
+
+
+def test_after_the_request_ended_here_late_transfers_and_cuts_are_dropped(caplog) -> None:
+    async def scenario(agent: Agent):
+        agent.inbox("r1", "3")
+        agent.drop_inbox("r1", "3")
+        cut = PartialTransferError("connection closed after 1 frames, before END")
+        with caplog.at_level(logging.DEBUG, logger=agent_module.__name__):
+            await agent._on_transfer_error("r1|3|h0", cut)
+            await agent._on_transfer(transfer("r1|3|h1.final"))
+        assert ("r1", "3") not in agent._inbox  # no orphan entry for the sweeper
+        assert all(r.levelno < logging.WARNING for r in caplog.records)
+        assert "ended here" in caplog.records[0].getMessage()
+        # Another instance of the same request is unaffected.
+        await agent._on_transfer(transfer("r1|4|kv"))
+        assert agent.inbox("r1", "4").qsize() == 1
+
+    run(scenario)
+
+
+def test_the_memory_of_ended_requests_is_bounded(monkeypatch) -> None:
+    monkeypatch.setattr(agent_module, "ENDED_REMEMBERED", 3)
+
+    async def scenario(agent: Agent):
+        for i in range(5):
+            agent.drop_inbox(f"r{i}", "0")
+        assert list(agent._ended) == [("r2", "0"), ("r3", "0"), ("r4", "0")]
+
+    run(scenario)
+
+
+def test_a_finished_relay_lets_handoff_sends_end_then_cuts_what_overstays() -> None:
+    from agents.node.pipelines import _settle
+
+    async def scenario():
+        quick = asyncio.create_task(asyncio.sleep(0.01, result="sent"))
+        stuck = asyncio.create_task(asyncio.sleep(60))
+        await _settle([quick, stuck], grace_s=0.2)
+        await asyncio.sleep(0)
+        assert quick.result() == "sent"
+        assert stuck.cancelled()
+
+    asyncio.run(scenario())
