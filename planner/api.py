@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.fleet import FleetSpec, fleet_from_dict
-from planner.metrics import Sla, summarise
+from planner.metrics import Sla, Tariff, revenue, summarise
 from planner.microbench import simulate_transfers
 from planner.scenario import case_configs, load_scenario, set_path
 from planner.sim import RunRecord, Simulator
@@ -93,10 +93,10 @@ def make_trace(config: Mapping[str, Any], rps: float | None = None) -> Trace:
 
 
 def run_fleet(
-    fleet: FleetSpec, trace: Trace, sla: Sla, warmup_s: float
+    fleet: FleetSpec, trace: Trace, sla: Sla, warmup_s: float, tariff: Tariff | None = None
 ) -> tuple[dict[str, Any], RunRecord]:
     record = Simulator(fleet).run(trace)
-    return summarise(record, sla, warmup_s, fleet.cost_per_hour()), record
+    return summarise(record, sla, warmup_s, fleet.cost_per_hour(), tariff), record
 
 
 def goodput_search(
@@ -108,6 +108,7 @@ def goodput_search(
     hi_rps: float,
     iters: int = 6,
     rel_tol: float | None = None,
+    tariff: Tariff | None = None,
 ) -> dict[str, Any]:
     """Highest offered RPS at which the TTFT SLA still holds: the goodput.
 
@@ -115,19 +116,29 @@ def goodput_search(
     found by doubling from ``lo_rps`` (up to ``hi_rps``) and then bisection until the bracket
     is narrower than ``rel_tol`` of its lower end (same relative resolution at 10 or 200 RPS).
     ``at_ceiling`` says the SLA still held at ``hi_rps`` (the goodput is only a lower bound).
+    With a ``tariff``, ``revenue`` is what the goodput earns (per request, per hour, per
+    unit-hour of hardware) with the requests billed as at the goodput's run.
     """
     runs = 0
 
     def met(rps: float) -> tuple[bool, dict[str, Any]]:
         nonlocal runs
         runs += 1
-        summary, _ = run_fleet(fleet, make_trace(config, rps), sla, warmup_s)
+        summary, _ = run_fleet(fleet, make_trace(config, rps), sla, warmup_s, tariff)
         return summary["sla"]["met"], summary
 
     ok, summary = met(lo_rps)
+    cost = fleet.cost_per_hour()
+
+    def found(goodput: float, at: dict[str, Any], **rest: Any) -> dict[str, Any]:
+        out = {"goodput_rps": goodput, **rest, "bcr": goodput / cost, "cost_per_hour": cost,
+               "at": at, "runs": runs}  # fmt: skip
+        if tariff is not None:
+            out["revenue"] = revenue(tariff, at["billed_tokens"], goodput, cost)
+        return out
+
     if not ok:
-        return {"goodput_rps": 0.0, "bcr": 0.0, "at": summary, "bracket": [0.0, lo_rps],
-                "runs": runs, "at_ceiling": False}  # fmt: skip
+        return found(0.0, summary, bracket=[0.0, lo_rps], at_ceiling=False)
     best = summary
     lo, hi = lo_rps, hi_rps
     at_ceiling = False
@@ -160,24 +171,19 @@ def goodput_search(
             else:
                 hi = mid
         at_ceiling = lo >= hi_rps - 1e-9
-    cost = fleet.cost_per_hour()
     # The search steps the drawn rate; the goodput is the rate the fleet actually received
     # there (equal for open-loop traffic, lower where closed-loop sessions waited on it).
-    goodput = best["offered_rps"]
-    return {
-        "goodput_rps": goodput,
-        "drawn_rps": lo,
-        "bcr": goodput / cost,
-        "cost_per_hour": cost,
-        "at": best,
-        "bracket": [lo, hi],
-        "runs": runs,
-        "at_ceiling": at_ceiling,
-    }
+    return found(best["offered_rps"], best, drawn_rps=lo, bracket=[lo, hi], at_ceiling=at_ceiling)
 
 
 def _sla(config: Mapping[str, Any]) -> Sla:
     return build(Sla, config.get("sla", {}), "sla")
+
+
+def _tariff(config: Mapping[str, Any]) -> Tariff | None:
+    """The case's ``tariff`` (absent or null: no revenue figures)."""
+    data = config.get("tariff")
+    return None if data is None else build(Tariff, data, "tariff")
 
 
 def run_case(name: str, config: Mapping[str, Any], kind: str) -> CaseResult:
@@ -193,18 +199,19 @@ def run_case(name: str, config: Mapping[str, Any], kind: str) -> CaseResult:
         raise ValueError(f"{name}.fleet: required")
     fleet = fleet_from_dict(config["fleet"])
     sla = _sla(config)
+    tariff = _tariff(config)
     warmup = float(config.get("warmup_s", 60.0))
     search = config.get("goodput_search")
     goodput = None
     if search:
         goodput = goodput_search(
             fleet, config, sla, warmup, search["lo_rps"], search["hi_rps"],
-            search.get("iters", 6), search.get("rel_tol"),
+            search.get("iters", 6), search.get("rel_tol"), tariff,
         )  # fmt: skip
         summary = goodput["at"]
         series: dict[str, list[float]] = {}
     else:
-        summary, record = run_fleet(fleet, make_trace(config), sla, warmup)
+        summary, record = run_fleet(fleet, make_trace(config), sla, warmup, tariff)
         series = record.series
     return CaseResult(name, summary, series, goodput, time.perf_counter() - start)
 

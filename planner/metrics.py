@@ -1,4 +1,5 @@
-"""Figures from a run: latency percentiles, token share by role, SLA, goodput, cost and BCR."""
+"""Figures from a run: latency percentiles, token share by role, SLA, goodput, cost and BCR,
+and, under a tariff, what the goodput earns per unit of hardware cost."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from planner.sim import PIPELINE_CODES, RunRecord
-from planner.spec import check_positive
+from planner.spec import check_positive, check_range
 from routing.policy import Pipeline
 
 
@@ -22,6 +23,32 @@ class Sla:
     def __post_init__(self) -> None:
         check_positive(self, "ttft_p90_s")
         check_positive(self, "ttft_p99_s")
+
+
+@dataclass(slots=True)
+class Tariff:
+    """What a provider bills, per million tokens; cached input at a fraction of the input price.
+
+    PDD.md: "Providers bill cached input tokens at 10-25% of the uncached price". Prices are in
+    any currency unit; figures derived from them (revenue per unit-hour of hardware) are in that
+    unit per the fleet's price unit.
+    """
+
+    input_per_mtok: float = 1.0
+    cached_input_fraction: float = 0.1
+    output_per_mtok: float = 4.0
+
+    def __post_init__(self) -> None:
+        check_positive(self, "input_per_mtok")
+        check_range(self, "cached_input_fraction", 0.0, 1.0)
+        check_positive(self, "output_per_mtok")
+
+    def billed(self, uncached_input: float, cached_input: float, output: float) -> float:
+        """The bill for these token counts (one request's, or a mean request's)."""
+        return (
+            (uncached_input + self.cached_input_fraction * cached_input) * self.input_per_mtok
+            + output * self.output_per_mtok
+        ) / 1e6
 
 
 def percentiles(values: np.ndarray, qs: tuple[int, ...] = (50, 90, 99)) -> dict[str, float]:
@@ -44,8 +71,19 @@ def percentiles(values: np.ndarray, qs: tuple[int, ...] = (50, 90, 99)) -> dict[
     return out
 
 
-def summarise(rec: RunRecord, sla: Sla, warmup_s: float, cost_per_hour: float) -> dict[str, Any]:
-    """One run's figures, measured over requests arriving after ``warmup_s``."""
+def summarise(
+    rec: RunRecord,
+    sla: Sla,
+    warmup_s: float,
+    cost_per_hour: float,
+    tariff: Tariff | None = None,
+) -> dict[str, Any]:
+    """One run's figures, measured over requests arriving after ``warmup_s``.
+
+    ``billed_tokens`` is the mean served request's uncached input, cached input and output;
+    with a ``tariff``, ``revenue`` prices it and what the goodput earns per hour and per
+    unit-hour of hardware cost (zero when the SLA is missed, as goodput is).
+    """
     # The window and the offered rate follow the trace's drawn arrivals; a closed-loop turn sent
     # later than drawn (its previous response had not ended) stays in the window it was drawn in.
     drawn = rec.drawn_arrival_s
@@ -72,6 +110,17 @@ def summarise(rec: RunRecord, sla: Sla, warmup_s: float, cost_per_hour: float) -
     sla_met = bool(ttft_pct["p90"] < sla.ttft_p90_s and ttft_pct["p99"] < sla.ttft_p99_s)
     in_window_hits = rec.md_hit_tokens[window & served]
     inputs = rec.input_tokens[window & served]
+    cached = rec.cached_tokens[window & served]
+    outputs = rec.output_tokens[window & served]
+    billed = {
+        "uncached_input": float((inputs - cached).mean()) if len(inputs) else 0.0,
+        "cached_input": float(cached.mean()) if len(inputs) else 0.0,
+        "output": float(outputs.mean()) if len(inputs) else 0.0,
+    }
+    goodput = rps if sla_met else 0.0
+    extra: dict[str, Any] = {}
+    if tariff is not None:
+        extra["revenue"] = revenue(tariff, billed, goodput, cost_per_hour)
     return {
         "requests": int(window.sum()),
         "offered_rps": rps,
@@ -104,7 +153,21 @@ def summarise(rec: RunRecord, sla: Sla, warmup_s: float, cost_per_hour: float) -
         "md_hit_rate": float(in_window_hits.sum() / inputs.sum()) if inputs.sum() else 0.0,
         "unfinished": int((np.isnan(rec.finish_s) & window).sum()),
         "sla": {"p90_s": sla.ttft_p90_s, "p99_s": sla.ttft_p99_s, "met": sla_met},
-        "goodput_rps": rps if sla_met else 0.0,
+        "goodput_rps": goodput,
         "cost_per_hour": cost_per_hour,
-        "bcr": (rps if sla_met else 0.0) / cost_per_hour if cost_per_hour else 0.0,
+        "bcr": goodput / cost_per_hour if cost_per_hour else 0.0,
+        "billed_tokens": billed,
+    } | extra
+
+
+def revenue(
+    tariff: Tariff, billed: dict[str, float], goodput_rps: float, cost_per_hour: float
+) -> dict[str, float]:
+    """What ``goodput_rps`` requests/s of the mean ``billed`` request earn under ``tariff``."""
+    per_request = tariff.billed(billed["uncached_input"], billed["cached_input"], billed["output"])
+    per_hour = goodput_rps * 3600.0 * per_request
+    return {
+        "per_request": per_request,
+        "per_hour": per_hour,
+        "per_cost": per_hour / cost_per_hour if cost_per_hour else 0.0,
     }

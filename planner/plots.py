@@ -68,6 +68,16 @@ def plot_result(result: SimResult, out: Path) -> list[Path]:
         ax.set_title(f"{result.scenario}: benefit over the hit-rate range")
         ax.legend(loc="upper left")
         paths.append(_save(fig, out / "bathtub.png"))
+        if all("revenue" in row[name] for row in result.sweep for name in names):
+            fig, ax = plt.subplots(figsize=(7, 4))
+            for name in names:
+                ys = [row[name]["revenue"]["per_cost"] for row in result.sweep]
+                ax.plot(xs, ys, "o-", label=name)
+            ax.set_xlabel("mean prefix hit rate")
+            ax.set_ylabel("revenue per unit-hour of hardware")
+            ax.set_title(f"{result.scenario}: what the goodput earns at the tariff")
+            ax.legend()
+            paths.append(_save(fig, out / "revenue.png"))
     return paths
 
 

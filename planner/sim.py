@@ -58,6 +58,7 @@ class RunRecord:
     # closed-loop turn may be sent later than drawn, see ``Trace.closed_loop``).
     drawn_arrival_s: np.ndarray
     input_tokens: np.ndarray
+    cached_tokens: np.ndarray  # the trace's prefix hits on P: billed as cached input
     output_tokens: np.ndarray
     series: dict[str, list[float]] = field(default_factory=dict)
     decisions: int = 0
@@ -203,6 +204,7 @@ class Simulator:
             md_kv_at_s=np.array(self.md_kv_at),
             drawn_arrival_s=trace.arrival_s,
             input_tokens=trace.input_tokens,
+            cached_tokens=trace.cached_tokens,
             output_tokens=trace.output_tokens,
             series=self.series,
             decisions=sum(1 for p in self.pipe if p != NO_PIPELINE),

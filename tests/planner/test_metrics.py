@@ -6,6 +6,7 @@ import math
 import warnings
 
 import numpy as np
+import pytest
 
 from planner.metrics import percentiles
 
@@ -31,3 +32,69 @@ def test_finite_values_are_plain_numpy_percentiles() -> None:
     out = percentiles(values)
     assert out["p50"] == np.percentile(values, 50)
     assert out["p99"] == np.percentile(values, 99)
+
+
+# --- tariff: what the goodput earns ----------------------------------------------------------
+
+
+def test_cached_input_is_billed_at_its_fraction_of_the_input_price() -> None:
+    from planner.metrics import Tariff
+
+    tariff = Tariff(input_per_mtok=2.0, cached_input_fraction=0.25, output_per_mtok=8.0)
+    # 10K uncached + 40K cached (at a quarter) + 1K output, per million tokens.
+    assert tariff.billed(10_000, 40_000, 1_000) == pytest.approx(
+        (10_000 + 10_000) * 2.0 / 1e6 + 1_000 * 8.0 / 1e6
+    )
+    assert Tariff(cached_input_fraction=0.0).billed(0, 64_000, 0) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("cached_input_fraction", 1.5),
+        ("cached_input_fraction", -0.1),
+        ("input_per_mtok", 0),
+        ("output_per_mtok", "4"),
+    ],
+)
+def test_a_bad_tariff_names_its_field(field, value) -> None:
+    from planner.metrics import Tariff
+    from planner.spec import build
+
+    with pytest.raises(ValueError, match=f"tariff.{field}"):
+        build(Tariff, {field: value}, "tariff")
+
+
+def test_a_run_prices_its_served_requests_and_earns_nothing_off_the_sla() -> None:
+    from planner.api import goodput_search, run_case
+    from planner.fleet import fleet_from_dict
+    from planner.metrics import Sla, Tariff
+    from planner.scenario import deep_merge
+    from tests.planner.test_sim import small_config
+
+    config = deep_merge(
+        small_config("pdd", duration_s=90, rps=2),
+        {"tariff": {"input_per_mtok": 1.0, "cached_input_fraction": 0.1, "output_per_mtok": 4.0}},
+    )
+    summary = run_case("t", config, "fleet").summary
+    billed = summary["billed_tokens"]
+    assert billed["cached_input"] > billed["uncached_input"] > 0  # agentic: mostly cached
+    assert billed["output"] > 0
+    per_request = (
+        billed["uncached_input"] + 0.1 * billed["cached_input"] + 4 * billed["output"]
+    ) / 1e6
+    assert summary["revenue"]["per_request"] == pytest.approx(per_request)
+    assert summary["sla"]["met"]
+    assert summary["revenue"]["per_cost"] == pytest.approx(
+        summary["goodput_rps"] * 3600 * per_request / summary["cost_per_hour"]
+    )
+    # Without a tariff there are token counts but no revenue.
+    del config["tariff"]
+    assert "revenue" not in run_case("t", config, "fleet").summary
+
+    # Off the SLA (a tiny TTFT bound) the goodput, and so the revenue, is zero.
+    fleet = fleet_from_dict(config["fleet"])
+    tight = Sla(ttft_p90_s=1e-3, ttft_p99_s=1e-3)
+    found = goodput_search(fleet, config, tight, 10.0, 2.0, 8.0, rel_tol=0.1, tariff=Tariff())
+    assert found["goodput_rps"] == 0.0
+    assert found["revenue"]["per_hour"] == 0.0 and found["revenue"]["per_request"] > 0
