@@ -251,12 +251,14 @@ def plan(
     sla: Mapping[str, Any],
     search_space: Mapping[str, Any],
     top: int = 5,
+    tariff: Mapping[str, Any] | None = None,
 ) -> list[PlanResult]:
     """Search P / RLD / MD counts per datacenter for the best BCR under the SLA.
 
     ``search_space``: ``{"pools": [{"role", "gpu", "datacenter", "counts": [..]}, ...],
     "lo_rps", "hi_rps", "iters"}``. Each combination replaces ``fleet_spec["pools"]``; its
     goodput is found by bisection on offered RPS; results are sorted by BCR, best first.
+    With a ``tariff`` each result's summary also says what its goodput earns (``revenue``).
     """
     pools = search_space.get("pools")
     if not isinstance(pools, list) or not pools:
@@ -266,6 +268,7 @@ def plan(
         if not isinstance(counts, list) or not counts:
             raise ValueError(f"search_space.pools[{i}].counts: needs a non-empty list")
     sla_obj = build(Sla, sla, "sla")
+    tariff_obj = None if tariff is None else build(Tariff, tariff, "tariff")
     config = {"workload": dict(workload_spec)}
     warmup = float(search_space.get("warmup_s", 60.0))
     results = []
@@ -286,6 +289,7 @@ def plan(
             search_space.get("lo_rps", 1.0),
             search_space.get("hi_rps", 100.0),
             search_space.get("iters", 5),
+            tariff=tariff_obj,
         )
         counts = {f"{p['role']}@{p['datacenter']}:{p['gpu']}": p["count"] for p in chosen}
         results.append(

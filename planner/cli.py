@@ -61,7 +61,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     config = next(iter(case_configs(data).values()))
     results = plan(
         config["fleet"], config.get("workload", {}), config.get("sla", {}), data["search_space"],
-        top=args.top,
+        top=args.top, tariff=config.get("tariff"),
     )  # fmt: skip
     print(json.dumps(_clean([r.to_dict() for r in results]), indent=1))
     return 0

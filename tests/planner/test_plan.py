@@ -37,3 +37,18 @@ def test_plan_rejects_an_empty_search_space() -> None:
     config, _ = tiny()
     with pytest.raises(ValueError, match="pools"):
         plan(config["fleet"], config["workload"], config["sla"], {"pools": []})
+
+
+def test_plan_under_a_tariff_says_what_each_result_earns() -> None:
+    config, space = tiny()
+    results = plan(
+        config["fleet"], config["workload"], config["sla"], space, top=2, tariff=config["tariff"]
+    )
+    for r in results:
+        revenue = r.summary["revenue"]
+        assert revenue["per_cost"] == pytest.approx(
+            r.goodput_rps * 3600 * revenue["per_request"] / r.cost_per_hour
+        )
+    with pytest.raises(ValueError, match="tariff.cached_input_fraction"):
+        plan(config["fleet"], config["workload"], config["sla"], space,
+             tariff={"cached_input_fraction": 2})  # fmt: skip
