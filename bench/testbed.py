@@ -228,6 +228,10 @@ def start_cluster() -> Cluster:
     redis_url = env.get("REDIS_URL", "")
     if redis_url:
         env["BATON_CHANNEL_PREFIX"] = f"e2e-{uuid.uuid4().hex[:6]}"
+        # Rate-limit windows and dispatch counts of its own: the test database is made anew
+        # every run, so tenant and instance ids repeat, and a run within a minute of the last
+        # would otherwise start inside that run's rate-limit window.
+        env["BATON_REDIS_PREFIX"] = f"e2e-{uuid.uuid4().hex[:8]}"
         # A queue of its own, so no other worker on this Redis takes these tasks.
         env["CELERY_TASK_DEFAULT_QUEUE"] = f"e2e-{uuid.uuid4().hex[:8]}"
     port = free_port()

@@ -115,6 +115,9 @@ LOGIN_URL = "/admin/login/"
 
 # Redis: Celery broker and channel layer when set; otherwise in-process equivalents.
 REDIS_URL = env_str("REDIS_URL", "")
+# Namespace of the gateway's own Redis keys (rate-limit windows "<prefix>:rl:...", dispatch
+# ledger "<prefix>:dispatch:..."): deployments, or test clusters, sharing one Redis keep apart.
+REDIS_KEY_PREFIX = env_str("BATON_REDIS_PREFIX", "baton")
 
 if REDIS_URL:
     CHANNEL_LAYERS = {

@@ -41,7 +41,9 @@ log = logging.getLogger(__name__)
 
 live_views = LiveViewCache()
 # Shared by every gateway process through Redis when REDIS_URL is set (else this process's).
-dispatches = DispatchLedger(redis_url=settings.REDIS_URL)
+dispatches = DispatchLedger(
+    redis_url=settings.REDIS_URL, prefix=f"{settings.REDIS_KEY_PREFIX}:dispatch"
+)
 policies = PolicyCache()
 _limiter: RateLimiter | None = None
 
@@ -49,7 +51,7 @@ _limiter: RateLimiter | None = None
 def limiter() -> RateLimiter:
     global _limiter
     if _limiter is None:
-        _limiter = RateLimiter(settings.REDIS_URL)
+        _limiter = RateLimiter(settings.REDIS_URL, prefix=f"{settings.REDIS_KEY_PREFIX}:rl")
     return _limiter
 
 

@@ -225,3 +225,11 @@ def test_the_gateway_sends_the_data_plane_token_to_the_agents(settings, monkeypa
     settings.BATON_DATA_TOKEN = "fleet-data-token-0123456789"
     asyncio.run(run())
     assert seen == [None, "Bearer fleet-data-token-0123456789"]
+
+
+def test_the_rate_limiter_keys_live_under_the_configured_redis_prefix(settings):
+    from routing.gateway import views
+
+    settings.REDIS_KEY_PREFIX = "tenant-a"
+    views._limiter = None
+    assert views.limiter().prefix == "tenant-a:rl"
