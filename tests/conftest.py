@@ -19,6 +19,10 @@ try:
 
     if _settings.configured:
         _settings.BATON_EMBEDDED_BEAT = False
+        # Connections close after each unit of work, as with Django's default: pool threads of
+        # the gateway (routing.gateway.views.in_worker) then hold none when the test database
+        # is dropped at the end of the session.
+        _settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
 except ImportError:  # pragma: no cover
     pass
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import transaction
+from django.db import close_old_connections, transaction
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -38,6 +38,23 @@ from routing.policy_cache import PolicyCache
 log = logging.getLogger(__name__)
 # Blocking work (ORM, tokenizer, policy) runs in a thread pool, not Django's single
 # thread-sensitive thread: concurrent requests must not queue behind each other there.
+
+
+def in_worker(fn):
+    """``fn`` as a coroutine function run in the thread pool, with the connection upkeep that
+    Django's request signals do only in the thread-sensitive thread: before and after the call,
+    this pool thread's database connection is closed if it is broken (a database restart) or
+    older than CONN_MAX_AGE, so a pool thread never keeps a dead or stale connection."""
+
+    def run(*args, **kwargs):
+        close_old_connections()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return sync_to_async(run, thread_sensitive=False)
+
 
 live_views = LiveViewCache()
 # Shared by every gateway process through Redis when REDIS_URL is set (else this process's).
@@ -282,7 +299,7 @@ class Run:
     async def record(self) -> None:
         p = self.p
         try:
-            await sync_to_async(record_request, thread_sensitive=False)(
+            await in_worker(record_request)(
                 request_id=p.request_id,
                 api_key=p.key,
                 model=p.model.name,
@@ -420,7 +437,7 @@ async def _handle(request: HttpRequest, kind: str):
     if request.method != "POST":
         return GatewayError(405, "Use POST.", code="method_not_allowed").response()
     try:
-        p = await sync_to_async(_prepare, thread_sensitive=False)(request, kind)
+        p = await in_worker(_prepare)(request, kind)
         if p.greq.stream:
             response = StreamingHttpResponse(_stream(p), content_type="text/event-stream")
             response["Cache-Control"] = "no-cache"

@@ -233,3 +233,40 @@ def test_the_rate_limiter_keys_live_under_the_configured_redis_prefix(settings):
     settings.REDIS_KEY_PREFIX = "tenant-a"
     views._limiter = None
     assert views.limiter().prefix == "tenant-a:rl"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_pool_thread_does_not_keep_a_dead_or_expired_connection():
+    import asyncio
+
+    from django.db import connections
+
+    from routing.gateway.views import in_worker
+
+    def query():
+        connection = connections["default"]  # this pool thread's own wrapper, not the proxy
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return connection
+
+    wrapper = asyncio.run(in_worker(query)())
+    # Past CONN_MAX_AGE (0 in tests) it is closed after the call, in the pool thread itself;
+    # Django's request signals would only do this in the thread-sensitive thread.
+    assert wrapper.connection is None
+
+    def broken():
+        from django.db import OperationalError
+
+        connection = connections["default"]
+        # The server ends this session (as a database restart would) under a persistent
+        # connection: only its being unusable can close it.
+        connection.ensure_connection()
+        connection.close_at = None
+        with pytest.raises(OperationalError), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        return connection
+
+    wrapper = asyncio.run(in_worker(broken)())
+    assert wrapper.errors_occurred or wrapper.connection is None
+    assert wrapper.connection is None
