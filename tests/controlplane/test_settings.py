@@ -54,7 +54,7 @@ def test_embedded_defaults_use_sqlite_in_memory_layer_and_eager_tasks(tmp_path):
     assert got["name"] == str(tmp_path / "baton.sqlite3")
     assert got["atomic"] is True
     assert got["layer"] == "channels.layers.InMemoryChannelLayer"
-    assert got["broker"] == "memory://"
+    assert got["broker"] == "memory://localhost/"
     assert got["eager"] is True
     assert got["debug"] is False
 
