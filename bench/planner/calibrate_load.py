@@ -12,7 +12,9 @@ cross-city figures add the WAN. This sweeps (rate, prefill efficiency) over a gr
 ``idc-pd``: decode in datacenter A over RDMA, no WAN), over several seeds, and picks the point
 whose seed-mean figures have the smallest worst relative error against those four published
 values. Only baselines take part (no relay, no handoff, nothing PDD-specific); every PDD figure
-at the chosen point is a prediction.
+at the chosen point is a prediction. ``--with-pdd`` also runs the ``pdd`` case at every point
+and prints its P90 and its cut against CDC-PD beside the baselines (not used in the choice):
+how the predicted cut moves with the calibration.
 
 Usage:
     .venv/bin/python bench/planner/calibrate_load.py [--jobs 2] \
@@ -47,11 +49,14 @@ TARGET = {
     ("cdc-pd", "p99"): 29.7,  # CDC-PD TTFT P99
 }
 SYSTEMS = ("idc-pd", "cdc-pd")
+PDD = "pdd"  # --with-pdd: reported, never fitted
 
 
 def _run(point: tuple[str, float, float, int, float | None, dict[str, Any]]) -> dict[str, Any]:
     system, eff, rps, seed, decode_ratio, engine_set = point
-    config = copy.deepcopy(case_configs(load_scenario("paper-ttft"))["cdc-pd"])
+    # The baselines run on the cdc-pd case's fleet (its system swapped); PDD is its own case.
+    case = PDD if system == PDD else "cdc-pd"
+    config = copy.deepcopy(case_configs(load_scenario("paper-ttft"))[case])
     config["fleet"]["system"] = system
     config["fleet"]["engine"].update(engine_set)
     config["fleet"]["engine"]["prefill_efficiency"] = eff
@@ -79,15 +84,17 @@ def _run(point: tuple[str, float, float, int, float | None, dict[str, Any]]) -> 
 def _row(runs: list[dict[str, Any]], eff: float, rps: float) -> dict[str, Any]:
     mean: dict[str, float] = {}
     p90_range: dict[str, list[float]] = {}
-    for system in SYSTEMS:
+    for system in (*SYSTEMS, PDD):
         mine = [r for r in runs if r["system"] == system and r["rps"] == rps
                 and r["prefill_efficiency"] == eff]  # fmt: skip
+        if not mine:
+            continue
         for k in ("p50", "p90", "p99"):
             mean[f"{system}.{k}"] = float(np.mean([r[f"ttft_{k}"] for r in mine]))
         p90s = [r["ttft_p90"] for r in mine]
         p90_range[system] = [min(p90s), max(p90s)]
     err = {f"{s}.{k}": mean[f"{s}.{k}"] / v - 1 for (s, k), v in TARGET.items()}
-    return {
+    row = {
         "prefill_efficiency": eff,
         "rps": rps,
         "mean": mean,
@@ -95,6 +102,10 @@ def _row(runs: list[dict[str, Any]], eff: float, rps: float) -> dict[str, Any]:
         "err": err,
         "worst_err": max(abs(e) for e in err.values()),
     }
+    if f"{PDD}.p90" in mean:
+        row["pdd_cut_p90"] = mean[f"{PDD}.p90"] / mean["cdc-pd.p90"] - 1
+        row["pdd_cut_p99"] = mean[f"{PDD}.p99"] / mean["cdc-pd.p99"] - 1
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         "--engine", type=engine_override, nargs="*", default=[], metavar="KEY=VALUE",
         help="fixed decode settings for every run, e.g. decode_mem_efficiency=0.3 "
         "max_decode_batch=43 (default: the scenario's)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--with-pdd", action="store_true",
+        help="also run the pdd case and print its P90 and cut against CDC-PD (not fitted)",
     )  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=None)
@@ -130,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--eff: efficiencies must be in (0, 1]")
     grid = [
         (*point, args.decode_ratio, engine_set)
-        for point in itertools.product(SYSTEMS, args.eff, args.rps, args.seeds)
+        for point in itertools.product(
+            (*SYSTEMS, PDD) if args.with_pdd else SYSTEMS, args.eff, args.rps, args.seeds
+        )
     ]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         runs = list(pool.map(_run, grid))
@@ -140,15 +157,22 @@ def main(argv: list[str] | None = None) -> int:
     if engine_set:
         print("engine: " + ", ".join(f"{k} {v}" for k, v in engine_set.items()))
     print("targets (PDD.md): " + ", ".join(f"{s} {k} {v} s" for (s, k), v in TARGET.items()))
+    pdd_head = f" | {'idc P90':>7} {'pdd P90':>7} {'cut P90':>7} {'cut P99':>7}"
     print(f"{'eff':>5} {'rps':>6} | {'idc P50':>7} | {'cdc P50':>7} {'P90':>6} {'P99':>6} | "
-          f"{'cdc P90 range':>13} | worst err")  # fmt: skip
+          f"{'cdc P90 range':>13} | worst err" + (pdd_head if args.with_pdd else ""))  # fmt: skip
     for row in rows:
         m = row["mean"]
         lo, hi = row["p90_range"]["cdc-pd"]
+        pdd = (
+            f" | {m['idc-pd.p90']:>7.2f} {m['pdd.p90']:>7.2f} {row['pdd_cut_p90']:>7.1%}"
+            f" {row['pdd_cut_p99']:>7.1%}"
+            if args.with_pdd
+            else ""
+        )
         print(
             f"{row['prefill_efficiency']:>5.2f} {row['rps']:>6.1f} | {m['idc-pd.p50']:>7.2f} | "
             f"{m['cdc-pd.p50']:>7.2f} {m['cdc-pd.p90']:>6.2f} {m['cdc-pd.p99']:>6.2f} | "
-            f"{lo:>6.2f}-{hi:<6.2f} | {row['worst_err']:.1%}"
+            f"{lo:>6.2f}-{hi:>6.2f} | {row['worst_err']:>9.1%}" + pdd
         )
     best = min(rows, key=lambda r: r["worst_err"])
     print(f"chosen: prefill efficiency {best['prefill_efficiency']}, {best['rps']} RPS "

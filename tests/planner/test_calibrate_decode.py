@@ -106,3 +106,23 @@ def test_the_prefill_order_is_an_engine_override_with_a_name_not_a_number() -> N
     assert engine_override("max_decode_batch=43") == ("max_decode_batch", 43)
     config = side_config("prefill", "decode_mem_efficiency", 0.2, 1, 4, {"prefill_order": "srpt"})
     assert config["fleet"]["engine"]["prefill_order"] == "srpt"
+
+
+def test_with_pdd_the_load_calibration_reports_the_cut_without_fitting_it() -> None:
+    from bench.planner.calibrate_load import _row
+
+    def run(system, p50, p90, p99, seed):
+        return {"system": system, "rps": 92.0, "prefill_efficiency": 0.22, "seed": seed,
+                "ttft_p50": p50, "ttft_p90": p90, "ttft_p99": p99}  # fmt: skip
+
+    baselines = [
+        run("idc-pd", 4.0, 12.0, 18.0, 1), run("idc-pd", 4.4, 13.0, 19.0, 2),
+        run("cdc-pd", 6.5, 18.0, 30.0, 1), run("cdc-pd", 6.9, 18.6, 29.4, 2),
+    ]  # fmt: skip
+    row = _row(baselines, 0.22, 92.0)
+    assert "pdd_cut_p90" not in row
+    with_pdd = _row([*baselines, run("pdd", 4.1, 9.0, 14.0, 1), run("pdd", 4.3, 10.6, 16.0, 2)],
+                    0.22, 92.0)  # fmt: skip
+    assert with_pdd["pdd_cut_p90"] == pytest.approx(9.8 / 18.3 - 1)
+    assert with_pdd["pdd_cut_p99"] == pytest.approx(15.0 / 29.7 - 1)
+    assert with_pdd["worst_err"] == row["worst_err"]  # PDD takes no part in the fit
