@@ -52,8 +52,10 @@ SYSTEMS = ("idc-pd", "cdc-pd")
 PDD = "pdd"  # --with-pdd: reported, never fitted
 
 
-def _run(point: tuple[str, float, float, int, float | None, dict[str, Any]]) -> dict[str, Any]:
-    system, eff, rps, seed, decode_ratio, engine_set = point
+def _run(
+    point: tuple[str, float, float, int, float | None, dict[str, Any], float | None],
+) -> dict[str, Any]:
+    system, eff, rps, seed, decode_ratio, engine_set, duration_s = point
     # The baselines run on the cdc-pd case's fleet (its system swapped); PDD is its own case.
     case = PDD if system == PDD else "cdc-pd"
     config = copy.deepcopy(case_configs(load_scenario("paper-ttft"))[case])
@@ -64,6 +66,8 @@ def _run(point: tuple[str, float, float, int, float | None, dict[str, Any]]) -> 
         config["fleet"]["engine"]["decode_mem_efficiency"] = round(decode_ratio * eff, 4)
     config["workload"]["rps"] = rps
     config["workload"]["seed"] = seed
+    if duration_s is not None:
+        config["workload"]["duration_s"] = duration_s
     start = time.perf_counter()
     s = run_case(system, config, "fleet").summary
     return {
@@ -127,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         "--with-pdd", action="store_true",
         help="also run the pdd case and print its P90 and cut against CDC-PD (not fitted)",
     )  # fmt: skip
+    ap.add_argument(
+        "--duration", type=float, default=None,
+        help="seconds of traffic per run (default: the scenario's); the warm-up stays",
+    )  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -139,12 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--engine: give decode_mem_efficiency or --decode-ratio, not both")
     if not 0 < engine_set.get("decode_mem_efficiency", 1) <= 1:
         ap.error("--engine: decode_mem_efficiency must be in (0, 1]")
+    warmup = case_configs(load_scenario("paper-ttft"))["cdc-pd"].get("warmup_s", 60.0)
+    if args.duration is not None and not args.duration > warmup:
+        ap.error(f"--duration: must be longer than the warm-up ({warmup:g} s)")
     if any(r <= 0 for r in args.rps):
         ap.error("--rps: rates must be > 0")
     if any(not 0 < e <= 1 for e in args.eff):
         ap.error("--eff: efficiencies must be in (0, 1]")
     grid = [
-        (*point, args.decode_ratio, engine_set)
+        (*point, args.decode_ratio, engine_set, args.duration)
         for point in itertools.product(
             (*SYSTEMS, PDD) if args.with_pdd else SYSTEMS, args.eff, args.rps, args.seeds
         )
@@ -156,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"decode_mem_efficiency = {args.decode_ratio} x prefill efficiency")
     if engine_set:
         print("engine: " + ", ".join(f"{k} {v}" for k, v in engine_set.items()))
+    if args.duration is not None:
+        print(f"duration: {args.duration:g} s per run")
     print("targets (PDD.md): " + ", ".join(f"{s} {k} {v} s" for (s, k), v in TARGET.items()))
     pdd_head = f" | {'idc P90':>7} {'pdd P90':>7} {'cut P90':>7} {'cut P99':>7}"
     print(f"{'eff':>5} {'rps':>6} | {'idc P50':>7} | {'cdc P50':>7} {'P90':>6} {'P99':>6} | "
@@ -185,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                     "target": target,
                     "decode_ratio": args.decode_ratio,
                     "engine": engine_set,
+                    "duration_s": args.duration,
                     "runs": runs,
                     "rows": rows,
                     "chosen": best,

@@ -90,6 +90,7 @@ def test_bad_arguments_exit_2_with_a_message(argv, message, capsys) -> None:
         (["--decode-ratio", "0.6", "--engine", "decode_mem_efficiency=0.2"], "not both"),
         (["--engine", "decode_mem_efficiency=1.5"], "(0, 1]"),
         (["--engine", "max_decode_batch=0"], "must be > 0"),
+        (["--duration", "30"], "longer than the warm-up"),
     ],
 )
 def test_load_calibration_takes_the_same_engine_overrides(argv, message, capsys) -> None:
