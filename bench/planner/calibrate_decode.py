@@ -52,14 +52,23 @@ SIDES = ("prefill", "decode")
 AMPLE_ROLE = {"prefill": "main_decode", "decode": "prefill"}
 
 
-def side_config(side: str, knob: str, value: float, seed: int, ample: int,
-                engine_set: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def side_config(
+    side: str,
+    knob: str,
+    value: float,
+    seed: int,
+    ample: int,
+    engine_set: dict[str, Any],
+    duration_s: float | None = None,
+) -> dict[str, Any]:
     """The paper-bcr PDD case with one pool and the WAN line made ample."""
     config = copy.deepcopy(case_configs(load_scenario("paper-bcr"))["pdd"])
     engine = config["fleet"]["engine"]
     engine.update(engine_set)
     engine[knob] = value
     config["workload"]["seed"] = seed
+    if duration_s is not None:
+        config["workload"]["duration_s"] = duration_s
     for pool in config["fleet"]["pools"]:
         if pool["role"] == AMPLE_ROLE[side]:
             pool["count"] *= ample
@@ -69,9 +78,11 @@ def side_config(side: str, knob: str, value: float, seed: int, ample: int,
     return config
 
 
-def _run(point: tuple[str, str, float, int, int, dict[str, Any]]) -> dict[str, Any]:
-    side, knob, value, seed, ample, engine_set = point
-    config = side_config(side, knob, value, seed, ample, engine_set)
+def _run(
+    point: tuple[str, str, float, int, int, dict[str, Any], float | None],
+) -> dict[str, Any]:
+    side, knob, value, seed, ample, engine_set, duration_s = point
+    config = side_config(side, knob, value, seed, ample, engine_set, duration_s)
     start = time.perf_counter()
     # paper-bcr's own goodput search (doubling, then bisection to its rel_tol).
     found = run_case(side, config, "fleet").goodput
@@ -141,10 +152,17 @@ def main(argv: list[str] | None = None) -> int:
         "--engine", type=engine_override, nargs="*", default=[], metavar="KEY=VALUE",
         help="engine overrides for every run, e.g. prefill_efficiency=0.22",
     )  # fmt: skip
+    ap.add_argument(
+        "--duration", type=float, default=None,
+        help="seconds of traffic per goodput-search step (default: paper-bcr's)",
+    )  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     knob = args.knob
+    warmup = case_configs(load_scenario("paper-bcr"))["pdd"].get("warmup_s", 60.0)
+    if args.duration is not None and not args.duration > warmup:
+        ap.error(f"--duration: must be longer than the warm-up ({warmup:g} s)")
     if knob == "max_decode_batch":
         if any(v < 1 or v != int(v) for v in args.values):
             ap.error("--values: max_decode_batch values must be positive integers")
@@ -159,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     if knob in engine_set:
         ap.error(f"--engine: {knob} is the swept knob")
     grid = [
-        (side, knob, value, seed, args.ample, engine_set)
+        (side, knob, value, seed, args.ample, engine_set, args.duration)
         for side, value, seed in itertools.product(SIDES, values, args.seeds)
     ]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -174,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     overrides = ", ".join(f"{k} {v}" for k, v in engine_set.items()) or "none"
     print("goodput (received RPS) of the paper-bcr PDD fleet with the other side ample "
-          f"(x{args.ample}), seeds {args.seeds}, engine overrides: {overrides}")  # fmt: skip
+          f"(x{args.ample}), seeds {args.seeds}, engine overrides: {overrides}"
+          + (f", {args.duration:g} s per step" if args.duration is not None else ""))  # fmt: skip
     print(f"{knob:>21} | {'P-bound (40 P)':>14} | {'MD-bound (32 MD)':>16} | MD / P")
     for row in rows:
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
@@ -193,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ample": args.ample,
                     "seeds": args.seeds,
                     "engine": engine_set,
+                    "duration_s": args.duration,
                     "runs": runs,
                     "rows": rows,
                     "balanced": chosen,

@@ -74,6 +74,7 @@ def test_balance_is_none_when_the_grid_does_not_bracket_it() -> None:
         (["--engine", "decode_mem_efficiency=0.2"], "swept knob"),
         (["--engine", "foo=1"], "expected prefill_efficiency"),
         (["--engine", "prefill_order=lifo"], "prefill_order is one of fifo, srpt"),
+        (["--duration", "60"], "longer than the warm-up"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(argv, message, capsys) -> None:
@@ -107,6 +108,8 @@ def test_the_prefill_order_is_an_engine_override_with_a_name_not_a_number() -> N
     assert engine_override("max_decode_batch=43") == ("max_decode_batch", 43)
     config = side_config("prefill", "decode_mem_efficiency", 0.2, 1, 4, {"prefill_order": "srpt"})
     assert config["fleet"]["engine"]["prefill_order"] == "srpt"
+    longer = side_config("decode", "decode_mem_efficiency", 0.2, 1, 4, {}, duration_s=900)
+    assert longer["workload"]["duration_s"] == 900
 
 
 def test_with_pdd_the_load_calibration_reports_the_cut_without_fitting_it() -> None:
