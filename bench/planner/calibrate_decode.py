@@ -114,6 +114,14 @@ def balance(rows: list[dict[str, Any]], knob: str = "decode_mem_efficiency") -> 
 KNOBS = ("decode_mem_efficiency", "max_decode_batch")
 
 
+def check_duration(ap: argparse.ArgumentParser, duration_s: float | None, scenario: str,
+                   case: str) -> None:  # fmt: skip
+    """``--duration`` (also calibrate_load.py's) must outlast the case's warm-up."""
+    warmup = case_configs(load_scenario(scenario))[case].get("warmup_s", 60.0)
+    if duration_s is not None and not duration_s > warmup:
+        ap.error(f"--duration: must be longer than the warm-up ({warmup:g} s)")
+
+
 def engine_override(text: str) -> tuple[str, float | str]:
     """Parse one ``--engine KEY=VALUE`` (also used by calibrate_load.py)."""
     key, sep, value = text.partition("=")
@@ -160,9 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     knob = args.knob
-    warmup = case_configs(load_scenario("paper-bcr"))["pdd"].get("warmup_s", 60.0)
-    if args.duration is not None and not args.duration > warmup:
-        ap.error(f"--duration: must be longer than the warm-up ({warmup:g} s)")
+    check_duration(ap, args.duration, "paper-bcr", "pdd")
     if knob == "max_decode_batch":
         if any(v < 1 or v != int(v) for v in args.values):
             ap.error("--values: max_decode_batch values must be positive integers")

@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.planner.calibrate_decode import engine_override  # noqa: E402
+from bench.planner.calibrate_decode import check_duration, engine_override  # noqa: E402
 from planner.api import run_case  # noqa: E402
 from planner.scenario import case_configs, load_scenario  # noqa: E402
 
@@ -147,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--engine: give decode_mem_efficiency or --decode-ratio, not both")
     if not 0 < engine_set.get("decode_mem_efficiency", 1) <= 1:
         ap.error("--engine: decode_mem_efficiency must be in (0, 1]")
-    warmup = case_configs(load_scenario("paper-ttft"))["cdc-pd"].get("warmup_s", 60.0)
-    if args.duration is not None and not args.duration > warmup:
-        ap.error(f"--duration: must be longer than the warm-up ({warmup:g} s)")
+    check_duration(ap, args.duration, "paper-ttft", "cdc-pd")
     if any(r <= 0 for r in args.rps):
         ap.error("--rps: rates must be > 0")
     if any(not 0 < e <= 1 for e in args.eff):
