@@ -289,11 +289,24 @@ def instance_create(
     return instance
 
 
+def _lock_instance(pk: int, *also: Node) -> Instance:
+    """Lock an instance's node (and any other nodes named), then the instance: nodes first and
+    in key order, as heartbeats and offline marking take them. Taking the instance first lets
+    PostgreSQL find a deadlock with a heartbeat and fail one side. Call inside a transaction."""
+    while True:
+        node_id = Instance.objects.filter(pk=pk).values_list("node_id", flat=True).get()
+        node_ids = sorted({node_id, *(node.pk for node in also)})
+        list(Node.objects.select_for_update().filter(pk__in=node_ids).order_by("pk"))
+        locked = Instance.objects.select_for_update().get(pk=pk)
+        if locked.node_id == node_id:
+            return locked
+        # Moved to another node between the two reads: lock that one as well.
+
+
 @transaction.atomic
 def instance_update(*, instance: Instance, actor: str = "", **changes: Any) -> Instance:
-    locked = Instance.objects.select_for_update().get(pk=instance.pk)
-    target_node = changes.get("node", locked.node)
-    Node.objects.select_for_update().filter(pk__in={locked.node_id, target_node.pk}).first()
+    target_node = changes.get("node")
+    locked = _lock_instance(instance.pk, *([target_node] if target_node is not None else []))
     leaves_prefill_pool = locked.role == InstanceRole.PREFILL and (
         changes.get("role", locked.role) != InstanceRole.PREFILL
         or changes.get("node", locked.node).datacenter_id != locked.node.datacenter_id
@@ -331,7 +344,7 @@ def instance_set_desired_state(
 
 @transaction.atomic
 def instance_delete(*, instance: Instance, actor: str = "") -> None:
-    locked = Instance.objects.select_for_update().get(pk=instance.pk)
+    locked = _lock_instance(instance.pk)
     _check_relays_keep_prefill(instance=locked, leaving=True)
     event_record(
         kind="instance.deleted",
