@@ -93,13 +93,13 @@ def summarise(
     # it fails the SLA instead of silently vanishing.
     ttft = np.where(np.isnan(rec.ttft_s), np.inf, rec.ttft_s)[window]
     ttft_pct = percentiles(ttft, (50, 90, 99))
+    horizon = float(drawn[window][-1] - warmup_s) if window.any() else 0.0
     rld = int(rec.rld_tokens[window].sum())
     md = int(rec.md_tokens[window].sum())
     pipelines = {
         name: int(((rec.pipeline == code) & window).sum()) for name, code in PIPELINE_CODES.items()
     }
     relayed = pipelines[Pipeline.P_RLD_MD]
-    horizon = float(drawn[window][-1] - warmup_s) if window.any() else 0.0
     drawn_rps = float(window.sum() / horizon) if horizon > 0 else 0.0
     # The offered rate is what actually arrived in the measured span. With closed-loop sessions
     # a turn waits for its previous response, so a fleet that answers slowly receives fewer
@@ -126,6 +126,7 @@ def summarise(
         "offered_rps": rps,
         "drawn_rps": drawn_rps,
         "ttft_s": ttft_pct,
+        "ttft_quarters": ttft_quarters(ttft, drawn[window], warmup_s, horizon),
         "e2e_s": percentiles((rec.finish_s - rec.arrival_s)[window]),
         "wan_transfer_s": percentiles(rec.wan_s[window]),
         "wan_pool_wait_s": percentiles(rec.wan_wait_s[window]),
@@ -158,6 +159,18 @@ def summarise(
         "bcr": goodput / cost_per_hour if cost_per_hour else 0.0,
         "billed_tokens": billed,
     } | extra
+
+
+def ttft_quarters(
+    ttft: np.ndarray, drawn_s: np.ndarray, warmup_s: float, horizon_s: float
+) -> list[dict[str, float]]:
+    """TTFT P50 / P90 in each quarter of the measured span (by drawn arrival): a steady run's
+    quarters agree; a queue still filling shows as quarters that climb."""
+    if horizon_s <= 0 or not len(ttft):
+        return []
+    edges = warmup_s + horizon_s * np.arange(5) / 4.0
+    quarter = np.clip(np.searchsorted(edges, drawn_s, side="right") - 1, 0, 3)
+    return [percentiles(ttft[quarter == q], (50, 90)) for q in range(4)]
 
 
 def revenue(

@@ -98,3 +98,30 @@ def test_a_run_prices_its_served_requests_and_earns_nothing_off_the_sla() -> Non
     found = goodput_search(fleet, config, tight, 10.0, 2.0, 8.0, rel_tol=0.1, tariff=Tariff())
     assert found["goodput_rps"] == 0.0
     assert found["revenue"]["per_hour"] == 0.0 and found["revenue"]["per_request"] > 0
+
+
+def test_quarters_split_the_measured_span_by_drawn_arrival() -> None:
+    from planner.metrics import ttft_quarters
+
+    drawn = np.arange(60.0, 160.0)  # 100 requests over a 99-s span after a 60-s warm-up
+    ttft = drawn - 59.0  # a queue that keeps growing
+    quarters = ttft_quarters(ttft, drawn, 60.0, 99.0)
+    assert [q["n"] for q in quarters] == [25, 25, 25, 25]  # the last arrival lands in the last
+    p50s = [q["p50"] for q in quarters]
+    assert p50s == sorted(p50s) and p50s[-1] > 3 * p50s[0]
+    assert quarters[0]["p90"] == pytest.approx(np.percentile(ttft[:25], 90))
+    assert ttft_quarters(ttft[:0], drawn[:0], 60.0, 0.0) == []
+
+
+def test_an_overloaded_run_shows_climbing_quarters_and_a_light_one_does_not() -> None:
+    from planner.api import run_case
+    from tests.planner.test_sim import small_config
+
+    light = run_case("t", small_config("pdd", duration_s=300, rps=2), "fleet").summary
+    heavy = run_case("t", small_config("pdd", duration_s=300, rps=40), "fleet").summary
+    light_p50 = [q["p50"] for q in light["ttft_quarters"]]
+    heavy_p50 = [q["p50"] for q in heavy["ttft_quarters"]]
+    assert len(light_p50) == len(heavy_p50) == 4
+    assert max(light_p50) < 3 * min(light_p50)
+    assert heavy_p50[-1] > 3 * heavy_p50[0]
+    assert sum(q["n"] for q in heavy["ttft_quarters"]) == heavy["requests"]
