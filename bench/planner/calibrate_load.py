@@ -81,13 +81,24 @@ def _run(
         "ttft_p90": s["ttft_s"]["p90"],
         "ttft_p99": s["ttft_s"]["p99"],
         "wan_pool_wait_mean_s": s["wan_pool_wait_s"]["mean"] if system == "cdc-pd" else 0.0,
+        "ttft_quarter_p50": [q["p50"] for q in s["ttft_quarters"]],
+        "drift": drift(s["ttft_quarters"]),
         "wall_s": time.perf_counter() - start,
     }
+
+
+def drift(quarters: list[dict[str, float]]) -> float:
+    """The last quarter's TTFT median over the second's: ~1 in a steady run, above 1 while the
+    queues still fill (the first quarter is skipped: it starts from the warm-up's short queues)."""
+    if len(quarters) < 4 or not quarters[1]["p50"] > 0:
+        return float("nan")
+    return float(quarters[3]["p50"] / quarters[1]["p50"])
 
 
 def _row(runs: list[dict[str, Any]], eff: float, rps: float) -> dict[str, Any]:
     mean: dict[str, float] = {}
     p90_range: dict[str, list[float]] = {}
+    drifts: dict[str, float] = {}
     for system in (*SYSTEMS, PDD):
         mine = [r for r in runs if r["system"] == system and r["rps"] == rps
                 and r["prefill_efficiency"] == eff]  # fmt: skip
@@ -96,6 +107,8 @@ def _row(runs: list[dict[str, Any]], eff: float, rps: float) -> dict[str, Any]:
         for k in ("p50", "p90", "p99"):
             mean[f"{system}.{k}"] = float(np.mean([r[f"ttft_{k}"] for r in mine]))
         p90s = [r["ttft_p90"] for r in mine]
+        if system in SYSTEMS:
+            drifts[system] = float(np.mean([r.get("drift", np.nan) for r in mine]))
         p90_range[system] = [min(p90s), max(p90s)]
     err = {f"{s}.{k}": mean[f"{s}.{k}"] / v - 1 for (s, k), v in TARGET.items()}
     row = {
@@ -105,6 +118,7 @@ def _row(runs: list[dict[str, Any]], eff: float, rps: float) -> dict[str, Any]:
         "p90_range": p90_range,
         "err": err,
         "worst_err": max(abs(e) for e in err.values()),
+        "drift": max(drifts.values()) if drifts else float("nan"),
     }
     if f"{PDD}.p90" in mean:
         row["pdd_cut_p90"] = mean[f"{PDD}.p90"] / mean["cdc-pd.p90"] - 1
@@ -135,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         "--duration", type=float, default=None,
         help="seconds of traffic per run (default: the scenario's); the warm-up stays",
     )  # fmt: skip
+    ap.add_argument(
+        "--max-drift", type=float, default=None,
+        help="choose only among points whose baselines are steady: last-quarter TTFT median "
+        "at most this multiple of the second quarter's (default: any point)",
+    )  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -148,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < engine_set.get("decode_mem_efficiency", 1) <= 1:
         ap.error("--engine: decode_mem_efficiency must be in (0, 1]")
     check_duration(ap, args.duration, "paper-ttft", "cdc-pd")
+    if args.max_drift is not None and not args.max_drift >= 1:
+        ap.error("--max-drift: must be >= 1 (1 = perfectly steady)")
     if any(r <= 0 for r in args.rps):
         ap.error("--rps: rates must be > 0")
     if any(not 0 < e <= 1 for e in args.eff):
@@ -169,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"duration: {args.duration:g} s per run")
     print("targets (PDD.md): " + ", ".join(f"{s} {k} {v} s" for (s, k), v in TARGET.items()))
     pdd_head = f" | {'idc P90':>7} {'pdd P90':>7} {'cut P90':>7} {'cut P99':>7}"
-    print(f"{'eff':>5} {'rps':>6} | {'idc P50':>7} | {'cdc P50':>7} {'P90':>6} {'P99':>6} | "
-          f"{'cdc P90 range':>13} | worst err" + (pdd_head if args.with_pdd else ""))  # fmt: skip
+    head = f"{'eff':>5} {'rps':>6} | {'idc P50':>7} | {'cdc P50':>7} {'P90':>6} {'P99':>6} | "
+    print(head + f"{'cdc P90 range':>13} | worst err | drift" + (pdd_head if args.with_pdd else ""))
     for row in rows:
         m = row["mean"]
         lo, hi = row["p90_range"]["cdc-pd"]
@@ -183,11 +204,18 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{row['prefill_efficiency']:>5.2f} {row['rps']:>6.1f} | {m['idc-pd.p50']:>7.2f} | "
             f"{m['cdc-pd.p50']:>7.2f} {m['cdc-pd.p90']:>6.2f} {m['cdc-pd.p99']:>6.2f} | "
-            f"{lo:>6.2f}-{hi:>6.2f} | {row['worst_err']:>9.1%}" + pdd
+            f"{lo:>6.2f}-{hi:>6.2f} | {row['worst_err']:>9.1%} | {row['drift']:>5.2f}" + pdd
         )
-    best = min(rows, key=lambda r: r["worst_err"])
-    print(f"chosen: prefill efficiency {best['prefill_efficiency']}, {best['rps']} RPS "
-          f"(worst error {best['worst_err']:.1%})")  # fmt: skip
+    print("drift: the baselines' last-quarter TTFT median over the second quarter's (1 = steady)")
+    eligible = [
+        r for r in rows if args.max_drift is None or r["drift"] <= args.max_drift
+    ]  # NaN drift (too short a run to tell) is never eligible under --max-drift
+    best = min(eligible, key=lambda r: r["worst_err"]) if eligible else None
+    if best is None:
+        print(f"chosen: none (no point's drift is at most {args.max_drift:g})")
+    else:
+        print(f"chosen: prefill efficiency {best['prefill_efficiency']}, {best['rps']} RPS "
+              f"(worst error {best['worst_err']:.1%}, drift {best['drift']:.2f})")  # fmt: skip
     if args.out:
         target = [{"system": s, "percentile": k, "seconds": v} for (s, k), v in TARGET.items()]
         Path(args.out).write_text(
@@ -197,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                     "decode_ratio": args.decode_ratio,
                     "engine": engine_set,
                     "duration_s": args.duration,
+                    "max_drift": args.max_drift,
                     "runs": runs,
                     "rows": rows,
                     "chosen": best,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 
 from bench.planner.calibrate_decode import balance, main, side_config
@@ -92,6 +95,7 @@ def test_bad_arguments_exit_2_with_a_message(argv, message, capsys) -> None:
         (["--engine", "decode_mem_efficiency=1.5"], "(0, 1]"),
         (["--engine", "max_decode_batch=0"], "must be > 0"),
         (["--duration", "30"], "longer than the warm-up"),
+        (["--max-drift", "0.5"], "--max-drift: must be >= 1"),
     ],
 )
 def test_load_calibration_takes_the_same_engine_overrides(argv, message, capsys) -> None:
@@ -130,3 +134,59 @@ def test_with_pdd_the_load_calibration_reports_the_cut_without_fitting_it() -> N
     assert with_pdd["pdd_cut_p90"] == pytest.approx(9.8 / 18.3 - 1)
     assert with_pdd["pdd_cut_p99"] == pytest.approx(15.0 / 29.7 - 1)
     assert with_pdd["worst_err"] == row["worst_err"]  # PDD takes no part in the fit
+
+
+def test_drift_compares_the_last_quarter_with_the_second_and_rows_take_the_worse_baseline():
+    from bench.planner.calibrate_load import _row, drift
+
+    def quarters(*p50s):
+        return [{"p50": v, "p90": 2 * v, "n": 10} for v in p50s]
+
+    assert drift(quarters(1.0, 2.0, 2.2, 2.0)) == pytest.approx(1.0)
+    assert drift(quarters(1.0, 2.0, 4.0, 8.0)) == pytest.approx(4.0)
+    assert math.isnan(drift([]))
+
+    def run(system, d, seed):
+        return {"system": system, "rps": 88.0, "prefill_efficiency": 0.23, "seed": seed,
+                "ttft_p50": 4.0, "ttft_p90": 12.0, "ttft_p99": 20.0, "drift": d}  # fmt: skip
+
+    row = _row([run("idc-pd", 1.0, 1), run("idc-pd", 1.4, 2), run("cdc-pd", 2.0, 1),
+                run("cdc-pd", 3.0, 2), run("pdd", 9.0, 1)], 0.23, 88.0)  # fmt: skip
+    assert row["drift"] == pytest.approx(2.5)  # CDC-PD's seed mean; PDD takes no part
+
+
+def test_max_drift_chooses_only_among_steady_points(monkeypatch, capsys, tmp_path):
+    import bench.planner.calibrate_load as cl
+
+    def fake_run(point):
+        system, eff, rps, seed = point[:4]
+        filling = rps > 80  # the faster rate's queues keep growing
+        return {"system": system, "rps": rps, "prefill_efficiency": eff, "seed": seed,
+                "ttft_p50": 4.2 if filling else 3.0, "ttft_p90": 18.3, "ttft_p99": 29.7,
+                "drift": 3.0 if filling else 1.1}  # fmt: skip
+
+    class InlinePool:
+        def __init__(self, **_):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, fn, items):
+            return map(fn, items)
+
+    monkeypatch.setattr(cl, "_run", fake_run)
+    monkeypatch.setattr(cl, "ProcessPoolExecutor", InlinePool)
+    out = tmp_path / "c.json"
+    argv = ["--rps", "78", "88", "--eff", "0.23", "--seeds", "1", "--out", str(out)]
+    assert cl.main(argv) == 0
+    assert "0.23, 88.0 RPS" in capsys.readouterr().out  # the best fit, though filling
+    assert cl.main([*argv, "--max-drift", "1.5"]) == 0
+    assert "0.23, 78.0 RPS" in capsys.readouterr().out
+    assert json.loads(out.read_text())["chosen"]["rps"] == 78.0
+    assert cl.main([*argv, "--max-drift", "1.05"]) == 0
+    assert "chosen: none" in capsys.readouterr().out
+    assert json.loads(out.read_text())["chosen"] is None
