@@ -419,11 +419,17 @@ class Agent:
         while len(self._ended) > ENDED_REMEMBERED:
             self._ended.popitem(last=False)
 
-    def _ended_here(self, transfer_id: str | None) -> bool:
+    @staticmethod
+    def _parse_transfer_id(transfer_id: str | None) -> tuple[tuple[str, str], str] | None:
+        """``request|instance|kind`` -> ((request, instance), kind); None if malformed."""
         if transfer_id is None or transfer_id.count(SEP) != 2:
-            return False
-        request_id, instance_id, _ = transfer_id.split(SEP)
-        return (request_id, instance_id) in self._ended
+            return None
+        request_id, instance_id, what = transfer_id.split(SEP)
+        return (request_id, instance_id), what
+
+    def _ended_here(self, transfer_id: str | None) -> bool:
+        parsed = self._parse_transfer_id(transfer_id)
+        return parsed is not None and parsed[0] in self._ended
 
     def fail_inbox(self, request_id: str, reason: str) -> None:
         """Wake every consumer of request_id with a failure (a cancel, a failed send)."""
@@ -432,10 +438,10 @@ class Agent:
                 entry.queue.put_nowait(RuntimeError(reason))
 
     def _entry(self, transfer_id: str | None) -> tuple[_InboxEntry | None, str]:
-        if transfer_id is None or transfer_id.count(SEP) != 2:
+        parsed = self._parse_transfer_id(transfer_id)
+        if parsed is None:
             return None, ""
-        request_id, instance_id, what = transfer_id.split(SEP)
-        key = (request_id, instance_id)
+        key, what = parsed
         entry = self._inbox.get(key)
         if entry is None:
             entry = _InboxEntry(asyncio.Queue(), time.monotonic())
