@@ -128,10 +128,21 @@ def _patch(order: str, cap: int) -> None:
         cls.submit = _context_parallel_submit(cap)
 
 
-def _run(job: tuple[str, str, int, int]) -> tuple:
-    order, system, seed, cap = job
+def _base_config(scenario: str) -> dict:
+    """The scenario's cdc-pd case (``paper-ttft`` or a file that includes it)."""
+    try:
+        cases = case_configs(load_scenario(scenario))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"probe_prefill_orders.py: --scenario: {exc}") from None
+    if "cdc-pd" not in cases:
+        raise SystemExit(f"probe_prefill_orders.py: --scenario {scenario}: no cdc-pd case")
+    return copy.deepcopy(cases["cdc-pd"])
+
+
+def _run(job: tuple[str, str, int, int, str]) -> tuple:
+    order, system, seed, cap, scenario = job
     _patch(order, cap)
-    config = copy.deepcopy(case_configs(load_scenario("paper-ttft"))["cdc-pd"])
+    config = _base_config(scenario)
     config["fleet"]["system"] = system
     config["workload"]["seed"] = seed
     if order == "srpt":
@@ -149,12 +160,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--order", choices=ORDERS, nargs="+", default=list(ORDERS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--cap", type=int, default=4096, help="chunk cap / context-parallel split")
+    ap.add_argument(
+        "--scenario", default="paper-ttft",
+        help="scenario whose cdc-pd case is run (default paper-ttft; the eighth and ninth passes "
+        "ran bench/planner/sensitivity/ninth-pass-ttft.json's settings)",
+    )  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args(argv)
     if args.cap < 1:
         ap.error("--cap: must be >= 1")
+    _base_config(args.scenario)  # a bad scenario fails here, before any run
     for seed in args.seeds:
-        config = copy.deepcopy(case_configs(load_scenario("paper-ttft"))["cdc-pd"])
+        config = _base_config(args.scenario)
         config["workload"]["seed"] = seed
         trace = make_trace(config)
         new = trace.input_tokens - trace.cached_tokens
@@ -162,7 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"seed {seed}: new tokens per request " + ", ".join(f"P{q} {v}" for q, v in pct.items())
         )
-    jobs = [(o, s, seed, args.cap) for o in args.order for seed in args.seeds for s in SYSTEMS]
+    jobs = [
+        (o, s, seed, args.cap, args.scenario)
+        for o in args.order
+        for seed in args.seeds
+        for s in SYSTEMS
+    ]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         print(f"{'order':>16} {'system':>7} seed |    P50    P90    P99  (TTFT s)")
         for order, system, seed, p50, p90, p99 in pool.map(_run, jobs):

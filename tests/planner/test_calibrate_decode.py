@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -190,3 +191,20 @@ def test_max_drift_chooses_only_among_steady_points(monkeypatch, capsys, tmp_pat
     assert cl.main([*argv, "--max-drift", "1.05"]) == 0
     assert "chosen: none" in capsys.readouterr().out
     assert json.loads(out.read_text())["chosen"] is None
+
+
+def test_the_prefill_order_probe_runs_a_named_scenario_and_refuses_a_bad_one(capsys):
+    from bench.planner.probe_prefill_orders import _base_config
+    from bench.planner.probe_prefill_orders import main as probe_main
+
+    root = Path(__file__).resolve().parents[2]
+    ninth = _base_config(str(root / "bench/planner/sensitivity/ninth-pass-ttft.json"))
+    assert (ninth["workload"]["rps"], ninth["workload"]["duration_s"]) == (92, 600)
+    assert ninth["fleet"]["engine"]["decode_mem_efficiency"] == 0.134
+    assert _base_config("paper-ttft")["fleet"]["system"] == "cdc-pd"
+    with pytest.raises(SystemExit) as exit_info:
+        probe_main(["--scenario", "no-such-scenario.json", "--order", "fifo"])
+    assert "--scenario" in str(exit_info.value.code)
+    with pytest.raises(SystemExit) as exit_info:
+        probe_main(["--scenario", "paper-bcr", "--order", "fifo"])
+    assert "no cdc-pd case" in str(exit_info.value.code)
