@@ -169,9 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cap < 1:
         ap.error("--cap: must be >= 1")
-    _base_config(args.scenario)  # a bad scenario fails here, before any run
+    base = _base_config(args.scenario)  # a bad scenario fails here, before any run
     for seed in args.seeds:
-        config = _base_config(args.scenario)
+        config = copy.deepcopy(base)
         config["workload"]["seed"] = seed
         trace = make_trace(config)
         new = trace.input_tokens - trace.cached_tokens
