@@ -83,6 +83,14 @@ class FleetSpec:
     # earlier KV to land before using it. False: only landed KV counts, so a turn sent while the
     # previous turn's KV is still in flight (its relay answered first) resends that context.
     drc_counts_in_flight: bool = True
+    # Whether the routing decision itself sees the KV in flight to an MD as held there. The live
+    # gateway decides on the prefix blocks MD's heartbeat reports (its radix cache: landed KV
+    # only, routing/live.py); only P's later ``reserve`` at MD counts KV in flight
+    # (agents/node/inflight.py) and so sets what P sends. False (default) models that: a turn
+    # whose predecessor's KV is still crossing the WAN looks low-hit to the policy and is
+    # relayed, and with ``drc_counts_in_flight`` its delta to MD still counts that KV. True: the
+    # policy also counts it, so such a turn may go P-MD and wait for the earlier KV to land.
+    decision_counts_in_flight: bool = False
     # Whether a relayed request's KV transfer to MD yields the WAN connection queue to the
     # transfers a first token waits on (P-MD). Its user is already answered by RLD, so delaying
     # it costs RLD a longer hold, not TTFT. On, as the agents do (agents/transfer/pool.py).
@@ -113,6 +121,8 @@ class FleetSpec:
             raise ValueError("relay_transfers_yield: must be true or false")
         if not isinstance(self.drc_counts_in_flight, bool):
             raise ValueError("drc_counts_in_flight: must be true or false")
+        if not isinstance(self.decision_counts_in_flight, bool):
+            raise ValueError("decision_counts_in_flight: must be true or false")
         check_positive(self, "resident_weight_gb")
         check_positive(self, "drc_capacity_gb")
         read = self.model.decode_weight_gb + self.model.decode_expert_gb

@@ -7,8 +7,10 @@ no relay pool, IDC-PD over a local "link", P-RLD by finishing P-RLD-MD decisions
 
 Agent sessions run in a closed loop when the trace says so (a turn waits for the previous
 response). A routed request counts in its decode instance's load until its KV arrives. MD's
-prefix match can count KV already on its way to it (``fleet.drc_counts_in_flight``), and a
-relayed request's KV for MD can yield the WAN connection queue (``fleet.relay_transfers_yield``).
+prefix match can count KV already on its way to it (``fleet.drc_counts_in_flight``) in what P
+sends, while the decision sees only the KV MD's cache holds, as the live gateway's heartbeats
+report it (``fleet.decision_counts_in_flight`` off), and a relayed request's KV for MD can yield
+the WAN connection queue (``fleet.relay_transfers_yield``).
 """
 
 from __future__ import annotations
@@ -266,19 +268,23 @@ class Simulator:
                 self.appended[session] = 0
                 self._main_list[session % len(self._main_list)].cache_put(session, 0, cached)
             appended = self.appended[session]
-            hits = {}
+            hits = {}  # what each MD's prefix match gives (``reserve``: may count KV in flight)
+            landed_hits = {}  # what its cache holds (the heartbeat's blocks)
             in_flight = self.fleet.drc_counts_in_flight
             waits: dict[str, int] = {}
             for mid, cache in self._main_caches:
                 entry = cache.get(session)
                 version = entry[0] if entry is not None else None
+                if version is not None:
+                    landed_hits[mid] = max(0, cached - (appended - version))
                 if in_flight:
                     coming = self.main[mid].incoming_version(session)
                     if coming is not None and (version is None or coming > version):
                         version = waits[mid] = coming  # counts, but must land before use
                 if version is not None:
                     hits[mid] = max(0, cached - (appended - version))
-            self.snapshot.prefix_hits = hits
+            decide_on_landed = not self.fleet.decision_counts_in_flight
+            self.snapshot.prefix_hits = landed_hits if decide_on_landed else hits
             # This turn appends its new prompt tokens and its output to the session's context.
             self.appended[session] = appended + (n_in - cached) + self.n_out[i]
             self.version[i] = self.appended[session]
@@ -301,8 +307,11 @@ class Simulator:
             pipeline = Pipeline.P_RLD  # finish on RLD: the design PDD excludes
         self.pipe[i] = PIPELINE_CODES[pipeline]
         self.md_hit[i] = decision.cached_tokens if decision.main_id else 0
+        if decision.main_id and not self.idc and decide_on_landed:
+            # P's reservation at the chosen MD counts its KV in flight: the delta P sends.
+            self.md_hit[i] = hits.get(decision.main_id, 0)
         if decision.main_id:
-            self._window_hits[0] += decision.cached_tokens
+            self._window_hits[0] += self.md_hit[i]
             self._window_hits[1] += n_in
         if pipeline == Pipeline.P_RLD_MD:
             self.mode[i] = 1 if decision.handoff_mode == HandoffMode.ONE_SHOT else 2

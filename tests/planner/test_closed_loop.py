@@ -35,9 +35,10 @@ def config(closed_loop: bool) -> dict:
     )
 
 
-def simulate(closed_loop: bool, in_flight: bool = True):
+def simulate(closed_loop: bool, in_flight: bool = True, decision_in_flight: bool = True):
     cfg = config(closed_loop)
     cfg["fleet"]["drc_counts_in_flight"] = in_flight
+    cfg["fleet"]["decision_counts_in_flight"] = decision_in_flight
     trace = make_trace(cfg)
     record = Simulator(fleet_from_dict(cfg["fleet"])).run(trace)
     return trace, record
@@ -116,10 +117,33 @@ def test_a_delta_built_on_kv_in_flight_waits_for_it_to_land() -> None:
     assert np.any(sent < earlier)
 
 
-def test_drc_counts_in_flight_must_be_a_bool() -> None:
+def waited_p_md(trace: Trace, record) -> int:
+    """P-MD turns sent while the previous turn's KV was still on its way to MD."""
+    prev = trace.previous_turn()
+    pairs = (prev >= 0) & (record.pipeline == 0)
+    pairs[pairs] &= ~np.isnan(record.md_kv_at_s[prev[pairs]])
+    return int(np.sum(record.arrival_s[pairs] < record.md_kv_at_s[prev[pairs]]))
+
+
+def test_the_decision_sees_landed_kv_as_the_live_gateway_does() -> None:
+    # Default: the policy decides on MD's cache (the heartbeat's blocks), while P's reserve
+    # still counts the KV in flight, so a turn whose context is still crossing the WAN is
+    # relayed rather than sent P-MD to wait for it, and nothing is resent.
+    trace, live = simulate(True, decision_in_flight=False)
+    _, sees_flight = simulate(True, decision_in_flight=True)
+    _, landed_only = simulate(True, in_flight=False, decision_in_flight=False)
+    assert waited_p_md(trace, sees_flight) > 0
+    assert waited_p_md(trace, live) < waited_p_md(trace, sees_flight)
+    assert (live.pipeline == 1).sum() > (sees_flight.pipeline == 1).sum()
+    assert hit(live) > hit(landed_only)
+    assert fleet_from_dict(config(True)["fleet"]).decision_counts_in_flight is False
+
+
+@pytest.mark.parametrize("key", ["drc_counts_in_flight", "decision_counts_in_flight"])
+def test_in_flight_switches_must_be_bools(key) -> None:
     cfg = config(True)
-    cfg["fleet"]["drc_counts_in_flight"] = "yes"
-    with pytest.raises(ValueError, match="drc_counts_in_flight"):
+    cfg["fleet"][key] = "yes"
+    with pytest.raises(ValueError, match=key):
         fleet_from_dict(cfg["fleet"])
 
 
