@@ -127,6 +127,7 @@ def summarise(
         "drawn_rps": drawn_rps,
         "ttft_s": ttft_pct,
         "ttft_quarters": ttft_quarters(ttft, drawn[window], warmup_s, horizon),
+        "ttft_parts": ttft_parts(rec, window, ttft_pct["p90"]),
         "e2e_s": percentiles((rec.finish_s - rec.arrival_s)[window]),
         "wan_transfer_s": percentiles(rec.wan_s[window]),
         "wan_pool_wait_s": percentiles(rec.wan_wait_s[window]),
@@ -159,6 +160,39 @@ def summarise(
         "bcr": goodput / cost_per_hour if cost_per_hour else 0.0,
         "billed_tokens": billed,
     } | extra
+
+
+TTFT_PARTS = ("prefill", "kv", "slot", "step")
+
+
+def ttft_parts(rec: RunRecord, window: np.ndarray, p90: float) -> dict[str, dict[str, float]]:
+    """Where the first tokens' time went, as means over the window's first tokens ("all") and
+    over those at or above the TTFT P90 ("tail"), and the tail's share relayed.
+
+    ``prefill``: arrival to P finishing the prompt (queue and compute). ``kv``: to the KV being
+    usable on the decode instance that gave the first token (RDMA to RLD or in-DC decode; the
+    WAN to MD with its connection wait and any wait for an earlier turn's KV in flight).
+    ``slot``: to that instance admitting it (a decode slot and KV memory free). ``step``: the
+    first decode step. The four add up to the TTFT.
+    """
+    got = window & ~np.isnan(rec.ttft_s) & ~np.isnan(rec.first_start_s)
+    arrival = rec.arrival_s[got]
+    parts = {
+        "prefill": rec.prefill_done_s[got] - arrival,
+        "kv": rec.first_kv_s[got] - rec.prefill_done_s[got],
+        "slot": rec.first_start_s[got] - rec.first_kv_s[got],
+        "step": rec.ttft_s[got] - (rec.first_start_s[got] - arrival),
+    }
+    tail = rec.ttft_s[got] >= p90 if np.isfinite(p90) else np.zeros(int(got.sum()), bool)
+    relayed = rec.pipeline[got] == PIPELINE_CODES[Pipeline.P_RLD_MD]
+    out: dict[str, dict[str, float]] = {}
+    for name, sel in (("all", np.ones(int(got.sum()), bool)), ("tail", tail)):
+        n = int(sel.sum())
+        row = {k: float(v[sel].mean()) if n else float("nan") for k, v in parts.items()}
+        row["relayed_share"] = float(relayed[sel].mean()) if n else float("nan")
+        row["n"] = n
+        out[name] = row
+    return out
 
 
 def ttft_quarters(

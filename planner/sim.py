@@ -56,6 +56,12 @@ class RunRecord:
     md_tokens: np.ndarray
     md_hit_tokens: np.ndarray
     md_kv_at_s: np.ndarray  # when MD could use the request's KV (after what it builds on landed)
+    # Where a first token's time went: when P finished the prompt, when the KV was usable on the
+    # decode instance that gave the first token (RLD, or MD), and when that instance admitted
+    # the request (a decode slot and KV memory free). NaN where it never happened.
+    prefill_done_s: np.ndarray
+    first_kv_s: np.ndarray
+    first_start_s: np.ndarray
     # The trace's drawn arrival times: they set the measured window and the offered rate (a
     # closed-loop turn may be sent later than drawn, see ``Trace.closed_loop``).
     drawn_arrival_s: np.ndarray
@@ -153,6 +159,10 @@ class Simulator:
         self.wan_s = [nan] * n
         self.wan_wait = [nan] * n
         self.md_kv_at = [nan] * n
+        self.prefill_done = [nan] * n
+        self.relay_kv_at = [nan] * n
+        self.first_kv = [nan] * n
+        self.first_start = [nan] * n
         self.pipe = [NO_PIPELINE] * n
         self.mode = [0] * n
         self.rld_tokens = [0] * n
@@ -204,6 +214,9 @@ class Simulator:
             md_tokens=np.array(self.md_tokens),
             md_hit_tokens=np.array(self.md_hit),
             md_kv_at_s=np.array(self.md_kv_at),
+            prefill_done_s=np.array(self.prefill_done),
+            first_kv_s=np.array(self.first_kv),
+            first_start_s=np.array(self.first_start),
             drawn_arrival_s=trace.arrival_s,
             input_tokens=trace.input_tokens,
             cached_tokens=trace.cached_tokens,
@@ -340,6 +353,7 @@ class Simulator:
         pipeline = Pipeline.CHOICES[self.pipe[i]]
         kv = self.fleet.model.kv_bytes_per_token
         now = self.loop.now
+        self.prefill_done[i] = now
         if self.idc:
             md = self.main[m_id]
             delay = self._fabric_s(self.n_in[i] * kv, self.prefill[p_id], md)
@@ -364,6 +378,7 @@ class Simulator:
 
     def _kv_at_relay(self, i: int) -> None:
         rld = self.relay[self.route[i][1]]
+        self.relay_kv_at[i] = self.loop.now
         rld.unassign()
         rld.admit(self._ctx(i), lambda tpot, job, i=i: self._relay_start(i, tpot, job))
 
@@ -376,6 +391,7 @@ class Simulator:
         self.rld_start[i], self.rld_job[i] = now, job
         # First token one step after joining (at the step time of the batch it joins).
         self.ttft[i] = now + tpot - self.arr[i]
+        self.first_kv[i], self.first_start[i] = self.relay_kv_at[i], now
         rld.run(job, self.n_out[i], self._relay_end, i)
 
     def _relay_end(self, i: int) -> None:
@@ -414,6 +430,7 @@ class Simulator:
             if self.pipe[i] == PIPELINE_CODES[Pipeline.P_RLD_MD]:
                 self.md_took_all[i] = True
             self.ttft[i] = now + tpot - self.arr[i]
+            self.first_kv[i], self.first_start[i] = self.md_kv_at[i], now
             self.md_tokens[i] = n_out
             md.run(job, n_out, self._main_end, i, ctx)
             return

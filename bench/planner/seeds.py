@@ -39,6 +39,7 @@ def _run(job: tuple[str, str, int]) -> dict[str, Any]:
         "requests": s["requests"],
         "pool_wait_mean_s": s["wan_pool_wait_s"]["mean"],
         "md_hit_rate": s["md_hit_rate"],
+        "ttft_parts": s["ttft_parts"],
     }
 
 
@@ -84,6 +85,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{mean['relay_share']:>9.1%}"
         )
         rows.append({"case": case, "mean": mean})
+    print("\nwhere the tail's first tokens (TTFT >= P90) spent their time, seed means, s "
+          "(metrics.ttft_parts):")  # fmt: skip
+    print(f"{'case':<18} | {'prefill':>7} {'kv':>6} {'slot':>6} {'step':>6} | {'relayed':>7}")
+    for case in cases:
+        tails = [r["ttft_parts"]["tail"] for r in runs if r["case"] == case]
+        m = {k: float(np.mean([t[k] for t in tails])) for k in
+             ("prefill", "kv", "slot", "step", "relayed_share")}  # fmt: skip
+        print(
+            f"{case:<18} | {m['prefill']:>7.2f} {m['kv']:>6.2f} {m['slot']:>6.2f} "
+            f"{m['step']:>6.3f} | {m['relayed_share']:>7.1%}"
+        )
     if args.out:
         Path(args.out).write_text(
             json.dumps(

@@ -125,3 +125,53 @@ def test_an_overloaded_run_shows_climbing_quarters_and_a_light_one_does_not() ->
     assert max(light_p50) < 3 * min(light_p50)
     assert heavy_p50[-1] > 3 * heavy_p50[0]
     assert sum(q["n"] for q in heavy["ttft_quarters"]) == heavy["requests"]
+
+
+# --- where the first tokens' time went ---------------------------------------------------------
+
+
+def test_ttft_parts_add_up_to_each_first_token_and_name_the_wan() -> None:
+    from planner.api import make_trace
+    from planner.fleet import fleet_from_dict
+    from planner.metrics import TTFT_PARTS, ttft_parts
+    from planner.sim import Simulator
+    from tests.planner.test_sim import small_config
+
+    runs = {}
+    for system in ("idc-pd", "cdc-pd", "pdd"):
+        cfg = small_config(system, duration_s=240, rps=6)
+        record = Simulator(fleet_from_dict(cfg["fleet"])).run(make_trace(cfg))
+        got = ~np.isnan(record.ttft_s)
+        start = record.first_start_s[got] - record.arrival_s[got]
+        # Per request: prefill <= KV usable <= admitted <= first token.
+        assert np.all(record.prefill_done_s[got] >= record.arrival_s[got])
+        assert np.all(record.first_kv_s[got] >= record.prefill_done_s[got] - 1e-9)
+        assert np.all(record.first_start_s[got] >= record.first_kv_s[got] - 1e-9)
+        assert np.all(record.ttft_s[got] >= start)
+        window = record.drawn_arrival_s >= 30.0
+        p90 = float(np.percentile(record.ttft_s[window & got], 90))
+        parts = ttft_parts(record, window, p90)
+        mean_ttft = float(np.mean(record.ttft_s[window & got]))
+        assert sum(parts["all"][k] for k in TTFT_PARTS) == pytest.approx(mean_ttft)
+        assert parts["tail"]["n"] == int((record.ttft_s[window & got] >= p90).sum()) > 0
+        runs[system] = parts
+    # In one datacenter the KV moves over RDMA in milliseconds; across cities it crosses the WAN.
+    assert runs["idc-pd"]["all"]["kv"] < 0.05 < runs["cdc-pd"]["all"]["kv"]
+    assert runs["cdc-pd"]["all"]["relayed_share"] == 0.0
+    assert 0.0 < runs["pdd"]["all"]["relayed_share"] < 1.0
+    # PDD's relay answers low-hit requests over RDMA: less of its tail waits on the WAN.
+    assert runs["pdd"]["tail"]["kv"] < runs["cdc-pd"]["tail"]["kv"]
+
+
+def test_ttft_parts_of_an_empty_window_are_nan() -> None:
+    from planner.api import make_trace
+    from planner.fleet import fleet_from_dict
+    from planner.metrics import ttft_parts
+    from planner.sim import Simulator
+    from tests.planner.test_sim import small_config
+
+    cfg = small_config("pdd", duration_s=30, rps=2)
+    record = Simulator(fleet_from_dict(cfg["fleet"])).run(make_trace(cfg))
+    parts = ttft_parts(record, np.zeros(len(record.ttft_s), bool), float("nan"))
+    assert parts["all"]["n"] == parts["tail"]["n"] == 0
+    assert math.isnan(parts["all"]["prefill"]) and math.isnan(parts["tail"]["relayed_share"])
