@@ -39,6 +39,9 @@ def _run(job: tuple[str, str, int]) -> dict[str, Any]:
         "requests": s["requests"],
         "pool_wait_mean_s": s["wan_pool_wait_s"]["mean"],
         "md_hit_rate": s["md_hit_rate"],
+        "offered_rps": s["offered_rps"],
+        "wan_link_utilisation": s["wan_link_utilisation"],
+        "wan_pool_utilisation": s["wan_pool_utilisation"],
         "ttft_parts": s["ttft_parts"],
     }
 

@@ -42,6 +42,7 @@ def test_seeds_cut_each_case_against_the_reference_seed_by_seed(scenario, tmp_pa
         assert pdd["cut_p90"] == pytest.approx(pdd["p90"] / ref["p90"] - 1)
         assert ref["cut_p90"] == 0.0
         assert set(pdd["ttft_parts"]) == {"all", "tail"}
+        assert 0 < pdd["offered_rps"] <= 6.5 and 0 <= pdd["wan_pool_utilisation"] <= 1
     printed = capsys.readouterr().out
     assert "where the tail's first tokens" in printed and "pdd" in printed
 
