@@ -36,6 +36,9 @@ def config(closed_loop: bool) -> dict:
 
 
 def simulate(closed_loop: bool, in_flight: bool = True, decision_in_flight: bool = True):
+    # The transfer-side tests keep the policy counting KV in flight too (not the default), so
+    # the MD a turn is routed to is the one its context is on its way to: deciding on landed KV
+    # only, the policy may route a turn to another MD that holds less of it.
     cfg = config(closed_loop)
     cfg["fleet"]["drc_counts_in_flight"] = in_flight
     cfg["fleet"]["decision_counts_in_flight"] = decision_in_flight
@@ -127,8 +130,9 @@ def waited_p_md(trace: Trace, record) -> int:
 
 def test_the_decision_sees_landed_kv_as_the_live_gateway_does() -> None:
     # Default: the policy decides on MD's cache (the heartbeat's blocks), while P's reserve
-    # still counts the KV in flight, so a turn whose context is still crossing the WAN is
-    # relayed rather than sent P-MD to wait for it, and nothing is resent.
+    # still counts the KV in flight, so fewer turns whose context is still crossing the WAN
+    # go P-MD to wait for it (more are relayed), and the delta still counts that KV (more of
+    # each turn's context is reused than when only landed KV counts).
     trace, live = simulate(True, decision_in_flight=False)
     _, sees_flight = simulate(True, decision_in_flight=True)
     _, landed_only = simulate(True, in_flight=False, decision_in_flight=False)
