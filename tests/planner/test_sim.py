@@ -68,6 +68,12 @@ def test_pdd_ttft_tail_is_below_cdc_pd_on_skewed_traffic() -> None:
     assert pdd["ttft_s"]["p90"] < cdc["ttft_s"]["p90"]
     assert 0.0 < pdd["tokens"]["relay_share"] < 0.2
     assert cdc["tokens"]["relay_share"] == 0.0
+    # PDD.md: with the relay, TTFT matches single-datacenter PD. The same fleet with decode in
+    # datacenter A (in-DC PD) has no WAN; PDD's tail is as short, and its tail's first tokens
+    # spend a small fraction of CDC-PD's time waiting for KV.
+    idc = run_case("idc", small_config("idc-pd", rps=6), "fleet").summary
+    assert pdd["ttft_s"]["p99"] < 1.2 * idc["ttft_s"]["p99"]
+    assert pdd["ttft_parts"]["tail"]["kv"] < 0.1 * cdc["ttft_parts"]["tail"]["kv"]
 
 
 def test_p_rld_relay_load_grows_while_pdd_stays_flat() -> None:
