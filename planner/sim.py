@@ -296,8 +296,9 @@ class Simulator:
                         version = waits[mid] = coming  # counts, but must land before use
                 if version is not None:
                     hits[mid] = max(0, cached - (appended - version))
-            decide_on_landed = not self.fleet.decision_counts_in_flight
-            self.snapshot.prefix_hits = landed_hits if decide_on_landed else hits
+            self.snapshot.prefix_hits = (
+                hits if self.fleet.decision_counts_in_flight else landed_hits
+            )
             # This turn appends its new prompt tokens and its output to the session's context.
             self.appended[session] = appended + (n_in - cached) + self.n_out[i]
             self.version[i] = self.appended[session]
@@ -320,7 +321,7 @@ class Simulator:
             pipeline = Pipeline.P_RLD  # finish on RLD: the design PDD excludes
         self.pipe[i] = PIPELINE_CODES[pipeline]
         self.md_hit[i] = decision.cached_tokens if decision.main_id else 0
-        if decision.main_id and not self.idc and decide_on_landed:
+        if decision.main_id and not self.idc and not self.fleet.decision_counts_in_flight:
             # P's reservation at the chosen MD counts its KV in flight: the delta P sends.
             self.md_hit[i] = hits.get(decision.main_id, 0)
         if decision.main_id:

@@ -22,6 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from planner.api import run_case  # noqa: E402
+from planner.metrics import TTFT_PARTS  # noqa: E402
 from planner.scenario import case_configs, load_scenario  # noqa: E402
 
 
@@ -93,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'case':<18} | {'prefill':>7} {'kv':>6} {'slot':>6} {'step':>6} | {'relayed':>7}")
     for case in cases:
         tails = [r["ttft_parts"]["tail"] for r in runs if r["case"] == case]
-        m = {k: float(np.mean([t[k] for t in tails])) for k in
-             ("prefill", "kv", "slot", "step", "relayed_share")}  # fmt: skip
+        m = {k: float(np.mean([t[k] for t in tails])) for k in (*TTFT_PARTS, "relayed_share")}
         print(
             f"{case:<18} | {m['prefill']:>7.2f} {m['kv']:>6.2f} {m['slot']:>6.2f} "
             f"{m['step']:>6.3f} | {m['relayed_share']:>7.1%}"
