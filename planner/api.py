@@ -75,11 +75,12 @@ class PlanResult:
 # --- building blocks -------------------------------------------------------------------------
 
 
-def make_trace(config: Mapping[str, Any], rps: float | None = None) -> Trace:
+def make_trace(config: Mapping[str, Any], rps: float | None = None, settle: bool = True) -> Trace:
     """The case's trace: replayed from ``trace_file`` or generated from ``workload``.
 
     A replay is open loop unless ``trace_closed_loop`` is true (each session's turn then waits
     for its previous turn's response, as ``workload.closed_loop`` does for generated traces).
+    ``settle=False`` drops ``workload.settle_s`` (a transfer-only run has no fleet to settle).
     """
     if config.get("trace_file"):
         closed = config.get("trace_closed_loop", False)
@@ -89,14 +90,18 @@ def make_trace(config: Mapping[str, Any], rps: float | None = None) -> Trace:
     workload = dict(config.get("workload", {}))
     if rps is not None:
         workload["rps"] = rps
+    if not settle:
+        workload["settle_s"] = 0.0
     return generate(build(WorkloadSpec, workload, "workload"))
 
 
 def run_fleet(
     fleet: FleetSpec, trace: Trace, sla: Sla, warmup_s: float, tariff: Tariff | None = None
 ) -> tuple[dict[str, Any], RunRecord]:
+    """Simulate ``trace`` on ``fleet``; figures count from ``warmup_s`` after its settle span."""
     record = Simulator(fleet).run(trace)
-    return summarise(record, sla, warmup_s, fleet.cost_per_hour(), tariff), record
+    warmup = trace.settle_s + warmup_s
+    return summarise(record, sla, warmup, fleet.cost_per_hour(), tariff), record
 
 
 def goodput_search(
@@ -193,7 +198,7 @@ def run_case(name: str, config: Mapping[str, Any], kind: str) -> CaseResult:
         kv = config.get("kv_bytes_per_token")
         if not isinstance(kv, int) or kv <= 0:
             raise ValueError(f"{name}.kv_bytes_per_token: must be a positive integer")
-        summary = simulate_transfers(link, make_trace(config), kv)
+        summary = simulate_transfers(link, make_trace(config, settle=False), kv)
         return CaseResult(name, summary, wall_s=time.perf_counter() - start)
     if "fleet" not in config:
         raise ValueError(f"{name}.fleet: required")

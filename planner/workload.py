@@ -180,6 +180,13 @@ class WorkloadSpec:
     # includes an output that does not exist yet. Open loop (False): every turn arrives at its
     # drawn time whatever the previous turn is doing.
     closed_loop: bool = True
+    # Simulated time before the measured span (the trace is shifted so the span starts here):
+    # turns drawn in [-settle_s, 0) are sent too. With closed-loop sessions a fleet that answers
+    # slower than the drawn turn gap holds more sessions open at once, and that population takes
+    # about a session's lifetime to build up; without a settle span every run starts with the
+    # population of a fleet that answers at once, and a slow fleet is measured receiving less
+    # than the drawn rate. The metrics' warm-up counts from the end of this span.
+    settle_s: float = 0.0
     input_tokens: LengthDist = field(default_factory=LengthDist)
     # Published: ~30% of agentic outputs < 100 tokens and ~40% <= 500 (PDD.md); the rest long.
     output_tokens: LengthDist = field(
@@ -199,6 +206,8 @@ class WorkloadSpec:
         if self.mean_turns < 1:
             raise ValueError("mean_turns: must be >= 1")
         check_positive(self, "turn_gap_s")
+        if not (isinstance(self.settle_s, (int, float)) and 0 <= self.settle_s < float("inf")):
+            raise ValueError(f"settle_s: must be a number >= 0, got {self.settle_s!r}")
         if isinstance(self.input_tokens, Mapping):
             self.input_tokens = build(LengthDist, self.input_tokens, "input_tokens")
         if isinstance(self.output_tokens, Mapping):
@@ -223,6 +232,9 @@ class Trace:
     # True: a turn with an earlier turn of its session in the trace is sent at ``arrival_s`` or
     # when that earlier turn's response ends, whichever is later (the simulator places it).
     closed_loop: bool = False
+    # Seconds at the start of the trace that only settle the fleet (``WorkloadSpec.settle_s``):
+    # run figures are measured from its end (plus the run's warm-up).
+    settle_s: float = 0.0
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -260,9 +272,13 @@ def generate(spec: WorkloadSpec) -> Trace:
     and space them by the agent's think/tool time, so a turn normally arrives after the previous
     one finished (as an agent loop does). Sessions also open before t=0 so the window starts in
     steady state. Lengths and hit rates are drawn per request from the spec's distributions.
+    With ``settle_s`` the turns drawn in [-settle_s, 0) are kept as well and every arrival is
+    shifted by ``settle_s`` (the trace starts at 0; the measured span at ``settle_s``).
     """
     rng = np.random.default_rng(spec.seed)
-    lead = spec.mean_turns * spec.turn_gap_s * 3  # long enough for the session mix to settle
+    settle = float(spec.settle_s)
+    # long enough for the session mix to settle before the first simulated turn
+    lead = spec.mean_turns * spec.turn_gap_s * 3 + settle
     n_sessions = int(rng.poisson(spec.rps / spec.mean_turns * (spec.duration_s + lead)))
     starts = rng.uniform(-lead, spec.duration_s, n_sessions)
     turns = rng.geometric(1.0 / spec.mean_turns, n_sessions)
@@ -273,7 +289,8 @@ def generate(spec: WorkloadSpec) -> Trace:
     offsets = np.cumsum(gaps)
     offsets -= np.repeat(offsets[first], turns)
     arrival = np.repeat(starts, turns) + offsets
-    keep = (arrival >= 0.0) & (arrival < spec.duration_s)
+    keep = (arrival >= -settle) & (arrival < spec.duration_s)
+    arrival = arrival + settle
     if spec.context is not None:
         # Lengths follow each session's growth from its first turn (before t=0 too).
         outputs = spec.output_tokens.sample(rng, len(session))
@@ -287,7 +304,7 @@ def generate(spec: WorkloadSpec) -> Trace:
             cached = grown
         else:
             cached = np.floor(spec.hit_rate.sample(rng, len(inputs)) * inputs).astype(np.int64)
-        return Trace(arrival, inputs, cached, outputs, session, spec.closed_loop)
+        return Trace(arrival, inputs, cached, outputs, session, spec.closed_loop, settle)
     arrival, session = arrival[keep], session[keep]
     order = np.argsort(arrival, kind="stable")
     arrival, session = arrival[order], session[order]
@@ -295,7 +312,7 @@ def generate(spec: WorkloadSpec) -> Trace:
     inputs = spec.input_tokens.sample(rng, n)
     outputs = spec.output_tokens.sample(rng, n)
     cached = np.floor(spec.hit_rate.sample(rng, n) * inputs).astype(np.int64)
-    return Trace(arrival, inputs, cached, outputs, session, spec.closed_loop)
+    return Trace(arrival, inputs, cached, outputs, session, spec.closed_loop, settle)
 
 
 # --- trace files ---------------------------------------------------------------------------

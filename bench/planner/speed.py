@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rps and --duration must be > 0")
     config = deep_merge(
         case_configs(load_scenario("paper-ttft"))["pdd"],
-        {"workload": {"rps": args.rps, "duration_s": args.duration}},
+        # One hour of traffic is the figure: no settle span before it.
+        {"workload": {"rps": args.rps, "duration_s": args.duration, "settle_s": 0}},
     )
     t0 = time.perf_counter()
     trace = make_trace(config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.api import make_trace, run_fleet
+from planner.api import make_trace, run_case, run_fleet
 from planner.fleet import fleet_from_dict
 from planner.metrics import Sla
 from planner.scenario import deep_merge, load_scenario
@@ -24,7 +24,8 @@ def config(closed_loop: bool) -> dict:
     base = load_scenario({"name": "t", "include": "_common.json"})["base"]
     # Turns 2 s apart on average: far shorter than a response, so most turns are drawn
     # before the previous one has ended.
-    workload = {"rps": 4, "duration_s": 120, "seed": 5, "mean_turns": 6, "turn_gap_s": 2.0}
+    workload = {"rps": 4, "duration_s": 120, "seed": 5, "mean_turns": 6, "turn_gap_s": 2.0,
+                "settle_s": 0}  # fmt: skip
     return deep_merge(
         base,
         {
@@ -193,3 +194,46 @@ def test_a_run_setting_at_the_scenario_top_level_is_refused_naming_it() -> None:
         load_scenario({"name": "t", "include": "_common.json", "trace_file": "x.csv"})
     # Comments ("_"-prefixed) and the known keys are fine.
     load_scenario({"name": "t", "include": "_common.json", "_note": "ok", "description": "d"})
+
+
+def test_a_settle_span_is_simulated_but_not_measured() -> None:
+    cfg = deep_merge(config(True), {"workload": {"settle_s": 60}})
+    trace = make_trace(cfg)
+    assert trace.settle_s == 60.0
+    assert trace.arrival_s[0] >= 0.0 and trace.arrival_s[-1] < 60.0 + 120.0
+    # Turns drawn in the settle span are sent (they build the sessions' state) ...
+    assert np.sum(trace.arrival_s < 60.0) > 100
+    summary, record = run_fleet(fleet_from_dict(cfg["fleet"]), trace, Sla(), 10.0)
+    # ... but figures count from the span's end plus the warm-up.
+    assert summary["requests"] == int(np.sum(trace.arrival_s >= 70.0))
+    assert np.all(np.isfinite(record.ttft_s[trace.arrival_s < 60.0]))
+
+
+def test_settling_lets_a_slow_fleet_receive_the_drawn_rate() -> None:
+    # Turns 4 s apart on average, responses ~17-25 s: each session waits on its answers, so a
+    # fleet holds more sessions open than the drawn gap implies. Started cold, the run has
+    # too few of them and receives far less than drawn; after a settle span of ~4 session
+    # lifetimes it receives nearly the drawn rate, and its responses slow under the real load.
+    from tests.planner.test_sim import small_config
+
+    def run(settle: float) -> dict:
+        workload = {"turn_gap_s": 4.0, "mean_turns": 8, "rps": 4, "duration_s": 300, "seed": 5}
+        return run_case("c", small_config("pdd", settle_s=settle, **workload), "fleet").summary
+
+    cold, settled = run(0.0), run(600.0)
+    assert cold["offered_rps"] < 0.8 * cold["drawn_rps"]
+    assert settled["offered_rps"] > 0.85 * settled["drawn_rps"]
+    assert settled["e2e_s"]["mean"] > cold["e2e_s"]["mean"]
+
+
+@pytest.mark.parametrize("bad", [-1, "long", float("inf")])
+def test_settle_must_be_a_non_negative_number(bad) -> None:
+    with pytest.raises(ValueError, match="settle_s"):
+        make_trace(deep_merge(config(True), {"workload": {"settle_s": bad}}))
+
+
+def test_a_transfer_only_run_has_no_settle_span() -> None:
+    cfg = {"workload": {**config(True)["workload"], "settle_s": 500}}
+    assert make_trace(cfg, settle=False).settle_s == 0.0
+    plain = make_trace({"workload": {**cfg["workload"], "settle_s": 0}})
+    assert np.array_equal(make_trace(cfg, settle=False).arrival_s, plain.arrival_s)

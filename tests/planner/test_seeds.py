@@ -20,7 +20,7 @@ def scenario(tmp_path):
                 "include": "_common.json",
                 "base": {
                     "fleet": {"pools": SMALL_POOLS},
-                    "workload": {"rps": 6, "duration_s": 90},
+                    "workload": {"rps": 6, "duration_s": 90, "settle_s": 0},
                     "warmup_s": 20,
                 },
                 "cases": {"cdc-pd": {"fleet": {"system": "cdc-pd"}}, "pdd": {}},
