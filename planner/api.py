@@ -5,9 +5,11 @@ The Django command, REST endpoint and UI page call these; so does ``python -m pl
 
 from __future__ import annotations
 
+import copy
 import itertools
 import time
 from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,29 +226,49 @@ def run_case(name: str, config: Mapping[str, Any], kind: str) -> CaseResult:
 # --- public API ----------------------------------------------------------------------------
 
 
-def simulate(scenario: str | Mapping[str, Any]) -> SimResult:
-    """Run every case of a scenario (a bundled name, a path, or a parsed dict)."""
+def _run_job(job: tuple[str, dict[str, Any], str]) -> CaseResult:
+    return run_case(*job)
+
+
+def _run_all(jobs: list[tuple[str, dict[str, Any], str]], workers: int) -> list[CaseResult]:
+    """``run_case`` on every job, in order; on ``workers`` processes when more than one."""
+    if workers <= 1 or len(jobs) <= 1:
+        return [run_case(*job) for job in jobs]
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+        return list(pool.map(_run_job, jobs))
+
+
+def simulate(scenario: str | Mapping[str, Any], jobs: int = 1) -> SimResult:
+    """Run every case of a scenario (a bundled name, a path, or a parsed dict).
+
+    ``jobs`` > 1 runs cases (and a sweep's points) on that many processes; the results are
+    the same as one after another (every run is seeded).
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs: must be an integer >= 1, got {jobs!r}")
     data = load_scenario(scenario)
     kind = data["kind"]
     configs = case_configs(data)
     sweep = data.get("sweep")
     if not sweep:
-        cases = {name: run_case(name, cfg, kind) for name, cfg in configs.items()}
-        return SimResult(str(data.get("name", "scenario")), kind, cases)
+        results = _run_all([(name, cfg, kind) for name, cfg in configs.items()], jobs)
+        return SimResult(str(data.get("name", "scenario")), kind, {r.name: r for r in results})
     # A sweep runs every case at every value of one parameter (e.g. the mean hit rate).
     path, values = sweep.get("path"), sweep.get("values")
     if not isinstance(path, str) or not isinstance(values, list) or not values:
         raise ValueError("sweep: needs a dotted 'path' and a non-empty 'values' list")
-    rows = []
-    cases: dict[str, CaseResult] = {}
-    for value in values:
-        row: dict[str, Any] = {"value": value}
-        for name, cfg in configs.items():
+    points = []
+    for i, value in enumerate(values):
+        for name, base in configs.items():
+            cfg = copy.deepcopy(base)
             set_path(cfg, path, value)
-            result = run_case(f"{name}@{value}", cfg, kind)
-            cases[result.name] = result
-            row[name] = result.goodput if result.goodput else result.summary
-        rows.append(row)
+            points.append((i, name, (f"{name}@{value}", cfg, kind)))
+    results = _run_all([job for _, _, job in points], jobs)
+    rows: list[dict[str, Any]] = [{"value": value} for value in values]
+    cases: dict[str, CaseResult] = {}
+    for (i, name, _), result in zip(points, results, strict=True):
+        cases[result.name] = result
+        rows[i][name] = result.goodput if result.goodput else result.summary
     return SimResult(str(data.get("name", "scenario")), kind, cases, rows)
 
 

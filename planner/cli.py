@@ -32,7 +32,9 @@ def _cmd_list(_: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from planner.api import simulate
 
-    result = simulate(args.scenario)
+    if args.jobs < 1:
+        raise ValueError(f"--jobs: must be >= 1, got {args.jobs}")
+    result = simulate(args.scenario, jobs=args.jobs)
     out = Path(args.out or f"bench/planner/{result.scenario}")
     out.mkdir(parents=True, exist_ok=True)
     data = _clean(result.to_dict())
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("scenario")
     run.add_argument("--out", help="output folder (default bench/planner/<scenario>)")
     run.add_argument("--no-plots", action="store_true")
+    run.add_argument("--jobs", type=int, default=1,
+                     help="processes to run cases on (same results as one)")  # fmt: skip
     run.set_defaults(func=_cmd_run)
     plan = sub.add_parser("plan", help="search pool counts for the best BCR under the SLA")
     plan.add_argument("scenario")

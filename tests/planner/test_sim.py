@@ -124,12 +124,33 @@ def test_simulate_accepts_a_parsed_scenario_dict() -> None:
     [
         (["run", "no-such-scenario"], "no such scenario"),
         (["plan", "paper-ttft"], "no search_space"),
+        (["run", "paper-ttft", "--jobs", "0"], "--jobs"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_nonzero(capsys, args, message) -> None:
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_cases_and_sweep_points_on_several_processes_give_the_same_results() -> None:
+    scenario = {
+        "name": "tiny",
+        "base": small_config("pdd", duration_s=60),
+        "cases": {"pdd": {}, "cdc-pd": {"fleet": {"system": "cdc-pd"}}},
+        "sweep": {"path": "workload.rps", "values": [4, 8]},
+    }
+    one, two = simulate(scenario), simulate(scenario, jobs=2)
+    assert list(two.cases) == list(one.cases) == ["pdd@4", "cdc-pd@4", "pdd@8", "cdc-pd@8"]
+    for name, case in one.cases.items():
+        assert two.cases[name].summary == case.summary
+    assert [r["value"] for r in two.sweep] == [4, 8]
+    assert two.sweep[1]["cdc-pd"] == one.sweep[1]["cdc-pd"]
+    plain = {"name": "t", "base": scenario["base"], "cases": scenario["cases"]}
+    parallel = simulate(plain, jobs=2).cases["cdc-pd"].summary
+    assert parallel == simulate(plain).cases["cdc-pd"].summary
+    with pytest.raises(ValueError, match="jobs"):
+        simulate(plain, jobs=0)
 
 
 def test_cli_reports_a_bad_field_in_a_scenario_file(tmp_path, capsys) -> None:
