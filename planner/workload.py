@@ -206,7 +206,10 @@ class WorkloadSpec:
         if self.mean_turns < 1:
             raise ValueError("mean_turns: must be >= 1")
         check_positive(self, "turn_gap_s")
-        if not (isinstance(self.settle_s, (int, float)) and 0 <= self.settle_s < float("inf")):
+        settle = self.settle_s
+        if isinstance(settle, bool) or not (
+            isinstance(settle, (int, float)) and 0 <= settle < float("inf")
+        ):
             raise ValueError(f"settle_s: must be a number >= 0, got {self.settle_s!r}")
         if isinstance(self.input_tokens, Mapping):
             self.input_tokens = build(LengthDist, self.input_tokens, "input_tokens")

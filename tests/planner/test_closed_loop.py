@@ -226,7 +226,7 @@ def test_settling_lets_a_slow_fleet_receive_the_drawn_rate() -> None:
     assert settled["e2e_s"]["mean"] > cold["e2e_s"]["mean"]
 
 
-@pytest.mark.parametrize("bad", [-1, "long", float("inf")])
+@pytest.mark.parametrize("bad", [-1, "long", float("inf"), True])
 def test_settle_must_be_a_non_negative_number(bad) -> None:
     with pytest.raises(ValueError, match="settle_s"):
         make_trace(deep_merge(config(True), {"workload": {"settle_s": bad}}))
