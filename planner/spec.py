@@ -24,6 +24,12 @@ def check_positive(obj: object, name: str) -> None:
         raise ValueError(f"{name}: must be a positive number, got {value!r}")
 
 
+def check_non_negative(obj: object, name: str) -> None:
+    value = getattr(obj, name)
+    if not _is_number(value) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}: must be a number >= 0, got {value!r}")
+
+
 def check_range(obj: object, name: str, lo: float, hi: float) -> None:
     value = getattr(obj, name)
     if not _is_number(value) or not (lo <= value <= hi):

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.spec import build, check_positive, check_range
+from planner.spec import build, check_non_negative, check_positive, check_range
 
 TRACE_COLUMNS = ("arrival_s", "input_tokens", "cached_tokens", "output_tokens", "session_id")
 
@@ -206,11 +206,7 @@ class WorkloadSpec:
         if self.mean_turns < 1:
             raise ValueError("mean_turns: must be >= 1")
         check_positive(self, "turn_gap_s")
-        settle = self.settle_s
-        if isinstance(settle, bool) or not (
-            isinstance(settle, (int, float)) and 0 <= settle < float("inf")
-        ):
-            raise ValueError(f"settle_s: must be a number >= 0, got {self.settle_s!r}")
+        check_non_negative(self, "settle_s")
         if isinstance(self.input_tokens, Mapping):
             self.input_tokens = build(LengthDist, self.input_tokens, "input_tokens")
         if isinstance(self.output_tokens, Mapping):
