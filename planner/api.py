@@ -233,7 +233,7 @@ def _run_job(job: tuple[str, dict[str, Any], str]) -> CaseResult:
 def _run_all(jobs: list[tuple[str, dict[str, Any], str]], workers: int) -> list[CaseResult]:
     """``run_case`` on every job, in order; on ``workers`` processes when more than one."""
     if workers <= 1 or len(jobs) <= 1:
-        return [run_case(*job) for job in jobs]
+        return list(map(_run_job, jobs))
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
         return list(pool.map(_run_job, jobs))
 
