@@ -87,6 +87,12 @@ class PolicySettings:
     ``rld_load_one_shot_above`` gives one-shot, and in between the RLD keeps the mode it is
     running in (``InstanceState.handoff_mode``), catch-up if it has none.
 
+    Full-MD rule (``relay_when_main_saturated``): when even the chosen MD is at or above
+    ``saturated_load`` (so every reachable MD is: the choice prefers an unsaturated one), a
+    request that would go straight to it relays instead, if the least-loaded RLD is below
+    ``saturated_load``: the MD would queue it for a decode slot, and RLD decodes it meanwhile.
+    RLD hands off when MD admits it, so the request still ends on MD (its cache stays aligned).
+
     Singular rule: prompt >= ``singular_min_prompt_tokens`` AND max_tokens <=
     ``singular_max_output_tokens`` AND hit rate < ``singular_max_hit_rate`` finishes on RLD.
     """
@@ -107,6 +113,9 @@ class PolicySettings:
     kv_bytes_per_token: int = 4_400
     # Instances at or above this load are skipped while a less loaded one exists.
     saturated_load: float = 0.95
+    # Relay a request whose MD is saturated (it would wait there for a decode slot) while an
+    # RLD below saturated_load can start it at once. See the full-MD rule above.
+    relay_when_main_saturated: bool = False
     # Floor on the share of a busy link a new transfer is assumed to get (TCP fairness gives it
     # at least some share), so the estimate stays finite at 100% utilisation.
     wan_min_share: float = 0.05
@@ -126,8 +135,9 @@ class PolicySettings:
                 "rld_load_catch_up_below: must be <= rld_load_one_shot_above "
                 f"({self.rld_load_catch_up_below} > {self.rld_load_one_shot_above})"
             )
-        if not isinstance(self.singular_enabled, bool):
-            raise ValueError("singular_enabled: must be true or false")
+        for name in ("singular_enabled", "relay_when_main_saturated"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: must be true or false")
         _check_int(self, "singular_min_prompt_tokens", lo=1)
         _check_int(self, "singular_max_output_tokens", lo=0)
         _check_number(self, "singular_max_hit_rate", lo=0.0, hi=1.0)
@@ -452,7 +462,13 @@ def decide(request: RequestInfo, snapshot: ClusterSnapshot, settings: PolicySett
     min_hit = settings.min_hit_rate
     slow_wan = threshold is not None and est_wan_s > threshold
     low_hit = min_hit is not None and hit_rate < min_hit
-    if not (slow_wan or low_hit):
+    main_full = (
+        settings.relay_when_main_saturated
+        and main.load >= settings.saturated_load
+        and relay is not None
+        and relay.load < settings.saturated_load
+    )
+    if not (slow_wan or low_hit or main_full):
         return Decision(
             pipeline=Pipeline.P_MD,
             handoff_mode=HandoffMode.NONE,
@@ -465,11 +481,12 @@ def decide(request: RequestInfo, snapshot: ClusterSnapshot, settings: PolicySett
             reason=f"high hit {hit_rate:.1%}: est WAN {est_wan_s:.3f} s for {delta} delta tokens",
         )
 
-    why = (
-        f"est WAN {est_wan_s:.3f} s > {threshold} s"
-        if slow_wan
-        else f"hit {hit_rate:.1%} < {min_hit:.1%}"
-    )
+    if slow_wan:
+        why = f"est WAN {est_wan_s:.3f} s > {threshold} s"
+    elif low_hit:
+        why = f"hit {hit_rate:.1%} < {min_hit:.1%}"
+    else:
+        why = f"MD {main.id} saturated (load {main.load:.2f} >= {settings.saturated_load})"
     if relay is None:
         if settings.fallback_no_relay == Fallback.REJECT:
             raise NoHealthyPath(f"low hit ({why}) needs a relay decode; none healthy")
@@ -499,6 +516,9 @@ def decide(request: RequestInfo, snapshot: ClusterSnapshot, settings: PolicySett
         est_wan_s=est_wan_s,
         reason=(
             f"low hit {hit_rate:.1%}: {why}; relay decodes while the delta crosses; "
+            f"{mode_why} -> {mode}"
+            if slow_wan or low_hit
+            else f"hit {hit_rate:.1%}: {why}; relay decodes until MD has a slot; "
             f"{mode_why} -> {mode}"
         ),
         catch_up_batch=batch,

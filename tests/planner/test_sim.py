@@ -206,6 +206,33 @@ def test_the_policy_sees_the_wan_pool_queue_and_relays_more() -> None:
     assert aware["ttft_s"]["p90"] < blind["ttft_s"]["p90"]
 
 
+def test_a_full_md_pool_hands_its_queue_to_the_relay_and_keeps_its_cache() -> None:
+    # 4 MD of 48 slots at 8 RPS are full much of the time; 2 RLD have room. With the full-MD
+    # rule the requests that would queue on their prefix MD for a slot decode on RLD at once
+    # and are handed over when MD admits them: the slot wait leaves the tail, and since every
+    # relayed request still ends on MD, its cache (the hit rate) stays where it was.
+    def run(rule: bool) -> dict:
+        config = deep_merge(
+            small_config("pdd"),
+            {
+                "fleet": {
+                    "engine": {"max_decode_batch": 48},
+                    "policy": {"relay_when_main_saturated": rule},
+                }
+            },
+        )
+        config["fleet"]["pools"][1]["count"] = 2
+        return run_case("pdd", config, "fleet").summary
+
+    off, on = run(False), run(True)
+    assert on["requests"] == off["requests"] and on["unfinished"] == off["unfinished"] == 0
+    assert on["pipelines"]["p-rld-md"] > 2 * off["pipelines"]["p-rld-md"]
+    assert on["ttft_parts"]["tail"]["slot"] < 0.5 * off["ttft_parts"]["tail"]["slot"]
+    assert on["ttft_s"]["p90"] < 0.7 * off["ttft_s"]["p90"]
+    assert on["tokens"]["relay_share"] > off["tokens"]["relay_share"]
+    assert on["md_hit_rate"] == pytest.approx(off["md_hit_rate"], abs=0.02)
+
+
 def test_pool_wait_aware_must_be_a_bool() -> None:
     config = deep_merge(small_config("pdd"), {"fleet": {"pool_wait_aware": "yes"}})
     with pytest.raises(ValueError, match="pool_wait_aware"):

@@ -336,6 +336,67 @@ def test_hit_rate_threshold_alone_can_drive_the_relay() -> None:
     assert decide(request(), snap, settings).pipeline == Pipeline.P_MD
 
 
+FULL_MD = PolicySettings(
+    wan_time_threshold_s=1.0, kv_bytes_per_token=46_000, relay_when_main_saturated=True
+)
+RELAY = (InstanceState("r1", Role.RELAY_DECODE, "A", load=0.2),)
+BUSY_RELAY = (InstanceState("r1", Role.RELAY_DECODE, "A", load=0.97),)
+
+# Each row: id, MD pool, RLD pool, settings, expected (pipeline, RLD, MD).
+FULL_MD_CASES = [
+    (
+        "every MD saturated: a high-hit request relays while its prefix MD is full",
+        (main_decode("m1", hit=0.99, load=1.0), main_decode("m2", hit=0.0, load=0.96)),
+        RELAY,
+        FULL_MD,
+        (Pipeline.P_RLD_MD, "r1", "m1"),
+    ),
+    (
+        "an unsaturated MD takes it straight, as without the rule",
+        (main_decode("m1", hit=0.99, load=1.0), main_decode("m2", hit=0.99, load=0.5)),
+        RELAY,
+        FULL_MD,
+        (Pipeline.P_MD, None, "m2"),
+    ),
+    (
+        "a saturated relay does not take the overflow",
+        (main_decode("m1", hit=0.99, load=1.0),),
+        BUSY_RELAY,
+        FULL_MD,
+        (Pipeline.P_MD, None, "m1"),
+    ),
+    (
+        "rule off: the request queues on its full MD",
+        (main_decode("m1", hit=0.99, load=1.0),),
+        RELAY,
+        SETTINGS,
+        (Pipeline.P_MD, None, "m1"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("main", "relay", "settings", "expected"),
+    [row[1:] for row in FULL_MD_CASES],
+    ids=[row[0] for row in FULL_MD_CASES],
+)
+def test_a_saturated_main_decode_sends_requests_through_an_idle_relay(
+    main, relay, settings, expected
+) -> None:
+    d = decide(request(), snapshot(main=main, relay=relay), settings)
+    assert (d.pipeline, d.relay_id, d.main_id) == expected
+    assert d.fallback is False
+    if d.pipeline == Pipeline.P_RLD_MD:
+        assert "saturated" in d.reason and "until MD has a slot" in d.reason
+        assert d.handoff_mode == HandoffMode.CATCH_UP  # the relay's own load picks the mode
+
+
+def test_a_low_hit_request_to_a_full_md_gives_the_wan_as_its_reason() -> None:
+    d = decide(request(), snapshot(main=(main_decode("m1", hit=0.5, load=1.0),)), FULL_MD)
+    assert d.pipeline == Pipeline.P_RLD_MD
+    assert "est WAN" in d.reason and "saturated" not in d.reason
+
+
 @pytest.mark.parametrize(
     ("snap", "match"),
     [
@@ -430,6 +491,7 @@ def test_settings_from_dict_fills_defaults() -> None:
         ({"catch_up_batch_tokens": True}, "catch_up_batch_tokens"),
         ({"rld_load_catch_up_below": 0.9, "rld_load_one_shot_above": 0.5}, "rld_load_catch_up"),
         ({"singular_enabled": "yes"}, "singular_enabled"),
+        ({"relay_when_main_saturated": 1}, "relay_when_main_saturated"),
         ({"singular_max_hit_rate": -0.1}, "singular_max_hit_rate"),
         ({"fallback_no_main_decode": "p-md"}, "fallback_no_main_decode"),
         ({"fallback_no_relay": "rld-only"}, "fallback_no_relay"),
