@@ -115,7 +115,7 @@ class PolicySettings:
     saturated_load: float = 0.95
     # Relay a request whose MD is saturated (it would wait there for a decode slot) while an
     # RLD below saturated_load can start it at once. See the full-MD rule above.
-    relay_when_main_saturated: bool = False
+    relay_when_main_saturated: bool = True
     # Floor on the share of a busy link a new transfer is assumed to get (TCP fairness gives it
     # at least some share), so the estimate stays finite at 100% utilisation.
     wan_min_share: float = 0.05

@@ -13,6 +13,9 @@ search each (the highest rate meeting P90 TTFT < 10 s and P99 < 15 s):
 * prefill side: the MD pool and the WAN line made ample (x``--ample``), so only P binds;
 * decode side: the P pool and the WAN line made ample, so only MD binds.
 
+Both sides run with the policy's full-MD rule off (``relay_when_main_saturated``): the balance
+is between the P pool and MD's own slots, not MD with RLD taking its queue.
+
 The balanced efficiency is where the two goodputs meet (linear interpolation between grid
 points of their difference). Only the PDD fleet's composition and the SLA take part: no IDC-PD
 run, no BCR, no TTFT figure; every BCR at the chosen value is a prediction.
@@ -69,6 +72,9 @@ def side_config(
     config["workload"]["seed"] = seed
     if duration_s is not None:
         config["workload"]["duration_s"] = duration_s
+    # MD's own capacity: with the full-MD rule RLD would take MD's slot queue and the
+    # decode side would measure MD plus RLD (the balance was measured without it).
+    config["fleet"].setdefault("policy", {})["relay_when_main_saturated"] = False
     for pool in config["fleet"]["pools"]:
         if pool["role"] == AMPLE_ROLE[side]:
             pool["count"] *= ample

@@ -34,6 +34,8 @@ def test_each_side_makes_the_other_pool_and_the_wan_ample() -> None:
         assert link["bandwidth_gbps"] == 4 * base_link["bandwidth_gbps"]
         assert link["pool_size"] == 4 * base_link["pool_size"]
         assert config["workload"]["seed"] == 3
+        # MD's own slots are balanced against P: RLD does not take MD's queue.
+        assert config["fleet"]["policy"]["relay_when_main_saturated"] is False
     assert prefill["fleet"]["engine"]["decode_mem_efficiency"] == 0.2
     assert decode["fleet"]["engine"]["max_decode_batch"] == 40
     assert decode["fleet"]["engine"]["prefill_efficiency"] == 0.3

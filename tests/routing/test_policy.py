@@ -341,6 +341,9 @@ FULL_MD = PolicySettings(
 )
 RELAY = (InstanceState("r1", Role.RELAY_DECODE, "A", load=0.2),)
 BUSY_RELAY = (InstanceState("r1", Role.RELAY_DECODE, "A", load=0.97),)
+NO_FULL_MD = PolicySettings(
+    wan_time_threshold_s=1.0, kv_bytes_per_token=46_000, relay_when_main_saturated=False
+)
 
 # Each row: id, MD pool, RLD pool, settings, expected (pipeline, RLD, MD).
 FULL_MD_CASES = [
@@ -369,7 +372,7 @@ FULL_MD_CASES = [
         "rule off: the request queues on its full MD",
         (main_decode("m1", hit=0.99, load=1.0),),
         RELAY,
-        SETTINGS,
+        NO_FULL_MD,
         (Pipeline.P_MD, None, "m1"),
     ),
 ]
@@ -389,6 +392,10 @@ def test_a_saturated_main_decode_sends_requests_through_an_idle_relay(
     if d.pipeline == Pipeline.P_RLD_MD:
         assert "saturated" in d.reason and "until MD has a slot" in d.reason
         assert d.handoff_mode == HandoffMode.CATCH_UP  # the relay's own load picks the mode
+
+
+def test_the_full_md_rule_is_on_by_default() -> None:
+    assert PolicySettings().relay_when_main_saturated is True
 
 
 def test_a_low_hit_request_to_a_full_md_gives_the_wan_as_its_reason() -> None:
