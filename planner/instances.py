@@ -171,6 +171,10 @@ class DecodeInstance:
         self.cache_capacity = cache_capacity_tokens
         # KV on its way to this MD: session -> {version: callbacks waiting for it to land}.
         self.incoming: dict[int, dict[int, list[Callable[[], None]]]] = {}
+        # Optional index shared by a fleet's MDs: session -> the MDs that have held or been
+        # sent its context (a superset of those that hold it now), so a router looks at those
+        # few instead of every MD's cache.
+        self.holders: dict[int, dict[str, DecodeInstance]] | None = None
         # Token clock.
         self.clock = 0.0
         self._last = 0.0
@@ -289,6 +293,8 @@ class DecodeInstance:
     def expect(self, session: int, version: int) -> None:
         """P has committed to send this session's context at ``version`` to this MD."""
         self.incoming.setdefault(session, {}).setdefault(version, [])
+        if self.holders is not None:
+            self.holders.setdefault(session, {})[self.state.id] = self
 
     def incoming_version(self, session: int) -> int | None:
         """Newest version of the session's context still on its way here, if any."""
@@ -316,6 +322,8 @@ class DecodeInstance:
 
     def cache_put(self, session: int, version: int, tokens: int) -> None:
         """Record that this MD holds the session's context at ``version`` (mutates the LRU)."""
+        if self.holders is not None:
+            self.holders.setdefault(session, {})[self.state.id] = self
         old = self.cache.pop(session, None)
         if old is not None:
             self.cache_tokens -= old[1]

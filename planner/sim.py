@@ -134,7 +134,10 @@ class Simulator:
             prefix_hits={},
         )
         self._main_list = list(self.main.values())
-        self._main_caches = [(m.state.id, m.cache) for m in self._main_list]
+        # session -> the MDs that may hold its context: the router looks at those only.
+        self._holders: dict[int, dict[str, DecodeInstance]] = {}
+        for m in self._main_list:
+            m.holders = self._holders
 
     # --- run ------------------------------------------------------------------------------------
     def run(self, trace, drain_s: float | None = None) -> RunRecord:
@@ -285,13 +288,13 @@ class Simulator:
             landed_hits = {}  # what its cache holds (the heartbeat's blocks)
             in_flight = self.fleet.drc_counts_in_flight
             waits: dict[str, int] = {}
-            for mid, cache in self._main_caches:
-                entry = cache.get(session)
+            for mid, md in self._holders.get(session, {}).items():
+                entry = md.cache.get(session)
                 version = entry[0] if entry is not None else None
                 if version is not None:
                     landed_hits[mid] = max(0, cached - (appended - version))
                 if in_flight:
-                    coming = self.main[mid].incoming_version(session)
+                    coming = md.incoming_version(session)
                     if coming is not None and (version is None or coming > version):
                         version = waits[mid] = coming  # counts, but must land before use
                 if version is not None:

@@ -355,27 +355,48 @@ def estimate_wan_s(delta_tokens: int, link: WanLinkState, settings: PolicySettin
 
 
 def _least_loaded(candidates: Iterable[InstanceState], saturated: float) -> InstanceState | None:
+    """The healthy instance first in (saturated, load, queue depth, id) order, or None.
+
+    Compared field by field rather than as key tuples: the simulator decides ~300k times per
+    simulated hour over tens of instances, and the order is the same.
+    """
     best: InstanceState | None = None
-    best_key: tuple[bool, float, int, str] | None = None
+    best_sat = False
+    best_load = 0.0
     for inst in candidates:
         if not inst.healthy:
             continue
-        key = (inst.load >= saturated, inst.load, inst.queue_depth, inst.id)
-        if best_key is None or key < best_key:
-            best, best_key = inst, key
+        load = inst.load
+        sat = load >= saturated
+        if best is not None:
+            if sat != best_sat:
+                if sat:
+                    continue
+            elif load != best_load:
+                if not load < best_load:
+                    continue
+            elif (inst.queue_depth, inst.id) >= (best.queue_depth, best.id):
+                continue
+        best, best_sat, best_load = inst, sat, load
     return best
 
 
 def _choose_main_decode(
     request: RequestInfo, snapshot: ClusterSnapshot, settings: PolicySettings
 ) -> tuple[InstanceState | None, int, WanLinkState | None]:
-    """Cache-aware MD choice: longest cached prefix among unsaturated MDs, load breaks ties."""
+    """Cache-aware MD choice: longest cached prefix among unsaturated MDs, load breaks ties.
+
+    The first healthy, reachable MD in (saturated, -hit, load, queue depth, id) order,
+    compared field by field as in :func:`_least_loaded`.
+    """
     best: InstanceState | None = None
-    best_key: tuple[bool, int, float, int, str] | None = None
+    best_sat = False
     best_hit = 0
+    best_load = 0.0
     best_link: WanLinkState | None = None
     hits = snapshot.prefix_hits
     links = snapshot.wan_links
+    saturated = settings.saturated_load
     for inst in snapshot.main_decode:
         if not inst.healthy:
             continue
@@ -383,9 +404,21 @@ def _choose_main_decode(
         if link is None or link.status == LinkStatus.DOWN:
             continue  # a down (or unknown) WAN link means no path to this MD
         hit = hits.get(inst.id, 0) if hits is not None else prefix_hit_tokens(request, inst)
-        key = (inst.load >= settings.saturated_load, -hit, inst.load, inst.queue_depth, inst.id)
-        if best_key is None or key < best_key:
-            best, best_key, best_hit, best_link = inst, key, hit, link
+        load = inst.load
+        sat = load >= saturated
+        if best is not None:
+            if sat != best_sat:
+                if sat:
+                    continue
+            elif hit != best_hit:
+                if hit < best_hit:
+                    continue
+            elif load != best_load:
+                if not load < best_load:
+                    continue
+            elif (inst.queue_depth, inst.id) >= (best.queue_depth, best.id):
+                continue
+        best, best_sat, best_hit, best_load, best_link = inst, sat, hit, load, link
     return best, min(best_hit, request.prompt_tokens), best_link
 
 

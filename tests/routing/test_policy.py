@@ -538,3 +538,52 @@ def test_decide_is_fast_enough_for_the_gateway() -> None:
     for _ in range(10_000):
         decide(req, snap, SETTINGS)
     assert time.perf_counter() - start < 2.0
+
+
+def test_instance_choice_follows_the_documented_order_on_random_pools() -> None:
+    # _least_loaded and _choose_main_decode compare field by field for speed; their choice must
+    # be the minimum of the documented key tuples, ties and saturation included.
+    import random
+
+    from routing.policy import _choose_main_decode, _least_loaded
+
+    rng = random.Random(7)
+    settings = PolicySettings()
+    loads = [0.0, 0.3, 0.3, 0.94, 0.95, 1.0, 1.2]
+    for _ in range(2000):
+        pool = tuple(
+            InstanceState(
+                f"i{rng.randrange(20)}",
+                Role.MAIN_DECODE,
+                "B",
+                healthy=rng.random() > 0.1,
+                load=rng.choice(loads),
+                queue_depth=rng.randrange(3),
+            )
+            for _ in range(rng.randrange(6))
+        )
+        healthy = [i for i in pool if i.healthy]
+        expected = min(
+            healthy,
+            key=lambda i: (i.load >= settings.saturated_load, i.load, i.queue_depth, i.id),
+            default=None,
+        )
+        assert _least_loaded(pool, settings.saturated_load) is expected
+        hits = {i.id: rng.choice([0, 100, 100, 5000]) for i in pool}
+        snap = ClusterSnapshot(
+            main_decode=pool, wan_links={"B": WanLinkState(20, 20)}, prefix_hits=hits
+        )
+        best = min(
+            healthy,
+            key=lambda i: (
+                i.load >= settings.saturated_load,
+                -hits[i.id],
+                i.load,
+                i.queue_depth,
+                i.id,
+            ),
+            default=None,
+        )
+        chosen, cached, _ = _choose_main_decode(request(), snap, settings)
+        assert chosen is best
+        assert cached == (hits[best.id] if best is not None else 0)
