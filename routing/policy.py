@@ -9,7 +9,7 @@ says why in a human-readable reason.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -354,56 +354,25 @@ def estimate_wan_s(delta_tokens: int, link: WanLinkState, settings: PolicySettin
     return wait + link.rtt_ms / 1000.0 + delta_bytes / link.available_bytes_per_s(settings)
 
 
-def _least_loaded(candidates: Iterable[InstanceState], saturated: float) -> InstanceState | None:
-    """The healthy instance first in (saturated, load, queue depth, id) order, or None.
+def _first_in_order(
+    candidates: Iterable[InstanceState],
+    saturated: float,
+    hit_of: Callable[[InstanceState], int] | None = None,
+) -> InstanceState | None:
+    """The healthy candidate first in (saturated, -hit, load, queue depth, id) order, or None.
 
-    Compared field by field rather than as key tuples: the simulator decides ~300k times per
-    simulated hour over tens of instances, and the order is the same.
-    """
-    best: InstanceState | None = None
-    best_sat = False
-    best_load = 0.0
-    for inst in candidates:
-        if not inst.healthy:
-            continue
-        load = inst.load
-        sat = load >= saturated
-        if best is not None:
-            if sat != best_sat:
-                if sat:
-                    continue
-            elif load != best_load:
-                if not load < best_load:
-                    continue
-            elif (inst.queue_depth, inst.id) >= (best.queue_depth, best.id):
-                continue
-        best, best_sat, best_load = inst, sat, load
-    return best
-
-
-def _choose_main_decode(
-    request: RequestInfo, snapshot: ClusterSnapshot, settings: PolicySettings
-) -> tuple[InstanceState | None, int, WanLinkState | None]:
-    """Cache-aware MD choice: longest cached prefix among unsaturated MDs, load breaks ties.
-
-    The first healthy, reachable MD in (saturated, -hit, load, queue depth, id) order,
-    compared field by field as in :func:`_least_loaded`.
+    ``hit_of`` gives a candidate's cached prefix tokens (all 0 without it). Compared field by
+    field rather than as key tuples: the simulator decides ~300k times per simulated hour over
+    tens of instances, and the order is the same.
     """
     best: InstanceState | None = None
     best_sat = False
     best_hit = 0
     best_load = 0.0
-    best_link: WanLinkState | None = None
-    hits = snapshot.prefix_hits
-    links = snapshot.wan_links
-    saturated = settings.saturated_load
-    for inst in snapshot.main_decode:
+    for inst in candidates:
         if not inst.healthy:
             continue
-        link = links.get(inst.datacenter)
-        if link is None or link.status == LinkStatus.DOWN:
-            continue  # a down (or unknown) WAN link means no path to this MD
-        hit = hits.get(inst.id, 0) if hits is not None else prefix_hit_tokens(request, inst)
+        hit = hit_of(inst) if hit_of is not None else 0
         load = inst.load
         sat = load >= saturated
         if best is not None:
@@ -418,8 +387,43 @@ def _choose_main_decode(
                     continue
             elif (inst.queue_depth, inst.id) >= (best.queue_depth, best.id):
                 continue
-        best, best_sat, best_hit, best_load, best_link = inst, sat, hit, load, link
-    return best, min(best_hit, request.prompt_tokens), best_link
+        best, best_sat, best_hit, best_load = inst, sat, hit, load
+    return best
+
+
+def _least_loaded(candidates: Iterable[InstanceState], saturated: float) -> InstanceState | None:
+    """Least-loaded healthy instance, unsaturated ones first (queue depth, then id, break ties)."""
+    return _first_in_order(candidates, saturated)
+
+
+def _choose_main_decode(
+    request: RequestInfo, snapshot: ClusterSnapshot, settings: PolicySettings
+) -> tuple[InstanceState | None, int, WanLinkState | None]:
+    """Cache-aware MD choice: longest cached prefix among unsaturated MDs, load breaks ties.
+
+    Only MDs whose WAN link is known and not down are candidates (no path to the others).
+    """
+    links = snapshot.wan_links
+    reachable = [
+        inst
+        for inst in snapshot.main_decode
+        if (link := links.get(inst.datacenter)) is not None and link.status != LinkStatus.DOWN
+    ]
+    hits = snapshot.prefix_hits
+    if hits is not None:
+
+        def hit_of(inst: InstanceState) -> int:
+            return hits.get(inst.id, 0)
+
+    else:
+
+        def hit_of(inst: InstanceState) -> int:
+            return prefix_hit_tokens(request, inst)
+
+    best = _first_in_order(reachable, settings.saturated_load, hit_of)
+    if best is None:
+        return None, 0, None
+    return best, min(hit_of(best), request.prompt_tokens), links[best.datacenter]
 
 
 def _handoff_mode(relay: InstanceState, settings: PolicySettings) -> tuple[str, str]:
