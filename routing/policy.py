@@ -9,7 +9,7 @@ says why in a human-readable reason.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -357,11 +357,13 @@ def estimate_wan_s(delta_tokens: int, link: WanLinkState, settings: PolicySettin
 def _first_in_order(
     candidates: Iterable[InstanceState],
     saturated: float,
-    hit_of: Callable[[InstanceState], int] | None = None,
+    hits: Mapping[str, int] | None = None,
+    datacenters: Collection[str] | None = None,
 ) -> InstanceState | None:
     """The healthy candidate first in (saturated, -hit, load, queue depth, id) order, or None.
 
-    ``hit_of`` gives a candidate's cached prefix tokens (all 0 without it). Compared field by
+    ``hits`` gives cached prefix tokens by instance id (0 where missing, all 0 without it);
+    ``datacenters``, if given, restricts the candidates to those datacenters. Compared field by
     field rather than as key tuples: the simulator decides ~300k times per simulated hour over
     tens of instances, and the order is the same.
     """
@@ -372,7 +374,9 @@ def _first_in_order(
     for inst in candidates:
         if not inst.healthy:
             continue
-        hit = hit_of(inst) if hit_of is not None else 0
+        if datacenters is not None and inst.datacenter not in datacenters:
+            continue
+        hit = hits.get(inst.id, 0) if hits is not None else 0
         load = inst.load
         sat = load >= saturated
         if best is not None:
@@ -404,26 +408,18 @@ def _choose_main_decode(
     Only MDs whose WAN link is known and not down are candidates (no path to the others).
     """
     links = snapshot.wan_links
-    reachable = [
-        inst
-        for inst in snapshot.main_decode
-        if (link := links.get(inst.datacenter)) is not None and link.status != LinkStatus.DOWN
-    ]
+    reachable = {dc for dc, link in links.items() if link.status != LinkStatus.DOWN}
     hits = snapshot.prefix_hits
-    if hits is not None:
-
-        def hit_of(inst: InstanceState) -> int:
-            return hits.get(inst.id, 0)
-
-    else:
-
-        def hit_of(inst: InstanceState) -> int:
-            return prefix_hit_tokens(request, inst)
-
-    best = _first_in_order(reachable, settings.saturated_load, hit_of)
+    if hits is None:
+        hits = {
+            inst.id: prefix_hit_tokens(request, inst)
+            for inst in snapshot.main_decode
+            if inst.healthy and inst.datacenter in reachable
+        }
+    best = _first_in_order(snapshot.main_decode, settings.saturated_load, hits, reachable)
     if best is None:
         return None, 0, None
-    return best, min(hit_of(best), request.prompt_tokens), links[best.datacenter]
+    return best, min(hits.get(best.id, 0), request.prompt_tokens), links[best.datacenter]
 
 
 def _handoff_mode(relay: InstanceState, settings: PolicySettings) -> tuple[str, str]:
