@@ -196,3 +196,21 @@ def test_srpt_prefill_chunks_a_long_request_from_its_start_and_counts_every_toke
 def test_an_unknown_prefill_order_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="prefill_order: must be one of fifo, srpt"):
         EngineSpec(prefill_order="lifo")
+
+
+def test_md_instances_index_the_sessions_they_hold_or_are_sent() -> None:
+    # The simulator's router reads this index instead of every MD's cache; it may hold MDs
+    # that evicted a session since (the router still checks the cache), never miss one.
+    loop = EventLoop()
+    holders: dict = {}
+    a = DecodeInstance(InstanceState("a", "main_decode"), GPU, MODEL, EngineSpec(), loop,
+                       10**6, cache_capacity_tokens=100)  # fmt: skip
+    b = DecodeInstance(InstanceState("b", "main_decode"), GPU, MODEL, EngineSpec(), loop,
+                       10**6, cache_capacity_tokens=100)  # fmt: skip
+    a.holders = b.holders = holders
+    a.cache_put(1, 0, 60)
+    b.expect(1, 3)
+    a.cache_put(2, 0, 60)  # evicts session 1 from a's cache (capacity 100)
+    assert set(holders[1]) == {"a", "b"} and holders[2] == {"a": a}
+    assert a.cached_version(1) is None and b.incoming_version(1) == 3
+    assert 3 not in holders
