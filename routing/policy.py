@@ -514,12 +514,14 @@ def decide(request: RequestInfo, snapshot: ClusterSnapshot, settings: PolicySett
             reason=f"high hit {hit_rate:.1%}: est WAN {est_wan_s:.3f} s for {delta} delta tokens",
         )
 
+    label, how = "low hit", "relay decodes while the delta crosses"
     if slow_wan:
         why = f"est WAN {est_wan_s:.3f} s > {threshold} s"
     elif low_hit:
         why = f"hit {hit_rate:.1%} < {min_hit:.1%}"
     else:
         why = f"MD {main.id} saturated (load {main.load:.2f} >= {settings.saturated_load})"
+        label, how = "hit", "relay decodes until MD has a slot"
     if relay is None:
         if settings.fallback_no_relay == Fallback.REJECT:
             raise NoHealthyPath(f"low hit ({why}) needs a relay decode; none healthy")
@@ -547,12 +549,6 @@ def decide(request: RequestInfo, snapshot: ClusterSnapshot, settings: PolicySett
         cached_tokens=cached,
         delta_tokens=delta,
         est_wan_s=est_wan_s,
-        reason=(
-            f"low hit {hit_rate:.1%}: {why}; relay decodes while the delta crosses; "
-            f"{mode_why} -> {mode}"
-            if slow_wan or low_hit
-            else f"hit {hit_rate:.1%}: {why}; relay decodes until MD has a slot; "
-            f"{mode_why} -> {mode}"
-        ),
+        reason=f"{label} {hit_rate:.1%}: {why}; {how}; {mode_why} -> {mode}",
         catch_up_batch=batch,
     )
