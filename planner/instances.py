@@ -151,6 +151,7 @@ class DecodeInstance:
         loop: EventLoop,
         kv_capacity_tokens: int,
         cache_capacity_tokens: int = 0,
+        holders: dict[int, dict[str, DecodeInstance]] | None = None,
     ) -> None:
         self.state = state
         self.gpu = gpu
@@ -174,7 +175,7 @@ class DecodeInstance:
         # Optional index shared by a fleet's MDs: session -> the MDs that have held or been
         # sent its context (a superset of those that hold it now), so a router looks at those
         # few instead of every MD's cache.
-        self.holders: dict[int, dict[str, DecodeInstance]] | None = None
+        self.holders = holders
         # Token clock.
         self.clock = 0.0
         self._last = 0.0

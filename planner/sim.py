@@ -92,6 +92,8 @@ class Simulator:
         self.relay: dict[str, DecodeInstance] = {}
         self.main: dict[str, DecodeInstance] = {}
         cache_tokens = int(fleet.drc_capacity_gb * 1e9 / model.kv_bytes_per_token)
+        # session -> the MDs that may hold its context: the router looks at those only.
+        self._holders: dict[int, dict[str, DecodeInstance]] = {}
         for pool in fleet.pools:
             gpu = fleet.gpu_types[pool.gpu]
             role = pool.role
@@ -107,9 +109,10 @@ class Simulator:
                     self.prefill[state.id] = PrefillInstance(state, gpu, model, engine, self.loop)
                 else:
                     kv_cap = kv_capacity_tokens(model, gpu, fleet.resident_weight_gb)
+                    is_main = role == Role.MAIN_DECODE
                     inst = DecodeInstance(
                         state, gpu, model, engine, self.loop, kv_cap,
-                        cache_tokens if role == Role.MAIN_DECODE else 0,
+                        cache_tokens if is_main else 0, self._holders if is_main else None,
                     )  # fmt: skip
                     (self.relay if role == Role.RELAY_DECODE else self.main)[state.id] = inst
         self.idc = fleet.system == System.IDC_PD
@@ -134,10 +137,6 @@ class Simulator:
             prefix_hits={},
         )
         self._main_list = list(self.main.values())
-        # session -> the MDs that may hold its context: the router looks at those only.
-        self._holders: dict[int, dict[str, DecodeInstance]] = {}
-        for m in self._main_list:
-            m.holders = self._holders
 
     # --- run ------------------------------------------------------------------------------------
     def run(self, trace, drain_s: float | None = None) -> RunRecord:

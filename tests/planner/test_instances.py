@@ -204,10 +204,9 @@ def test_md_instances_index_the_sessions_they_hold_or_are_sent() -> None:
     loop = EventLoop()
     holders: dict = {}
     a = DecodeInstance(InstanceState("a", "main_decode"), GPU, MODEL, EngineSpec(), loop,
-                       10**6, cache_capacity_tokens=100)  # fmt: skip
+                       10**6, cache_capacity_tokens=100, holders=holders)  # fmt: skip
     b = DecodeInstance(InstanceState("b", "main_decode"), GPU, MODEL, EngineSpec(), loop,
-                       10**6, cache_capacity_tokens=100)  # fmt: skip
-    a.holders = b.holders = holders
+                       10**6, cache_capacity_tokens=100, holders=holders)  # fmt: skip
     a.cache_put(1, 0, 60)
     b.expect(1, 3)
     a.cache_put(2, 0, 60)  # evicts session 1 from a's cache (capacity 100)
