@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import time
 
 import pytest
@@ -19,6 +20,8 @@ from routing.policy import (
     RequestInfo,
     Role,
     WanLinkState,
+    _choose_main_decode,
+    _least_loaded,
     decide,
     estimate_wan_s,
     prefix_hit_tokens,
@@ -543,10 +546,6 @@ def test_decide_is_fast_enough_for_the_gateway() -> None:
 def test_instance_choice_follows_the_documented_order_on_random_pools() -> None:
     # _least_loaded and _choose_main_decode compare field by field for speed; their choice must
     # be the minimum of the documented key tuples, ties and saturation included.
-    import random
-
-    from routing.policy import _choose_main_decode, _least_loaded
-
     rng = random.Random(7)
     settings = PolicySettings()
     loads = [0.0, 0.3, 0.3, 0.94, 0.95, 1.0, 1.2]
