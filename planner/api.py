@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import time
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from planner.fleet import FleetSpec, fleet_from_dict
@@ -193,32 +195,128 @@ def _tariff(config: Mapping[str, Any]) -> Tariff | None:
     return None if data is None else build(Tariff, data, "tariff")
 
 
+def _number(value: Any, where: str, lo: float = 0.0, positive: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < lo or (positive and value <= 0):
+        need = "a positive number" if positive else f"a number >= {lo:g}"
+        raise ValueError(f"{where}: must be {need}, got {value!r}")
+    return float(value)
+
+
+_SEARCH_KEYS = ("lo_rps", "hi_rps", "iters", "rel_tol")
+
+
+def search_bounds(
+    search: Any, where: str, defaults: Mapping[str, Any] | None = None, extra: tuple = ()
+) -> dict[str, Any]:
+    """The checked ``lo_rps`` / ``hi_rps`` / ``iters`` / ``rel_tol`` of a goodput search.
+
+    ``defaults`` fills missing keys (without, ``lo_rps`` and ``hi_rps`` are required);
+    ``extra`` names other keys the mapping may hold.
+    """
+    if not isinstance(search, Mapping):
+        raise ValueError(f"{where}: must be an object")
+    unknown = sorted(
+        str(k) for k in search if not str(k).startswith("_") and k not in _SEARCH_KEYS + extra
+    )
+    if unknown:
+        raise ValueError(f"{where}.{unknown[0]}: unknown field")
+    search = {**(defaults or {}), **search}
+    for key in ("lo_rps", "hi_rps"):
+        if key not in search:
+            raise ValueError(f"{where}.{key}: required")
+    lo = _number(search["lo_rps"], f"{where}.lo_rps", positive=True)
+    hi = _number(search["hi_rps"], f"{where}.hi_rps", positive=True)
+    if hi < lo:
+        raise ValueError(f"{where}.hi_rps: must be >= lo_rps ({hi:g} < {lo:g})")
+    iters = search.get("iters", 6)
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"{where}.iters: must be an integer >= 1, got {iters!r}")
+    rel_tol = search.get("rel_tol")
+    if rel_tol is not None:
+        rel_tol = _number(rel_tol, f"{where}.rel_tol", positive=True)
+    return {"lo_rps": lo, "hi_rps": hi, "iters": iters, "rel_tol": rel_tol}
+
+
+@dataclass(slots=True)
+class _Case:
+    """A fleet case's parsed settings: everything ``run_case`` needs besides the trace."""
+
+    fleet: FleetSpec
+    sla: Sla
+    tariff: Tariff | None
+    warmup_s: float
+    search: dict[str, Any] | None
+
+
+def _check_trace(config: Mapping[str, Any], settle: bool = True) -> None:
+    """What ``make_trace`` would reject, found without generating or reading the trace."""
+    if config.get("trace_file"):
+        closed = config.get("trace_closed_loop", False)
+        if not isinstance(closed, bool):
+            raise ValueError(f"trace_closed_loop: must be true or false, got {closed!r}")
+        path = Path(config["trace_file"])
+        if not path.is_file():
+            raise ValueError(f"{path}: no such trace file")
+        return
+    workload = dict(config.get("workload", {}))
+    if not settle:
+        workload["settle_s"] = 0.0
+    build(WorkloadSpec, workload, "workload")
+
+
+def _parse_case(name: str, config: Mapping[str, Any], kind: str) -> _Case | WanLinkSpec:
+    """Check a case's settings: a fleet case's parsed form, or a transfer case's link.
+
+    Errors name the case and the field.
+    """
+    try:
+        if kind == "transfer":
+            link = build(WanLinkSpec, config.get("link", {}), "link")
+            kv = config.get("kv_bytes_per_token")
+            if isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0:
+                raise ValueError(f"kv_bytes_per_token: must be a positive integer, got {kv!r}")
+            _check_trace(config, settle=False)
+            return link
+        if "fleet" not in config:
+            raise ValueError("fleet: required")
+        fleet = fleet_from_dict(config["fleet"])
+        case = _Case(
+            fleet,
+            _sla(config),
+            _tariff(config),
+            _number(config.get("warmup_s", 60.0), "warmup_s"),
+            None,
+        )
+        search = config.get("goodput_search")
+        if search:
+            case.search = search_bounds(search, "goodput_search")
+        _check_trace(config)
+        return case
+    except ValueError as exc:
+        raise ValueError(f"case {name!r}: {exc}") from exc
+
+
 def run_case(name: str, config: Mapping[str, Any], kind: str) -> CaseResult:
     start = time.perf_counter()
-    if kind == "transfer":
-        link = build(WanLinkSpec, config.get("link", {}), f"{name}.link")
-        kv = config.get("kv_bytes_per_token")
-        if not isinstance(kv, int) or kv <= 0:
-            raise ValueError(f"{name}.kv_bytes_per_token: must be a positive integer")
-        summary = simulate_transfers(link, make_trace(config, settle=False), kv)
+    case = _parse_case(name, config, kind)
+    if isinstance(case, WanLinkSpec):  # a transfer case
+        trace = make_trace(config, settle=False)
+        summary = simulate_transfers(case, trace, config["kv_bytes_per_token"])
         return CaseResult(name, summary, wall_s=time.perf_counter() - start)
-    if "fleet" not in config:
-        raise ValueError(f"{name}.fleet: required")
-    fleet = fleet_from_dict(config["fleet"])
-    sla = _sla(config)
-    tariff = _tariff(config)
-    warmup = float(config.get("warmup_s", 60.0))
-    search = config.get("goodput_search")
     goodput = None
-    if search:
+    if case.search:
+        s = case.search
         goodput = goodput_search(
-            fleet, config, sla, warmup, search["lo_rps"], search["hi_rps"],
-            search.get("iters", 6), search.get("rel_tol"), tariff,
+            case.fleet, config, case.sla, case.warmup_s, s["lo_rps"], s["hi_rps"],
+            s["iters"], s["rel_tol"], case.tariff,
         )  # fmt: skip
         summary = goodput["at"]
         series: dict[str, list[float]] = {}
     else:
-        summary, record = run_fleet(fleet, make_trace(config), sla, warmup, tariff)
+        summary, record = run_fleet(
+            case.fleet, make_trace(config), case.sla, case.warmup_s, case.tariff
+        )
         series = record.series
     return CaseResult(name, summary, series, goodput, time.perf_counter() - start)
 
@@ -251,6 +349,8 @@ def simulate(scenario: str | Mapping[str, Any], jobs: int = 1) -> SimResult:
     configs = case_configs(data)
     sweep = data.get("sweep")
     if not sweep:
+        for name, cfg in configs.items():
+            _parse_case(name, cfg, kind)  # every case's settings checked before any run
         results = _run_all([(name, cfg, kind) for name, cfg in configs.items()], jobs)
         return SimResult(str(data.get("name", "scenario")), kind, {r.name: r for r in results})
     # A sweep runs every case at every value of one parameter (e.g. the mean hit rate).
@@ -262,6 +362,7 @@ def simulate(scenario: str | Mapping[str, Any], jobs: int = 1) -> SimResult:
         for name, base in configs.items():
             cfg = copy.deepcopy(base)
             set_path(cfg, path, value)
+            _parse_case(f"{name}@{value}", cfg, kind)
             points.append((i, name, (f"{name}@{value}", cfg, kind)))
     results = _run_all([job for _, _, job in points], jobs)
     rows: list[dict[str, Any]] = [{"value": value} for value in values]
@@ -294,10 +395,15 @@ def plan(
         counts = p.get("counts") if isinstance(p, Mapping) else None
         if not isinstance(counts, list) or not counts:
             raise ValueError(f"search_space.pools[{i}].counts: needs a non-empty list")
+    bounds = search_bounds(
+        search_space, "search_space", {"lo_rps": 1.0, "hi_rps": 100.0, "iters": 5},
+        extra=("pools", "warmup_s"),
+    )  # fmt: skip
     sla_obj = build(Sla, sla, "sla")
     tariff_obj = None if tariff is None else build(Tariff, tariff, "tariff")
     config = {"workload": dict(workload_spec)}
-    warmup = float(search_space.get("warmup_s", 60.0))
+    _check_trace(config)
+    warmup = _number(search_space.get("warmup_s", 60.0), "search_space.warmup_s")
     results = []
     for combo in itertools.product(*(p["counts"] for p in pools)):
         chosen = [
@@ -313,9 +419,9 @@ def plan(
             config,
             sla_obj,
             warmup,
-            search_space.get("lo_rps", 1.0),
-            search_space.get("hi_rps", 100.0),
-            search_space.get("iters", 5),
+            bounds["lo_rps"],
+            bounds["hi_rps"],
+            bounds["iters"],
             tariff=tariff_obj,
         )
         counts = {f"{p['role']}@{p['datacenter']}:{p['gpu']}": p["count"] for p in chosen}

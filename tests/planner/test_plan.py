@@ -52,3 +52,19 @@ def test_plan_under_a_tariff_says_what_each_result_earns() -> None:
     with pytest.raises(ValueError, match="tariff.cached_input_fraction"):
         plan(config["fleet"], config["workload"], config["sla"], space,
              tariff={"cached_input_fraction": 2})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"lo_rps": 0}, "search_space.lo_rps: must be a positive number"),
+        ({"hi_rps": "lots"}, "search_space.hi_rps: must be a positive number"),
+        ({"iters": 2.5}, "search_space.iters: must be an integer"),
+        ({"warmup_s": -1}, "search_space.warmup_s: must be a number >= 0"),
+        ({"top": 3}, "search_space.top: unknown field"),
+    ],
+)
+def test_plan_names_a_bad_search_space_field_before_searching(change, message) -> None:
+    config, space = tiny()
+    with pytest.raises(ValueError, match=message):
+        plan(config["fleet"], config["workload"], config["sla"], {**space, **change})

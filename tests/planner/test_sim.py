@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import routing.policy
+from planner import api
 from planner.api import make_trace, run_case, simulate
 from planner.cli import main
 from planner.fleet import fleet_from_dict
@@ -160,6 +161,47 @@ def test_cli_reports_a_bad_field_in_a_scenario_file(tmp_path, capsys) -> None:
     path.write_text(json.dumps({"base": config}))
     assert main(["run", str(path), "--no-plots", "--out", str(tmp_path)]) == 2
     assert "max_decode_batch" in capsys.readouterr().err
+
+
+def test_every_case_and_sweep_point_is_checked_before_any_runs(monkeypatch) -> None:
+    runs = []
+    monkeypatch.setattr(api, "run_fleet", lambda *a, **k: runs.append(a) or ({}, None))
+    good = small_config("pdd", duration_s=40)
+    late = {"fleet": {"engine": {"max_decode_batch": 0}}}
+    scenario = {"name": "t", "base": good, "cases": {"first": {}, "late": late}}
+    with pytest.raises(ValueError, match="case 'late': .*max_decode_batch"):
+        simulate(scenario)
+    # a sweep value that breaks only one point is found before the first point runs
+    swept = {"name": "t", "base": good, "cases": {"pdd": {}},
+             "sweep": {"path": "workload.rps", "values": [4, -1]}}  # fmt: skip
+    with pytest.raises(ValueError, match="case 'pdd@-1': workload.rps"):
+        simulate(swept)
+    assert runs == []
+
+
+@pytest.mark.parametrize(
+    ("search", "message"),
+    [
+        ({"hi_rps": 10}, "goodput_search.lo_rps: required"),
+        ({"lo_rps": "1", "hi_rps": 10}, "goodput_search.lo_rps: must be a positive number"),
+        ({"lo_rps": 8, "hi_rps": 4}, "goodput_search.hi_rps: must be >= lo_rps"),
+        ({"lo_rps": 1, "hi_rps": 4, "iters": 0}, "goodput_search.iters"),
+        ({"lo_rps": 1, "hi_rps": 4, "rel_tol": -0.1}, "goodput_search.rel_tol"),
+        ({"lo_rps": 1, "hi_rps": 4, "step": 2}, "goodput_search.step: unknown field"),
+    ],
+)
+def test_a_bad_goodput_search_is_one_line_and_exit_2(tmp_path, capsys, search, message) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"base": {**small_config("pdd"), "goodput_search": search}}))
+    assert main(["run", str(path), "--no-plots", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_a_missing_trace_file_is_reported_before_any_run(tmp_path) -> None:
+    config = {**small_config("pdd"), "trace_file": str(tmp_path / "none.csv")}
+    with pytest.raises(ValueError, match="none.csv: no such trace file"):
+        simulate({"name": "t", "base": config})
 
 
 def test_goodput_search_with_a_relative_tolerance_brackets_tightly() -> None:
