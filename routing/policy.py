@@ -87,11 +87,12 @@ class PolicySettings:
     ``rld_load_one_shot_above`` gives one-shot, and in between the RLD keeps the mode it is
     running in (``InstanceState.handoff_mode``), catch-up if it has none.
 
-    Full-MD rule (``relay_when_main_saturated``): when even the chosen MD is at or above
-    ``saturated_load`` (so every reachable MD is: the choice prefers an unsaturated one), a
-    request that would go straight to it relays instead, if the least-loaded RLD is below
-    ``saturated_load``: the MD would queue it for a decode slot, and RLD decodes it meanwhile.
-    RLD hands off when MD admits it, so the request still ends on MD (its cache stays aligned).
+    Full-MD rule (``relay_when_main_saturated``): when the chosen MD is full, its load at or
+    above ``main_full_load`` (1.0: every decode slot taken or queued for; the choice prefers
+    an unsaturated MD, so every reachable one is at least saturated), a request that would go
+    straight to it relays instead, if the least-loaded RLD is below ``saturated_load``: the MD
+    would queue it for a decode slot, and RLD decodes it meanwhile. RLD hands off when MD
+    admits it, so the request still ends on MD (its cache stays aligned).
 
     Singular rule: prompt >= ``singular_min_prompt_tokens`` AND max_tokens <=
     ``singular_max_output_tokens`` AND hit rate < ``singular_max_hit_rate`` finishes on RLD.
@@ -116,6 +117,9 @@ class PolicySettings:
     # Relay a request whose MD is saturated (it would wait there for a decode slot) while an
     # RLD below saturated_load can start it at once. See the full-MD rule above.
     relay_when_main_saturated: bool = True
+    # The chosen MD's load at which the full-MD rule relays: its slots are all taken (or
+    # promised to requests on their way), so another request would queue there.
+    main_full_load: float = 1.0
     # Floor on the share of a busy link a new transfer is assumed to get (TCP fairness gives it
     # at least some share), so the estimate stays finite at 100% utilisation.
     wan_min_share: float = 0.05
@@ -149,6 +153,7 @@ class PolicySettings:
             raise ValueError(f"fallback_no_relay: must be {Fallback.P_MD!r} or {Fallback.REJECT!r}")
         _check_int(self, "kv_bytes_per_token", lo=1)
         _check_number(self, "saturated_load", lo=0.0)
+        _check_number(self, "main_full_load", lo=0.0)
         _check_number(self, "wan_min_share", lo=1e-6, hi=1.0)
         _check_number(self, "degraded_bandwidth_factor", lo=1e-6, hi=1.0)
 
@@ -497,7 +502,7 @@ def decide(request: RequestInfo, snapshot: ClusterSnapshot, settings: PolicySett
     low_hit = min_hit is not None and hit_rate < min_hit
     main_full = (
         settings.relay_when_main_saturated
-        and main.load >= settings.saturated_load
+        and main.load >= settings.main_full_load
         and relay is not None
         and relay.load < settings.saturated_load
     )
@@ -520,7 +525,7 @@ def decide(request: RequestInfo, snapshot: ClusterSnapshot, settings: PolicySett
     elif low_hit:
         why = f"hit {hit_rate:.1%} < {min_hit:.1%}"
     else:
-        why = f"MD {main.id} saturated (load {main.load:.2f} >= {settings.saturated_load})"
+        why = f"MD {main.id} full (load {main.load:.2f} >= {settings.main_full_load})"
         label, how = "hit", "relay decodes until MD has a slot"
     if relay is None:
         if settings.fallback_no_relay == Fallback.REJECT:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -365,6 +366,20 @@ FULL_MD_CASES = [
         (Pipeline.P_MD, None, "m2"),
     ),
     (
+        "every MD saturated but its prefix MD has a slot left: straight to it",
+        (main_decode("m1", hit=0.99, load=0.97), main_decode("m2", hit=0.0, load=0.96)),
+        RELAY,
+        FULL_MD,
+        (Pipeline.P_MD, None, "m1"),
+    ),
+    (
+        "a lower main_full_load relays from there",
+        (main_decode("m1", hit=0.99, load=0.97), main_decode("m2", hit=0.0, load=0.96)),
+        RELAY,
+        replace(FULL_MD, main_full_load=0.95),
+        (Pipeline.P_RLD_MD, "r1", "m1"),
+    ),
+    (
         "a saturated relay does not take the overflow",
         (main_decode("m1", hit=0.99, load=1.0),),
         BUSY_RELAY,
@@ -393,18 +408,22 @@ def test_a_saturated_main_decode_sends_requests_through_an_idle_relay(
     assert (d.pipeline, d.relay_id, d.main_id) == expected
     assert d.fallback is False
     if d.pipeline == Pipeline.P_RLD_MD:
-        assert "saturated" in d.reason and "until MD has a slot" in d.reason
+        assert "full (load" in d.reason and "until MD has a slot" in d.reason
         assert d.handoff_mode == HandoffMode.CATCH_UP  # the relay's own load picks the mode
 
 
-def test_the_full_md_rule_is_on_by_default() -> None:
-    assert PolicySettings().relay_when_main_saturated is True
+def test_the_full_md_rule_is_on_by_default_and_fires_when_every_slot_is_taken() -> None:
+    settings = PolicySettings()
+    assert settings.relay_when_main_saturated is True
+    assert settings.main_full_load == 1.0 and settings.saturated_load == 0.95
+    with pytest.raises(ValueError, match="main_full_load"):
+        PolicySettings(main_full_load=-0.5)
 
 
 def test_a_low_hit_request_to_a_full_md_gives_the_wan_as_its_reason() -> None:
     d = decide(request(), snapshot(main=(main_decode("m1", hit=0.5, load=1.0),)), FULL_MD)
     assert d.pipeline == Pipeline.P_RLD_MD
-    assert "est WAN" in d.reason and "saturated" not in d.reason
+    assert "est WAN" in d.reason and "full (load" not in d.reason
 
 
 @pytest.mark.parametrize(
