@@ -289,6 +289,11 @@ class Engine:
         self._drive(req, lambda _: req.status == RequestStatus.FINISHED)
         return GenerateResult(req.output_ids, req.finish_reason, req.prompt_matched_tokens)
 
+    def has_decode_slot(self) -> bool:
+        """Whether one more request would start decoding without queueing: fewer requests
+        running or waiting than ``max_running`` (held requests take no slot until resumed)."""
+        return len(self.scheduler.running) + len(self.scheduler.waiting) < self.config.max_running
+
     def stats(self) -> EngineStats:
         cache = self.cache.stats()
         held = sum(r.status == RequestStatus.HELD for r in self.requests.values())

@@ -341,6 +341,18 @@ async def import_kv(future: asyncio.Future) -> Any:
     return result
 
 
+SLOT_POLL_S = 0.01
+
+
+async def _wait_for_decode_slot(worker, queue: asyncio.Queue) -> float:
+    """Seconds waited until the engine has a decode slot for one more request, or until
+    anything reaches the request's inbox (a cancel, which the caller then handles)."""
+    start = time.monotonic()
+    while queue.empty() and not await worker.call(lambda e: e.has_decode_slot()):
+        await asyncio.sleep(SLOT_POLL_S)
+    return time.monotonic() - start
+
+
 async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
     rid, worker = req.request_id, inst.worker
     queue = agent.inbox(rid, inst.instance_id)
@@ -391,10 +403,14 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
         index = 1  # index 0 is P's first token
         first_out = None
         if req.hold:
+            # RLD hands off when MD is ready; MD is ready when it has a decode slot for the
+            # request, so a full MD leaves RLD decoding instead of stalling the stream here.
+            slot_wait_s = await _wait_for_decode_slot(worker, queue)
             yield {
                 "type": "ready",
                 "cached_tokens": result.local_tokens,
                 "received_tokens": result.received_tokens,
+                "slot_wait_s": round(slot_wait_s, 4),
             }
             handed = 0
             while True:
@@ -533,6 +549,7 @@ class _Handoff:
     tokens_handed: int = 0
     inflight: bool = False
     md_ready: bool = False
+    slot_wait_s: float = 0.0  # how long MD waited for a decode slot before it was ready
     sent: list[asyncio.Task] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -543,6 +560,7 @@ class _Handoff:
             "completed": self.completed,
             "failed": self.failed,
             "tokens_handed": self.tokens_handed,
+            "slot_wait_s": self.slot_wait_s,
         }
 
 
@@ -705,6 +723,7 @@ async def run_relay(agent: Agent, inst: Instance, req: RelayRequest) -> Events:
                 kind = value.get("type")
                 if kind == "ready":
                     handoff.md_ready = True
+                    handoff.slot_wait_s = float(value.get("slot_wait_s") or 0.0)
                     maybe_handoff()
                 elif kind == "extended":
                     handoff.inflight = False

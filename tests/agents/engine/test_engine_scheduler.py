@@ -53,6 +53,21 @@ def test_max_running_bounds_the_batch(tiny, prompts) -> None:
     }
 
 
+def test_a_decode_slot_is_free_while_running_plus_waiting_is_below_max_running(
+    tiny, prompts
+) -> None:
+    engine = Engine(tiny, EngineConfig(num_blocks=64, max_running=2))
+    assert engine.has_decode_slot()
+    engine.add_request("r0", prompts[0], GREEDY_24)
+    assert engine.has_decode_slot()  # one waiting, one slot left
+    engine.add_request("r1", prompts[1], GREEDY_24)
+    assert not engine.has_decode_slot()
+    engine.step()
+    assert engine.stats().running == 2 and not engine.has_decode_slot()
+    _drain(engine)
+    assert engine.has_decode_slot()
+
+
 def test_out_of_kv_blocks_queues_then_evicts_the_finished_prefix(tiny, prompts) -> None:
     # 5 blocks: r0 takes 3 for its prompt and grows to 5; r1 (needs 3) must wait for it.
     engine = Engine(tiny, EngineConfig(num_blocks=5))

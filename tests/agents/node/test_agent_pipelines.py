@@ -10,6 +10,7 @@ import threading
 import httpx
 import pytest
 from agent_node_helpers import (
+    FAST_LINK,
     agent_args,
     get,
     make_prompt,
@@ -347,3 +348,44 @@ def test_md_keeps_the_kv_when_rld_finishes_before_the_handoff(cluster):
             break
         time.sleep(0.2)
     assert wanted <= set(state["instances"][0]["cached_prefix_blocks"])
+
+
+def test_a_full_md_leaves_the_relay_decoding_until_it_has_a_slot(cluster):
+    """The full-MD rule relays a request whose MD is full; RLD hands off when MD admits it: MD
+    says `ready` only once a decode slot is free, so RLD keeps streaming meanwhile instead of
+    handing off into MD's queue. Same greedy tokens as `single`."""
+    import time
+
+    rld, single = cluster["rld"], cluster["single"]
+    with running(
+        AgentProcess(agent_args("prefill", "dc-a", "--link", f"dc-b={FAST_LINK}"), "p-slot"),
+        AgentProcess(
+            agent_args("main_decode", "dc-b", "--max-running", "1", "--link", f"dc-a={FAST_LINK}"),
+            "md-one-slot",
+        ),
+    ) as (p, md):
+        # A long request takes MD's only decode slot.
+        results: list[dict] = []
+        blocker = threading.Thread(
+            target=lambda: results.append(
+                run_pdd(p, rld, md, "slot-taker", make_prompt(40, 61), 300, "p-md")
+            )
+        )
+        blocker.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if get(md, "/state").json()["instances"][0]["load"]["running"] == 1:
+                break
+            time.sleep(0.02)
+        prompt = make_prompt(60, 62)
+        relayed = run_pdd(p, rld, md, "waits-for-slot", prompt, 900, "p-rld-md", handoff_at=0)
+        blocker.join(120)
+    assert_one_ordered_stream(results[0])
+    assert_one_ordered_stream(relayed)
+    assert relayed["output_token_ids"] == run_single(single, prompt, 900)["output_token_ids"]
+    handoff = relayed["stats"]["handoff"]
+    assert handoff["completed"] is True, handoff
+    # MD was not ready while the slot was taken (before, it was ready at once and RLD, asked
+    # to hand off as early as it can, stopped after its first token).
+    assert handoff["slot_wait_s"] > 0
+    assert relayed["stats"]["tokens_by_role"]["rld"] == handoff["at_token"] - 1 > 1
