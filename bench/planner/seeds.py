@@ -3,7 +3,7 @@ case's cut against a reference case (seed by seed, then the mean).
 
 Usage:
     .venv/bin/python bench/planner/seeds.py paper-ttft --reference cdc-pd --seeds 1 2 3 \\
-        [--jobs 2] [--out bench/planner/paper-ttft/seeds.json]
+        [--jobs 2] [--rps 78] [--out bench/planner/paper-ttft/seeds.json]
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from planner.metrics import TTFT_PARTS  # noqa: E402
 from planner.scenario import case_configs, load_scenario  # noqa: E402
 
 
-def _run(job: tuple[str, str, int]) -> dict[str, Any]:
-    scenario, case, seed = job
+def _run(job: tuple[str, str, int, float | None]) -> dict[str, Any]:
+    scenario, case, seed, rps = job
     config = copy.deepcopy(case_configs(load_scenario(scenario))[case])
     config.setdefault("workload", {})["seed"] = seed
+    if rps is not None:
+        config["workload"]["rps"] = rps
     s = run_case(case, config, "fleet").summary
     return {
         "case": case,
@@ -53,8 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference", required=True, help="case the others are compared with")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--rps", type=float, default=None,
+                    help="drawn rate for every case instead of the scenario's")  # fmt: skip
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.rps is not None and not args.rps > 0:
+        print(f"seeds: --rps must be a positive number, got {args.rps}", file=sys.stderr)
+        return 2
     try:
         cases = list(case_configs(load_scenario(args.scenario)))
     except ValueError as exc:
@@ -64,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"seeds: --reference {args.reference!r} is not a case of {args.scenario}",
               file=sys.stderr)  # fmt: skip
         return 2
-    jobs = [(args.scenario, c, s) for c, s in itertools.product(cases, args.seeds)]
+    jobs = [(args.scenario, c, s, args.rps) for c, s in itertools.product(cases, args.seeds)]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         runs = list(pool.map(_run, jobs))
     ref = {r["seed"]: r for r in runs if r["case"] == args.reference}
@@ -105,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "scenario": args.scenario,
                     "reference": args.reference,
+                    "rps": args.rps,
                     "runs": runs,
                     "means": rows,
                 },

@@ -50,3 +50,15 @@ def test_seeds_cut_each_case_against_the_reference_seed_by_seed(scenario, tmp_pa
 def test_an_unknown_reference_is_a_one_line_error(scenario, capsys):
     assert main([str(scenario), "--reference", "nope", "--seeds", "1"]) == 2
     assert "--reference 'nope' is not a case" in capsys.readouterr().err
+
+
+def test_rps_sets_every_cases_drawn_rate(scenario, tmp_path, capsys):
+    out = tmp_path / "seeds.json"
+    args = [str(scenario), "--reference", "cdc-pd", "--seeds", "1", "--jobs", "1"]
+    assert main([*args, "--rps", "3", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["rps"] == 3.0
+    for run in data["runs"]:
+        assert 0 < run["offered_rps"] <= 3.5  # the scenario draws 6 RPS
+    assert main([*args, "--rps", "0"]) == 2
+    assert "--rps must be a positive number" in capsys.readouterr().err
