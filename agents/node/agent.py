@@ -150,6 +150,10 @@ class Agent:
         # transfer for one of them arriving or failing later (RLD cancels its unsent handoff
         # batches once the request is over) is expected and dropped without a new inbox entry.
         self._ended: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # Requests cancelled here, newest last (bounded): a consumer or transfer for one that
+        # turns up after the cancel (its call raced the cancel on another connection) finds
+        # the cancel already in its inbox instead of waiting for KV that is not coming.
+        self._cancelled: OrderedDict[str, None] = OrderedDict()
         self.reservations: dict[str, Reservation] = {}
         self.incoming: dict[str, Incoming] = {}
         # Reservations that answered more than the radix cache held, counting KV in flight.
@@ -403,12 +407,18 @@ class Agent:
 
     def inbox(self, request_id: str, instance_id: str) -> asyncio.Queue:
         """The queue of transfers (or failures) for this request on this instance."""
-        entry = self._inbox.get((request_id, instance_id))
-        if entry is None:
-            entry = _InboxEntry(asyncio.Queue(), time.monotonic())
-            self._inbox[(request_id, instance_id)] = entry
+        entry = self._inbox.get((request_id, instance_id)) or self._new_entry(
+            (request_id, instance_id)
+        )
         entry.claimed = True
         return entry.queue
+
+    def _new_entry(self, key: tuple[str, str]) -> _InboxEntry:
+        entry = _InboxEntry(asyncio.Queue(), time.monotonic())
+        if key[0] in self._cancelled:
+            entry.queue.put_nowait(RuntimeError("cancelled"))
+        self._inbox[key] = entry
+        return entry
 
     def drop_inbox(self, request_id: str, instance_id: str) -> None:
         """The request is over on this instance: drop its inbox and remember that it ended."""
@@ -437,15 +447,21 @@ class Agent:
             if rid == request_id:
                 entry.queue.put_nowait(RuntimeError(reason))
 
+    def cancel_inbox(self, request_id: str) -> None:
+        """Cancel request_id here: wake its consumers, and every consumer that arrives later
+        finds the cancel waiting in its inbox (remembered for the last ENDED_REMEMBERED)."""
+        self._cancelled[request_id] = None
+        self._cancelled.move_to_end(request_id)
+        while len(self._cancelled) > ENDED_REMEMBERED:
+            self._cancelled.popitem(last=False)
+        self.fail_inbox(request_id, "cancelled")
+
     def _entry(self, transfer_id: str | None) -> tuple[_InboxEntry | None, str]:
         parsed = self._parse_transfer_id(transfer_id)
         if parsed is None:
             return None, ""
         key, what = parsed
-        entry = self._inbox.get(key)
-        if entry is None:
-            entry = _InboxEntry(asyncio.Queue(), time.monotonic())
-            self._inbox[key] = entry
+        entry = self._inbox.get(key) or self._new_entry(key)
         return entry, what
 
     async def _on_transfer(self, transfer: Transfer) -> None:

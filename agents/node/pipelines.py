@@ -1046,8 +1046,9 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
 
 
 async def cancel_local(agent: Agent, request_id: str) -> bool:
-    """Abort request_id on every instance of this agent and wake whoever waits for it."""
-    agent.fail_inbox(request_id, "cancelled")
+    """Abort request_id on every instance of this agent and wake whoever waits for it, now
+    or later (a decode call that raced the cancel finds it in its inbox)."""
+    agent.cancel_inbox(request_id)
     await agent.unreserve(request_id)
     found = False
     for inst in list(agent.instances.values()):

@@ -94,3 +94,25 @@ def test_a_finished_relay_lets_handoff_sends_end_then_cuts_what_overstays() -> N
         assert stuck.cancelled()
 
     asyncio.run(scenario())
+
+
+def test_a_consumer_that_arrives_after_its_cancel_finds_the_cancel_waiting() -> None:
+    """A decode call can reach an agent after the cancel for its request (two connections
+    race): it must give up at once, not wait for KV whose sender is gone."""
+
+    async def scenario(agent: Agent):
+        live = agent.inbox("r1", "3")
+        agent.cancel_inbox("r1")
+        assert str(live.get_nowait()) == "cancelled"  # a consumer already waiting is woken
+        late = agent.inbox("r1", "4")  # another instance's consumer, after the cancel
+        assert str(late.get_nowait()) == "cancelled"
+        # a transfer for it that lands first leaves the cancel ahead of it in the inbox
+        await agent._on_transfer(transfer("r1|5|kv"))
+        queue = agent.inbox("r1", "5")
+        assert str(queue.get_nowait()) == "cancelled"
+        assert queue.get_nowait()[0] == "kv"
+        assert agent.inbox("r2", "3").empty()  # other requests are not affected
+        agent.fail_inbox("r3", "send failed")  # a failed send is not a cancel: not remembered
+        assert agent.inbox("r3", "3").empty()
+
+    run(scenario)

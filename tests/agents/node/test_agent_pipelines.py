@@ -389,3 +389,29 @@ def test_a_full_md_leaves_the_relay_decoding_until_it_has_a_slot(cluster):
     # to hand off as early as it can, stopped after its first token).
     assert handoff["slot_wait_s"] > 0
     assert relayed["stats"]["tokens_by_role"]["rld"] == handoff["at_token"] - 1 > 1
+
+
+def test_a_decode_call_that_arrives_after_its_cancel_gives_up_at_once(cluster):
+    """P's or RLD's cancel can overtake the decode call for the same request (two
+    connections): MD must end that call at once, not hold it until its KV timeout (120 s)."""
+    from agents.node.loopback import bearer_headers, env_data_token
+
+    md = cluster["md"]
+    headers = bearer_headers(env_data_token())
+    cancelled = httpx.post(
+        f"{md.http}/v1/pdd/cancel", json={"request_id": "overtaken"}, headers=headers, timeout=30
+    )
+    assert cancelled.status_code == 200
+    body = {
+        "request_id": "overtaken",
+        "instance": "0",
+        "prompt_ids": make_prompt(32, 71),
+        "first_token": 5,
+        "sampling": {"max_tokens": 8},
+        "start_token": 0,
+        "hold": True,
+    }
+    events, _, elapsed = stream_events(f"{md.http}/v1/pdd/decode", body, timeout_s=20)
+    assert events[-1]["type"] == "error" and "cancelled" in events[-1]["message"]
+    assert elapsed < 20
+    assert get(md, "/state").json()["instances"][0]["load"]["held"] == 0
