@@ -43,6 +43,7 @@ from agents.node.wire import (
     sampling_json,
     token_event,
 )
+from agents.node.worker import EngineWorker
 from agents.transfer.records import KVChunk, TokenIds, Transfer, TransferStats
 
 log = logging.getLogger(__name__)
@@ -344,7 +345,7 @@ async def import_kv(future: asyncio.Future) -> Any:
 SLOT_POLL_S = 0.01
 
 
-async def _wait_for_decode_slot(worker, queue: asyncio.Queue) -> float:
+async def _wait_for_decode_slot(worker: EngineWorker, queue: asyncio.Queue) -> float:
     """Seconds waited until the engine has a decode slot for one more request, or until
     anything reaches the request's inbox (a cancel, which the caller then handles)."""
     start = time.monotonic()
