@@ -413,6 +413,12 @@ class Agent:
         entry.claimed = True
         return entry.queue
 
+    def consumer_started(self, request_id: str, instance_id: str) -> bool:
+        """Whether a consumer has claimed this request's inbox here, or has finished with it."""
+        key = (request_id, instance_id)
+        entry = self._inbox.get(key)
+        return key in self._ended or (entry is not None and entry.claimed)
+
     def _new_entry(self, key: tuple[str, str]) -> _InboxEntry:
         entry = _InboxEntry(asyncio.Queue(), time.monotonic())
         if key[0] in self._cancelled:

@@ -285,7 +285,11 @@ def build_app(agent: Agent) -> Starlette:
             raise bad("hold", "must be a boolean")
         req = pipelines.DecodeRequest(rid, prompt, first, sampling, start, hold)
         agent.begin(inst)
-        return stream(inst, pipelines.run_main(agent, inst, req))
+        return stream(
+            inst,
+            pipelines.run_main(agent, inst, req),
+            lambda: pipelines.main_stream_closed(agent, inst, req),
+        )
 
     async def pdd_relay(request: Request) -> Response:
         body = await body_of(request)

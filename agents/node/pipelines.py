@@ -487,6 +487,15 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
             fire_and_forget(agent, _cache_late_kv(agent, inst, req, queue, payload))
 
 
+async def main_stream_closed(agent: Agent, inst: Instance, req: DecodeRequest) -> None:
+    """MD's decode stream is over. If its caller left before ``run_main`` even started (RLD
+    finished a short request within moments), nothing ran ``run_main``'s own cleanup, so the
+    KV P sent is cached here the same way (MD's prefix cache must not fall behind P's)."""
+    if not agent.consumer_started(req.request_id, inst.instance_id):
+        queue = agent.inbox(req.request_id, inst.instance_id)
+        fire_and_forget(agent, _cache_late_kv(agent, inst, req, queue))
+
+
 async def _cache_late_kv(
     agent: Agent, inst: Instance, req: DecodeRequest, queue, payload: bytes | None = None
 ) -> None:

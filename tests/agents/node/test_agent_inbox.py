@@ -116,3 +116,34 @@ def test_a_consumer_that_arrives_after_its_cancel_finds_the_cancel_waiting() -> 
         assert agent.inbox("r3", "3").empty()
 
     run(scenario)
+
+
+def test_a_decode_stream_closed_before_it_started_still_caches_the_kv(monkeypatch) -> None:
+    """RLD can finish a short request and close MD's stream before MD's handler even starts:
+    MD must still take the KV P sent into its prefix cache, as when the stream closes later."""
+    from types import SimpleNamespace
+
+    from agents.node import pipelines
+
+    cached: list[str] = []
+
+    async def fake_cache(agent, inst, req, queue):
+        cached.append(req.request_id)
+
+    monkeypatch.setattr(pipelines, "_cache_late_kv", fake_cache)
+    inst = SimpleNamespace(instance_id="0")
+
+    def req(rid: str):
+        return pipelines.DecodeRequest(rid, [1, 2, 3], 4, None, 0, True)
+
+    async def scenario(agent: Agent):
+        await pipelines.main_stream_closed(agent, inst, req("never-started"))
+        agent.inbox("started", "0")  # run_main claims its inbox first thing
+        await pipelines.main_stream_closed(agent, inst, req("started"))
+        agent.inbox("ended", "0")
+        agent.drop_inbox("ended", "0")
+        await pipelines.main_stream_closed(agent, inst, req("ended"))
+        await asyncio.sleep(0)  # let the scheduled task run
+        assert cached == ["never-started"]
+
+    run(scenario)
