@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import math
 import time
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -20,7 +19,7 @@ from planner.metrics import Sla, Tariff, revenue, summarise
 from planner.microbench import simulate_transfers
 from planner.scenario import case_configs, load_scenario, set_path
 from planner.sim import RunRecord, Simulator
-from planner.spec import build
+from planner.spec import build, number
 from planner.wan import WanLinkSpec
 from planner.workload import Trace, WorkloadSpec, generate, read_trace
 
@@ -86,17 +85,32 @@ def make_trace(config: Mapping[str, Any], rps: float | None = None, settle: bool
     for its previous turn's response, as ``workload.closed_loop`` does for generated traces).
     ``settle=False`` drops ``workload.settle_s`` (a transfer-only run has no fleet to settle).
     """
+    source = _trace_source(config, rps, settle)
+    if isinstance(source, WorkloadSpec):
+        return generate(source)
+    path, closed = source
+    return read_trace(path, closed_loop=closed)
+
+
+def _trace_source(
+    config: Mapping[str, Any], rps: float | None = None, settle: bool = True
+) -> WorkloadSpec | tuple[Path, bool]:
+    """What ``make_trace`` reads or generates, checked without doing either: the trace file
+    and whether its replay is closed loop, or the workload to generate."""
     if config.get("trace_file"):
         closed = config.get("trace_closed_loop", False)
         if not isinstance(closed, bool):
             raise ValueError(f"trace_closed_loop: must be true or false, got {closed!r}")
-        return read_trace(config["trace_file"], closed_loop=closed)
+        path = Path(config["trace_file"])
+        if not path.is_file():
+            raise ValueError(f"{path}: no such trace file")
+        return path, closed
     workload = dict(config.get("workload", {}))
     if rps is not None:
         workload["rps"] = rps
     if not settle:
         workload["settle_s"] = 0.0
-    return generate(build(WorkloadSpec, workload, "workload"))
+    return build(WorkloadSpec, workload, "workload")
 
 
 def run_fleet(
@@ -195,14 +209,6 @@ def _tariff(config: Mapping[str, Any]) -> Tariff | None:
     return None if data is None else build(Tariff, data, "tariff")
 
 
-def _number(value: Any, where: str, lo: float = 0.0, positive: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < lo or (positive and value <= 0):
-        need = "a positive number" if positive else f"a number >= {lo:g}"
-        raise ValueError(f"{where}: must be {need}, got {value!r}")
-    return float(value)
-
-
 _SEARCH_KEYS = ("lo_rps", "hi_rps", "iters", "rel_tol")
 
 
@@ -225,8 +231,8 @@ def search_bounds(
     for key in ("lo_rps", "hi_rps"):
         if key not in search:
             raise ValueError(f"{where}.{key}: required")
-    lo = _number(search["lo_rps"], f"{where}.lo_rps", positive=True)
-    hi = _number(search["hi_rps"], f"{where}.hi_rps", positive=True)
+    lo = number(search["lo_rps"], f"{where}.lo_rps", positive=True)
+    hi = number(search["hi_rps"], f"{where}.hi_rps", positive=True)
     if hi < lo:
         raise ValueError(f"{where}.hi_rps: must be >= lo_rps ({hi:g} < {lo:g})")
     iters = search.get("iters", 6)
@@ -234,7 +240,7 @@ def search_bounds(
         raise ValueError(f"{where}.iters: must be an integer >= 1, got {iters!r}")
     rel_tol = search.get("rel_tol")
     if rel_tol is not None:
-        rel_tol = _number(rel_tol, f"{where}.rel_tol", positive=True)
+        rel_tol = number(rel_tol, f"{where}.rel_tol", positive=True)
     return {"lo_rps": lo, "hi_rps": hi, "iters": iters, "rel_tol": rel_tol}
 
 
@@ -249,22 +255,6 @@ class _Case:
     search: dict[str, Any] | None
 
 
-def _check_trace(config: Mapping[str, Any], settle: bool = True) -> None:
-    """What ``make_trace`` would reject, found without generating or reading the trace."""
-    if config.get("trace_file"):
-        closed = config.get("trace_closed_loop", False)
-        if not isinstance(closed, bool):
-            raise ValueError(f"trace_closed_loop: must be true or false, got {closed!r}")
-        path = Path(config["trace_file"])
-        if not path.is_file():
-            raise ValueError(f"{path}: no such trace file")
-        return
-    workload = dict(config.get("workload", {}))
-    if not settle:
-        workload["settle_s"] = 0.0
-    build(WorkloadSpec, workload, "workload")
-
-
 def _parse_case(name: str, config: Mapping[str, Any], kind: str) -> _Case | WanLinkSpec:
     """Check a case's settings: a fleet case's parsed form, or a transfer case's link.
 
@@ -276,7 +266,7 @@ def _parse_case(name: str, config: Mapping[str, Any], kind: str) -> _Case | WanL
             kv = config.get("kv_bytes_per_token")
             if isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0:
                 raise ValueError(f"kv_bytes_per_token: must be a positive integer, got {kv!r}")
-            _check_trace(config, settle=False)
+            _trace_source(config, settle=False)
             return link
         if "fleet" not in config:
             raise ValueError("fleet: required")
@@ -285,13 +275,13 @@ def _parse_case(name: str, config: Mapping[str, Any], kind: str) -> _Case | WanL
             fleet,
             _sla(config),
             _tariff(config),
-            _number(config.get("warmup_s", 60.0), "warmup_s"),
+            number(config.get("warmup_s", 60.0), "warmup_s"),
             None,
         )
         search = config.get("goodput_search")
         if search:
             case.search = search_bounds(search, "goodput_search")
-        _check_trace(config)
+        _trace_source(config)
         return case
     except ValueError as exc:
         raise ValueError(f"case {name!r}: {exc}") from exc
@@ -402,8 +392,8 @@ def plan(
     sla_obj = build(Sla, sla, "sla")
     tariff_obj = None if tariff is None else build(Tariff, tariff, "tariff")
     config = {"workload": dict(workload_spec)}
-    _check_trace(config)
-    warmup = _number(search_space.get("warmup_s", 60.0), "search_space.warmup_s")
+    _trace_source(config)
+    warmup = number(search_space.get("warmup_s", 60.0), "search_space.warmup_s")
     results = []
     for combo in itertools.product(*(p["counts"] for p in pools)):
         chosen = [

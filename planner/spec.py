@@ -18,16 +18,22 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def number(value: Any, where: str, positive: bool = False) -> float:
+    """``value`` as a float if it is a finite number > 0 (``positive``) or >= 0; else a
+    ValueError naming ``where``."""
+    ok = _is_number(value) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):
+        need = "a positive number" if positive else "a number >= 0"
+        raise ValueError(f"{where}: must be {need}, got {value!r}")
+    return float(value)
+
+
 def check_positive(obj: object, name: str) -> None:
-    value = getattr(obj, name)
-    if not _is_number(value) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}: must be a positive number, got {value!r}")
+    number(getattr(obj, name), name, positive=True)
 
 
 def check_non_negative(obj: object, name: str) -> None:
-    value = getattr(obj, name)
-    if not _is_number(value) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name}: must be a number >= 0, got {value!r}")
+    number(getattr(obj, name), name)
 
 
 def check_range(obj: object, name: str, lo: float, hi: float) -> None:
