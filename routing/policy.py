@@ -114,8 +114,8 @@ class PolicySettings:
     kv_bytes_per_token: int = 4_400
     # Instances at or above this load are skipped while a less loaded one exists.
     saturated_load: float = 0.95
-    # Relay a request whose MD is saturated (it would wait there for a decode slot) while an
-    # RLD below saturated_load can start it at once. See the full-MD rule above.
+    # Relay a request whose MD is full (load >= main_full_load: it would wait there for a
+    # decode slot) while an RLD below saturated_load can start it at once. See the full-MD rule.
     relay_when_main_saturated: bool = True
     # The chosen MD's load at which the full-MD rule relays: its slots are all taken (or
     # promised to requests on their way), so another request would queue there.

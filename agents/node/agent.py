@@ -87,6 +87,14 @@ class _InboxEntry:
     claimed: bool = False
 
 
+def _remember(seen: OrderedDict, key: Any) -> None:
+    """Add ``key`` as the newest of ``seen``, forgetting the oldest past ENDED_REMEMBERED."""
+    seen[key] = None
+    seen.move_to_end(key)
+    while len(seen) > ENDED_REMEMBERED:
+        seen.popitem(last=False)
+
+
 @dataclass(slots=True, eq=False)
 class Reservation:
     """MD's DRC pin for one request, until its KV is imported or the reservation is dropped.
@@ -430,10 +438,7 @@ class Agent:
         """The request is over on this instance: drop its inbox and remember that it ended."""
         key = (request_id, instance_id)
         self._inbox.pop(key, None)
-        self._ended[key] = None
-        self._ended.move_to_end(key)
-        while len(self._ended) > ENDED_REMEMBERED:
-            self._ended.popitem(last=False)
+        _remember(self._ended, key)
 
     @staticmethod
     def _parse_transfer_id(transfer_id: str | None) -> tuple[tuple[str, str], str] | None:
@@ -456,10 +461,7 @@ class Agent:
     def cancel_inbox(self, request_id: str) -> None:
         """Cancel request_id here: wake its consumers, and every consumer that arrives later
         finds the cancel waiting in its inbox (remembered for the last ENDED_REMEMBERED)."""
-        self._cancelled[request_id] = None
-        self._cancelled.move_to_end(request_id)
-        while len(self._cancelled) > ENDED_REMEMBERED:
-            self._cancelled.popitem(last=False)
+        _remember(self._cancelled, request_id)
         self.fail_inbox(request_id, "cancelled")
 
     def _entry(self, transfer_id: str | None) -> tuple[_InboxEntry | None, str]:
