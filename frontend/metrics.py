@@ -32,7 +32,20 @@ from frontend.telemetry.fleet import fleet_state
 from frontend.telemetry.service import ensure_rebuilt, get_aggregator, tail_new_records
 
 HISTOGRAMS = {
-    "ttft": ("pdd_time_to_first_token_seconds", "Time to first token."),
+    "ttft": (
+        "pdd_time_to_first_token_seconds",
+        "Time to first token: the user's first token leaves with the decoding role's stream "
+        "(MD in p-md, RLD in p-rld-md), so it includes the KV transfer that role waits for.",
+    ),
+    "prefill": ("pdd_prefill_seconds", "Prefill time on P (P's first token ready)."),
+    "kv_wait": (
+        "pdd_kv_wait_seconds",
+        "From P's token ready to the decoding role's first token (KV transfer and admission).",
+    ),
+    "max_gap": (
+        "pdd_largest_token_gap_seconds",
+        "Largest gap between consecutive output tokens of a request (the handoff's stall).",
+    ),
     "tpot": ("pdd_inter_token_latency_seconds", "Mean time per output token after the first."),
     "e2e": ("pdd_e2e_request_latency_seconds", "End-to-end request latency."),
 }

@@ -60,7 +60,33 @@ class RequestRecord(models.Model):
         default=0, help_text="Output tokens decoded by RLD."
     )
     tokens_by_md = models.PositiveIntegerField(default=0, help_text="Output tokens decoded by MD.")
-    ttft_s = models.FloatField(null=True, blank=True, help_text="Time to first token, seconds.")
+    ttft_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Time to first token, seconds: from the gateway receiving the request to the "
+        "user's first token, which leaves with the decoding role's stream (MD in p-md, RLD in "
+        "p-rld-md), so it counts the KV transfer that role waited for.",
+    )
+    prefill_s = models.FloatField(
+        null=True, blank=True, help_text="Prefill time on P, seconds (P's first token ready)."
+    )
+    kv_wait_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="From P's token ready to the decoding role's first token: KV export, "
+        "transfer and the decoding role's admission, seconds.",
+    )
+    max_gap_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Largest gap between consecutive tokens at the gateway (the handoff's stall), "
+        "seconds.",
+    )
+    first_token_early = models.BooleanField(
+        default=False,
+        help_text="P's token was streamed when prefill ended (policy stream_first_token_early), "
+        "so ttft_s is prefill time only.",
+    )
     tpot_s = models.FloatField(
         null=True, blank=True, help_text="Mean time per output token after the first, s."
     )

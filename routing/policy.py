@@ -125,6 +125,11 @@ class PolicySettings:
     wan_min_share: float = 0.05
     # A degraded link is assumed to deliver this fraction of its nominal bandwidth.
     degraded_bandwidth_factor: float = 0.5
+    # Stream P's sampled token to the user the moment prefill ends, ahead of the decoding
+    # role. Off (the default), P's token leaves at the head of the decoding role's stream, so
+    # TTFT counts the KV transfer that role waits for; on, TTFT is prefill time only and the
+    # wait shows as a stall after the first token. Recorded per request (first_token_early).
+    stream_first_token_early: bool = False
 
     def __post_init__(self) -> None:
         _check_optional_number(self, "wan_time_threshold_s", lo=0.0)
@@ -139,7 +144,7 @@ class PolicySettings:
                 "rld_load_catch_up_below: must be <= rld_load_one_shot_above "
                 f"({self.rld_load_catch_up_below} > {self.rld_load_one_shot_above})"
             )
-        for name in ("singular_enabled", "relay_when_main_saturated"):
+        for name in ("singular_enabled", "relay_when_main_saturated", "stream_first_token_early"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be true or false")
         _check_int(self, "singular_min_prompt_tokens", lo=1)

@@ -27,6 +27,7 @@ from agents.node.wire import (
     HandoffPlan,
     Peer,
     bad,
+    get_bool,
     get_ids,
     get_int,
     get_str,
@@ -246,7 +247,14 @@ def build_app(agent: Agent) -> Starlette:
         if pipeline in ("p-rld-md", "rld-only"):
             relay = Peer.parse(body.get("relay"), "relay")
         req = pipelines.PddRequest(
-            request_id_of(body), prompt, sampling, pipeline, plan, main, relay
+            request_id_of(body),
+            prompt,
+            sampling,
+            pipeline,
+            plan,
+            main,
+            relay,
+            early_first_token=get_bool(body, "early_first_token"),
         )
         pre = await admit(inst, lambda: pipelines.admit_prefill(agent, inst, req))
 

@@ -224,7 +224,12 @@ def run_loopback(args) -> dict[str, Any]:
             "kv_bytes": stats.get("kv_bytes", {"intra_dc": 0, "wan": 0}),
             "handoff_bytes": stats.get("handoff_bytes", 0),
             "cached_tokens": stats.get("cached_tokens", 0),
+            # At P, by the one TTFT definition: P's token leaves with the decoding role's first
+            # token, so ttft_s = prefill_s + kv_wait_s (the KV transfer that role waited for).
             "server_ttft_s": stats.get("ttft_s"),
+            "prefill_s": stats.get("prefill_s"),
+            "kv_wait_s": stats.get("kv_wait_s"),
+            "max_gap_s": stats.get("max_gap_s"),
             "finish_reason": result["finish_reason"],
             "error": result["error"],
         }

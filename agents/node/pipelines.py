@@ -828,6 +828,9 @@ class PddRequest:
     plan: HandoffPlan
     main: Peer | None  # None only for rld-only
     relay: Peer | None
+    # Stream P's sampled token the moment prefill ends (the old behaviour, an explicit policy
+    # setting), instead of at the head of the decoding role's stream (the default).
+    early_first_token: bool = False
 
 
 @dataclass(slots=True)
@@ -901,9 +904,15 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
     rid, worker = req.request_id, inst.worker
     length = len(req.prompt)
     bs = agent.settings.block_size
+    prefill_s = pre.first_token_at - pre.started
     stats: dict[str, Any] = {
         "pipeline": req.pipeline,
-        "ttft_s": pre.first_token_at - pre.started,
+        # Filled in when the user's first token leaves (see `first` below).
+        "ttft_s": None,
+        "prefill_s": prefill_s,
+        "kv_wait_s": None,
+        "max_gap_s": 0.0,
+        "first_token_early": req.early_first_token,
         "prefill_cached_tokens": pre.prefill_cached_tokens,
         "cached_tokens": 0,
         "tokens_by_role": {"prefill": 1, "rld": 0, "md": 0},
@@ -917,12 +926,42 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
     sends: list[asyncio.Task] = []
     pump: asyncio.Task | None = None
     queue: asyncio.Queue = asyncio.Queue()
+    # TTFT as the user sees it: P's token leaves at the head of the stream of the role that
+    # carries on decoding (MD in p-md, RLD in p-rld-md / rld-only), so it counts the KV
+    # transfer and admission that role waited for. kv_wait_s is the time from P's token being
+    # ready to the decoding role's first token reaching P.
+    first_sent = False
+    last_at: float | None = None
+
+    def emit(event: dict[str, Any]) -> dict[str, Any]:
+        """Note a token event's send time (TTFT, largest gap) and return it."""
+        nonlocal last_at
+        now = time.monotonic()
+        if last_at is None:
+            stats["ttft_s"] = now - pre.started
+        else:
+            stats["max_gap_s"] = max(stats["max_gap_s"], now - last_at)
+        last_at = now
+        return event
+
+    def first() -> dict[str, Any]:
+        nonlocal first_sent
+        first_sent = True
+        return emit(token_event(0, pre.first_token, "prefill"))
+
+    def decoder_started() -> None:
+        if stats["kv_wait_s"] is None:
+            stats["kv_wait_s"] = time.monotonic() - pre.first_token_at
+
     try:
-        yield token_event(0, pre.first_token, "prefill")
+        if req.early_first_token or pre.finished:
+            # Early (a policy setting), or P's token is the whole answer: nothing to wait for.
+            yield first()
         if pre.finished:
             await release_prefill(agent, inst, rid)
             fire_and_forget(agent, cancel_remote(agent, req.main, rid))
             done = True
+            stats["kv_wait_s"] = 0.0
             stats["e2e_s"] = time.monotonic() - pre.started
             yield {"type": "done", "finish_reason": pre.finish_reason, "stats": stats}
             return
@@ -1019,10 +1058,16 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
                 return
             kind = value.get("type")
             if kind == "token":
+                decoder_started()
+                if not first_sent:
+                    yield first()
                 role = value.get("role", "md")
                 stats["tokens_by_role"][role] = stats["tokens_by_role"].get(role, 0) + 1
-                yield value
+                yield emit(value)
             elif kind == "done":
+                decoder_started()
+                if not first_sent:  # the decoding role stopped at once (EOS after P's token)
+                    yield first()
                 # RLD may have answered the whole request while P's KV for MD is still crossing
                 # the WAN (as background traffic): MD caches it when it lands, but the user's
                 # stream ends now rather than when the transfer does.

@@ -41,6 +41,13 @@ def get_int(body: dict, field: str, default: Any = ..., minimum: int | None = No
     return value
 
 
+def get_bool(body: dict, field: str, default: bool = False) -> bool:
+    value = body.get(field, default)
+    if not isinstance(value, bool):
+        raise bad(field, f"must be true or false, got {type(value).__name__}")
+    return value
+
+
 def get_str(body: dict, field: str, default: Any = ..., choices: tuple[str, ...] = ()) -> Any:
     value = body.get(field, default)
     if value is ...:

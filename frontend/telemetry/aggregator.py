@@ -17,7 +17,10 @@ from typing import Any
 from frontend.telemetry import histogram
 from frontend.telemetry.store import MINUTE, SECOND, TOTAL, Bucket, Deltas, Store, merge_into
 
-LATENCIES = ("ttft", "tpot", "e2e")
+# Request-record latencies (each the record's `<name>_s`): TTFT to the user's first token, which
+# leaves with the decoding role's stream; prefill time on P; KV wait (P's token ready to the
+# decoding role's first token); the largest gap between tokens (the handoff's stall); TPOT; e2e.
+LATENCIES = ("ttft", "prefill", "kv_wait", "max_gap", "tpot", "e2e")
 NONE_LABEL = "none"
 STATUS_OK = "ok"
 # Live chart points are computed over this many trailing seconds.
@@ -219,9 +222,7 @@ def summarize(
         "requests_by_status": by_status,
         "goodput_rps": goodput_rps,
         "sla_met": sla_met,
-        "ttft": latency_by_pipeline(p, "ttft"),
-        "tpot": latency_by_pipeline(p, "tpot"),
-        "e2e": latency_by_pipeline(p, "e2e"),
+        **{name: latency_by_pipeline(p, name) for name in LATENCIES},
         "tokens": tokens,
         "rld_share": tokens["rld"] / decoded if decoded else None,
         "md_share": tokens["md"] / decoded if decoded else None,

@@ -30,6 +30,10 @@ class Outcome:
     tokens_by_rld: int = 0
     tokens_by_md: int = 0
     ttft_s: float | None = None
+    prefill_s: float | None = None
+    kv_wait_s: float | None = None
+    max_gap_s: float | None = None
+    first_token_early: bool = False
     tpot_s: float | None = None
     e2e_s: float | None = None
     kv_bytes_intra_dc: int = 0
@@ -74,6 +78,10 @@ def record_request(
             tokens_by_rld=outcome.tokens_by_rld,
             tokens_by_md=outcome.tokens_by_md,
             ttft_s=outcome.ttft_s,
+            prefill_s=outcome.prefill_s,
+            kv_wait_s=outcome.kv_wait_s,
+            max_gap_s=outcome.max_gap_s,
+            first_token_early=outcome.first_token_early,
             tpot_s=outcome.tpot_s,
             e2e_s=outcome.e2e_s,
             kv_bytes_intra_dc=outcome.kv_bytes_intra_dc,

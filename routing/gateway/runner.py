@@ -68,6 +68,7 @@ def build_plan(
     sampling: Sampling,
     decision: Decision,
     view: LiveView,
+    early_first_token: bool = False,
 ) -> tuple[str, dict[str, Any]]:
     """The P agent's URL and the body of its /v1/pdd/generate call for this decision."""
     prefill = view.endpoints[decision.prefill_id]
@@ -86,6 +87,8 @@ def build_plan(
         },
         "pipeline": pipeline,
     }
+    if early_first_token:
+        body["early_first_token"] = True
     if pipeline in (Pipeline.P_MD, Pipeline.P_RLD_MD):
         body["main"] = _target(main)
     if pipeline in (Pipeline.P_RLD_MD, Pipeline.RLD_ONLY):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from typing import Any
@@ -100,6 +101,7 @@ class Prepared:
 
 
 def _prepare(request: HttpRequest, kind: str) -> Prepared:
+    received_at = time.monotonic()
     key = _authenticate(request)
     body = parsing.parse_json(request.body)
     greq = (
@@ -186,6 +188,7 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
         sampling=Sampling(greq.max_tokens, greq.temperature, greq.top_p, greq.seed),
         decision=decision,
         view=view,
+        early_first_token=policy.stream_first_token_early,
     )
     return Prepared(
         key=key,
@@ -200,6 +203,8 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
         url=url,
         plan=plan,
         kind=kind,
+        first_token_early=policy.stream_first_token_early,
+        received_at=received_at,
     )
 
 
@@ -218,8 +223,11 @@ class Run:
     def __init__(self, p: Prepared) -> None:
         self.p = p
         self.text = TextAssembler(p.tokenizer, stop=p.greq.stop)
-        self.started = time.monotonic()
+        # From the request's arrival at the gateway (auth, tokenizing and the policy count).
+        self.started = getattr(p, "received_at", None) or time.monotonic()
         self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.max_gap_s = 0.0
         self.token_count = 0
         self.by_role = {"prefill": 0, "rld": 0, "md": 0}
         self.stats: dict[str, Any] = {}
@@ -240,8 +248,12 @@ class Run:
                             f"expected {self.token_count}"
                         )
                     self.token_count += 1
+                    now = time.monotonic()
                     if self.first_at is None:
-                        self.first_at = time.monotonic()
+                        self.first_at = now
+                    else:
+                        self.max_gap_s = max(self.max_gap_s, now - self.last_at)
+                    self.last_at = now
                     role = event.get("role", "")
                     if role in self.by_role:
                         self.by_role[role] += 1
@@ -287,6 +299,10 @@ class Run:
             tokens_by_rld=int(by_role.get("rld", self.by_role["rld"])),
             tokens_by_md=int(by_role.get("md", self.by_role["md"])),
             ttft_s=ttft,
+            prefill_s=_seconds(s.get("prefill_s")),
+            kv_wait_s=_seconds(s.get("kv_wait_s")),
+            max_gap_s=self.max_gap_s if self.first_at is not None else None,
+            first_token_early=bool(s.get("first_token_early", self.p.first_token_early)),
             tpot_s=tpot,
             e2e_s=now - self.started,
             kv_bytes_intra_dc=int(kv.get("intra_dc", 0) or 0),
@@ -312,6 +328,13 @@ class Run:
             )
         except Exception:
             log.exception("could not record request %s", p.request_id)
+
+
+def _seconds(value: Any) -> float | None:
+    """A duration from the agent's stats, or None when absent or not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def _chunk(p: Prepared, created: int, text: str | None, finish: str | None, usage=None) -> dict:

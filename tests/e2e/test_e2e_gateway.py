@@ -146,6 +146,35 @@ def test_a_policy_change_takes_effect_live(cluster):
     assert last_request(cluster)["pipeline"] == "p-rld-md"
 
 
+def test_records_carry_the_latency_breakdown_and_the_early_token_flag(cluster):
+    set_policy(cluster, wan_time_threshold_s=10.0)  # p-md: MD carries on decoding
+    messages = [*MESSAGES, {"role": "user", "content": f"latency {time.time_ns()}"}]
+    chunks = client(cluster).chat.completions.create(
+        model="baton-tiny", messages=messages, max_tokens=8, temperature=0, stream=True
+    )
+    assert "".join((c.choices[0].delta.content or "") for c in chunks if c.choices)
+    record = last_request(cluster)
+    assert record["pipeline"] == "p-md" and record["status"] == "ok", record
+    assert record["first_token_early"] is False
+    assert record["prefill_s"] > 0 and record["kv_wait_s"] > 0
+    # The gateway's TTFT counts from the request's arrival, so it holds P's prefill and the
+    # wait for MD (the KV delta's transfer and MD's admission) at least.
+    assert record["ttft_s"] >= record["prefill_s"] + record["kv_wait_s"]
+    assert record["max_gap_s"] is not None and 0 <= record["max_gap_s"] <= record["e2e_s"]
+
+    set_policy(cluster, wan_time_threshold_s=10.0, stream_first_token_early=True)
+    try:
+        messages[-1]["content"] += " early"
+        client(cluster).chat.completions.create(
+            model="baton-tiny", messages=messages, max_tokens=8, temperature=0
+        )
+        record = last_request(cluster)
+        assert record["first_token_early"] is True, record
+        assert record["status"] == "ok"
+    finally:
+        set_policy(cluster, wan_time_threshold_s=10.0)
+
+
 def test_bad_key_is_401(cluster):
     with pytest.raises(openai.AuthenticationError):
         client(cluster, key="sk-baton-nope-nope").chat.completions.create(

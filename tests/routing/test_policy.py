@@ -506,6 +506,8 @@ def test_settings_round_trip_through_json() -> None:
 
 def test_settings_from_dict_fills_defaults() -> None:
     assert PolicySettings.from_dict({}) == PolicySettings()
+    # P's token rides with the decoding role's stream unless an operator asks otherwise.
+    assert PolicySettings().stream_first_token_early is False
 
 
 @pytest.mark.parametrize(
@@ -521,6 +523,7 @@ def test_settings_from_dict_fills_defaults() -> None:
         ({"rld_load_catch_up_below": 0.9, "rld_load_one_shot_above": 0.5}, "rld_load_catch_up"),
         ({"singular_enabled": "yes"}, "singular_enabled"),
         ({"relay_when_main_saturated": 1}, "relay_when_main_saturated"),
+        ({"stream_first_token_early": "no"}, "stream_first_token_early"),
         ({"singular_max_hit_rate": -0.1}, "singular_max_hit_rate"),
         ({"fallback_no_main_decode": "p-md"}, "fallback_no_main_decode"),
         ({"fallback_no_relay": "rld-only"}, "fallback_no_relay"),
