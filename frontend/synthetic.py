@@ -65,6 +65,10 @@ def synthetic_records_create(
             ttft = rng.lognormvariate(1.4, 0.6)
             by_rld = 0
             reason = f"hit {hit:.0%}: small delta ({delta} tokens) goes straight to MD"
+        # TTFT = prefill + KV wait (to the decoding role's first token); a relayed request's
+        # handoff stalls its stream for about one recompute step.
+        prefill = ttft * rng.uniform(0.3, 0.6)
+        stall = tpot * rng.uniform(2.0, 6.0) if low_hit else tpot * rng.uniform(1.0, 1.5)
         status = RequestStatus.OK if rng.random() > 0.01 else RequestStatus.ERROR
         records.append(
             RequestRecord(
@@ -84,6 +88,9 @@ def synthetic_records_create(
                 tokens_by_rld=by_rld,
                 tokens_by_md=out - by_rld,
                 ttft_s=ttft,
+                prefill_s=prefill,
+                kv_wait_s=ttft - prefill,
+                max_gap_s=stall,
                 tpot_s=tpot,
                 e2e_s=ttft + tpot * (out - 1),
                 kv_bytes_wan=delta * kv_bytes_per_token,

@@ -19,8 +19,8 @@
     set("goodput_rps", B.num(w.goodput_rps));
     set("sla", models.length ? models.map((m) => m + (w.sla_met[m] ? " meets SLA" : " misses SLA")).join(", ") : "SLA: no traffic");
     set("ttft", B.secs(ttft.p90) + " / " + B.secs(ttft.p99)); set("ttft_p50", "P50 " + B.secs(ttft.p50));
-    set("kv_wait", B.secs(((w.prefill || {}).all || {}).p90) + " · " + B.secs(((w.kv_wait || {}).all || {}).p90));
-    set("max_gap", "stall P99 " + B.secs(((w.max_gap || {}).all || {}).p99));
+    set("kv_wait", B.secs(((w.kv_wait || {}).all || {}).p90));
+    set("max_gap", "prefill P90 " + B.secs(((w.prefill || {}).all || {}).p90) + " · stall P99 " + B.secs(((w.max_gap || {}).all || {}).p99));
     set("tpot", B.secs((w.tpot.all || {}).p50)); set("e2e", "E2E P90 " + B.secs((w.e2e.all || {}).p90));
     set("cost", B.num(snap.fleet.cost_per_hour, 2) + " " + snap.fleet.currency);
     set("unpriced", snap.fleet.unpriced_instances.length ? snap.fleet.unpriced_instances.length + " running without a price" : "");
