@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import django_filters
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, viewsets
+from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from routing import services
+from routing import analysis, services
 from routing.api import serializers as s
 from routing.models import RequestRecord, RoutingDecision
 
@@ -36,10 +37,43 @@ class DecisionFilterSet(django_filters.FilterSet):
 class RequestRecordViewSet(
     mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
 ):
+    """The request log. Each record's ``cached_tokens`` (what MD reserved) stands beside
+    ``estimated_cached_tokens`` (what the routing decision expected); ``summary/`` counts, over
+    the same filters, the requests relayed although MD held their prefix."""
+
     queryset = RequestRecord.objects.select_related("tenant", "decision")
     serializer_class = s.RequestRecordSerializer
     filterset_class = RequestFilterSet
     ordering_fields = ["created_at", "ttft_s", "e2e_s"]
+
+    @extend_schema(
+        responses=s.CacheSummarySerializer,
+        parameters=[
+            OpenApiParameter(
+                "threshold",
+                float,
+                description="Share of the prompt MD must have held (default 0.9).",
+            )
+        ],
+    )
+    @action(detail=False, methods=["get"], pagination_class=None)
+    def summary(self, request):
+        """Relayed (p-rld-md) requests whose prompt MD had in fact cached more than
+        ``threshold`` of, against all relayed ones, and the estimated vs actual cached tokens
+        of the requests that went to MD; the request log's filters apply."""
+        raw = request.query_params.get("threshold", analysis.RELAYED_DESPITE_CACHE_THRESHOLD)
+        try:
+            threshold = float(raw)
+            if not 0.0 <= threshold <= 1.0:
+                raise ValueError
+        except (TypeError, ValueError) as exc:
+            raise serializers.ValidationError(
+                {"threshold": "Must be a number within 0..1."}
+            ) from exc
+        records = self.filter_queryset(RequestRecord.objects.all())
+        return Response(
+            s.CacheSummarySerializer(analysis.cache_estimate_summary(records, threshold)).data
+        )
 
 
 class RoutingDecisionViewSet(
