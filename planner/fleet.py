@@ -83,13 +83,15 @@ class FleetSpec:
     # earlier KV to land before using it. False: only landed KV counts, so a turn sent while the
     # previous turn's KV is still in flight (its relay answered first) resends that context.
     drc_counts_in_flight: bool = True
-    # Whether the routing decision itself sees the KV in flight to an MD as held there. The live
-    # gateway decides on the prefix blocks MD's heartbeat reports (its radix cache: landed KV
-    # only, routing/live.py); only P's later ``reserve`` at MD counts KV in flight
-    # (agents/node/inflight.py) and so sets what P sends. False (default) models that: a turn
-    # whose predecessor's KV is still crossing the WAN looks low-hit to the policy and is
-    # relayed, and with ``drc_counts_in_flight`` its delta to MD still counts that KV. True: the
-    # policy also counts it, so such a turn may go P-MD and wait for the earlier KV to land.
+    # Whether the routing decision itself sees the KV in flight to an MD as held there. True
+    # models the live gateway as it now is: it decides on MD's heartbeat blocks, radix cache and
+    # KV in flight (``incoming_prefix_blocks``), plus the prompts dispatched to MD since
+    # (routing/live.py ``DispatchedBlocks``), so such a turn may go P-MD and wait for the
+    # earlier KV to land. False (still the default, until paper-ttft's cases and
+    # bench/planner/REPORT.md are rerun with True: on paper-ttft's pdd case True gives P90
+    # 7.65 s as False does and P99 15.67 s against 14.98 s) is the gateway as it was, on landed
+    # KV only: a turn whose predecessor's KV is still crossing the WAN looks low-hit and is
+    # relayed, and with ``drc_counts_in_flight`` its delta to MD still counts that KV.
     decision_counts_in_flight: bool = False
     # Whether a relayed request's KV transfer to MD yields the WAN connection queue to the
     # transfers a first token waits on (P-MD). Its user is already answered by RLD, so delaying

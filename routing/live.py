@@ -8,8 +8,8 @@ import math
 import threading
 import time
 import uuid
-from collections import deque
-from collections.abc import Iterable
+from collections import OrderedDict, deque
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import takewhile
 from typing import Any
@@ -103,8 +103,17 @@ def build_live_view(model_name: str) -> LiveView:
             and inst.node.status == NodeStatus.ONLINE
         )
         load, queued = _load(item) if item is not None else (0.0, 0)
+        # What MD holds: its radix cache and the KV in flight to it (reserved, on its way;
+        # the agent's ``incoming_prefix_blocks``), as its ``reserve`` counts it.
         cached = (
-            frozenset(item.get("cached_prefix_blocks") or ()) if item is not None else frozenset()
+            frozenset(
+                (
+                    *(item.get("cached_prefix_blocks") or ()),
+                    *(item.get("incoming_prefix_blocks") or ()),
+                )
+            )
+            if item is not None
+            else frozenset()
         )
         states.append(
             InstanceState(
@@ -302,6 +311,239 @@ def with_dispatches(view: LiveView, ledger: DispatchLedger) -> ClusterSnapshot:
         main_decode=main,
         wan_links=snap.wan_links,
         prefix_hits=snap.prefix_hits,
+    )
+
+
+DISPATCHED_BLOCKS_CAP = 65_536  # block hashes kept per MD (about 1.5 MB in Redis)
+CONFIRM_GRACE_S = 2.0  # a report received this long after a dispatch holds its blocks
+
+
+class DispatchedBlocks:
+    """Prefix blocks of the prompts the gateway has sent to each MD, by wall time.
+
+    MD's heartbeat reports the blocks its radix cache holds and those of the KV in flight to
+    it (reserved at MD, not imported yet). A request the gateway has just dispatched is in
+    neither until P's ``reserve`` reaches MD and MD's next heartbeat has gone out, so a
+    session's next turn, sent right after the previous answer, would look like a miss and be
+    relayed although MD will hold its prefix. The gateway therefore counts the blocks it
+    dispatched to an MD since that MD's last report as held there
+    (:func:`with_dispatched_blocks`), for every pipeline that ends on MD (p-md, p-rld-md).
+
+    A report received more than ``grace_s`` after a dispatch confirms or drops it: by then
+    MD's reservation (or its import) has put the blocks in the report, or the request failed.
+    The grace covers the time from the gateway's dispatch to MD's reservation (the gateway
+    calls P, P calls MD's ``reserve``, MD pins on its engine thread) and the time the report
+    took to reach the control plane; counting a dispatch a little longer than needed only
+    overlaps with what the report says. Entries older than ``horizon_s`` are dropped in any
+    case, and at most ``cap`` hashes per MD are kept: the most recently dispatched, and of one
+    prompt its leading blocks before its deeper ones.
+
+    With ``redis_url`` every gateway process shares the ledger: one sorted set per MD, member
+    a block hash, score its latest dispatch time. This process's own dispatches are kept in
+    memory as well: if Redis fails, the ledger logs it and counts those, as
+    :class:`DispatchLedger` does.
+    """
+
+    def __init__(
+        self,
+        horizon_s: float = 30.0,
+        redis_url: str = "",
+        *,
+        prefix: str = "baton:dispatched-blocks",
+        cap: int = DISPATCHED_BLOCKS_CAP,
+        grace_s: float = CONFIRM_GRACE_S,
+    ) -> None:
+        if cap < 1:
+            raise ValueError(f"cap must be >= 1, got {cap}")
+        self.horizon_s = horizon_s
+        self.prefix = prefix
+        self.cap = cap
+        self.grace_s = grace_s
+        # instance id -> block hash -> latest dispatch time, least recently dispatched first
+        self._blocks: dict[str, OrderedDict[str, float]] = {}
+        self._lock = threading.Lock()
+        self._redis = None
+        self._warned_at = 0.0
+        self._redis_down_until = 0.0
+        if redis_url:
+            import redis
+
+            self._redis = redis.Redis.from_url(
+                redis_url, socket_connect_timeout=0.5, socket_timeout=0.5
+            )
+
+    @property
+    def shared(self) -> bool:
+        return self._redis is not None
+
+    def record(
+        self, instance_id: str | None, block_hashes: Sequence[str], now: float | None = None
+    ) -> None:
+        """The prompt with these prefix blocks was dispatched to MD ``instance_id`` at ``now``."""
+        if not instance_id or not block_hashes:
+            return
+        now = time.time() if now is None else now
+        oldest = now - self.horizon_s
+        with self._lock:
+            blocks = self._blocks.setdefault(instance_id, OrderedDict())
+            # Deepest first, so a prompt's leading blocks (the ones a hit is made of) are the
+            # last to go when the cap is reached.
+            for block in reversed(block_hashes):
+                blocks[block] = max(now, blocks.get(block, now))
+                blocks.move_to_end(block)
+            while blocks and (len(blocks) > self.cap or next(iter(blocks.values())) < oldest):
+                blocks.popitem(last=False)
+        if self._use_redis():
+            key = f"{self.prefix}:{instance_id}"
+            try:
+                pipe = self._redis.pipeline(transaction=False)
+                # GT: a new hash is added, a known one only moves forward in time. Each block
+                # a microsecond before the one above it, so that the cap (by rank) drops a
+                # prompt's deepest blocks first, as in memory.
+                scores = {block: now - i * 1e-6 for i, block in enumerate(block_hashes)}
+                pipe.zadd(key, scores, gt=True)
+                pipe.zremrangebyscore(key, "-inf", f"({oldest}")
+                pipe.zremrangebyrank(key, 0, -(self.cap + 1))
+                pipe.expire(key, int(self.horizon_s * 2) + 1)
+                pipe.execute()
+            except Exception as exc:  # noqa: BLE001 - any Redis failure: count locally
+                self._redis_failed("record", exc)
+
+    def held(
+        self, instance_id: str, block_hashes: Sequence[str], after: float, now: float | None = None
+    ) -> int:
+        """How many of ``block_hashes``, from the first, were dispatched to ``instance_id``
+        after wall time ``after`` (and within the horizon)."""
+        return self.held_many([(instance_id, after, block_hashes)], now=now)[instance_id]
+
+    def held_many(
+        self, queries: Iterable[tuple[str, float, Sequence[str]]], now: float | None = None
+    ) -> dict[str, int]:
+        """:meth:`held` for each (instance, after, hashes). Shared: one Redis round trip for
+        every query's first hash, a second only for the instances that have it, so a request
+        costs little on the MDs that never saw its prefix."""
+        queries = [(iid, after, hashes) for iid, after, hashes in queries]
+        now = time.time() if now is None else now
+        oldest = now - self.horizon_s
+        runs = {iid: 0 for iid, _, _ in queries}
+        asked = [(iid, max(after, oldest), hashes) for iid, after, hashes in queries if hashes]
+        if self._use_redis() and asked:
+            try:
+                pipe = self._redis.pipeline(transaction=False)
+                for iid, _, hashes in asked:
+                    pipe.zscore(f"{self.prefix}:{iid}", hashes[0])
+                starts = pipe.execute()
+                rest = [q for q, t in zip(asked, starts, strict=True) if t is not None and t > q[1]]
+                if rest:
+                    pipe = self._redis.pipeline(transaction=False)
+                    for iid, _, hashes in rest:
+                        pipe.zmscore(f"{self.prefix}:{iid}", list(hashes))
+                    for (iid, cutoff, _), scores in zip(rest, pipe.execute(), strict=True):
+                        runs[iid] = _run(t is not None and t > cutoff for t in scores)
+                return runs
+            except Exception as exc:  # noqa: BLE001 - any Redis failure: count locally
+                self._redis_failed("lookup", exc)
+        with self._lock:
+            for iid, cutoff, hashes in asked:
+                blocks = self._blocks.get(iid)
+                if blocks:
+                    runs[iid] = _run(blocks.get(h, -math.inf) > cutoff for h in hashes)
+        return runs
+
+    def clear(self) -> None:
+        with self._lock:
+            ids = list(self._blocks)
+            self._blocks.clear()
+        if self._redis is not None and ids:
+            try:
+                self._redis.delete(*[f"{self.prefix}:{iid}" for iid in ids])
+            except Exception as exc:  # noqa: BLE001
+                self._redis_failed("clear", exc)
+
+    def _use_redis(self) -> bool:
+        return self._redis is not None and time.monotonic() >= self._redis_down_until
+
+    def _redis_failed(self, what: str, exc: Exception) -> None:
+        now = time.monotonic()
+        self._redis_down_until = now + REDIS_RETRY_S
+        if now - self._warned_at > 60:  # once a minute, not once a request
+            self._warned_at = now
+            log.warning(
+                "dispatched-blocks ledger: Redis %s failed (%s); counting this process's "
+                "dispatches only", what, exc,
+            )  # fmt: skip
+
+
+def _run(flags: Iterable[bool]) -> int:
+    """How many of ``flags``, from the first, are true."""
+    n = 0
+    for flag in flags:
+        if not flag:
+            break
+        n += 1
+    return n
+
+
+def _leading_run(block_hashes: Sequence[str], held: Collection[str]) -> int:
+    """How many of ``block_hashes``, from the first, ``held`` has."""
+    n = 0
+    while n < len(block_hashes) and block_hashes[n] in held:
+        n += 1
+    return n
+
+
+def with_dispatched_blocks(
+    view: LiveView,
+    snapshot: ClusterSnapshot,
+    ledger: DispatchedBlocks,
+    block_hashes: Sequence[str],
+    now: float | None = None,
+) -> tuple[ClusterSnapshot, dict[str, int]]:
+    """``snapshot`` with each MD's cached prefix blocks extended by this request's blocks that
+    the gateways dispatched to that MD since its last report (less the ledger's grace), and,
+    per MD, how many of the request's leading blocks only the ledger supplied.
+
+    Only the request's own leading run is added (what the policy matches); the view's snapshot
+    is not changed. An MD that has never reported counts every dispatch within the horizon."""
+    if not block_hashes or not snapshot.main_decode or snapshot.prefix_hits is not None:
+        return snapshot, {}
+    queries: list[tuple[str, float, Sequence[str]]] = []
+    held_from: dict[str, int] = {}
+    for st in snapshot.main_decode:
+        if not st.healthy:
+            continue
+        k = _leading_run(block_hashes, st.cached_prefix_blocks)
+        if k == len(block_hashes):
+            continue
+        reported_at = view.reported.get(st.id, (0.0, 0.0))[0]
+        held_from[st.id] = k
+        queries.append((st.id, reported_at - ledger.grace_s, block_hashes[k:]))
+    if not queries:
+        return snapshot, {}
+    runs = ledger.held_many(queries, now=now)
+    added: dict[str, int] = {}
+    main = []
+    for st in snapshot.main_decode:
+        run = runs.get(st.id, 0)
+        if run:
+            k = held_from[st.id]
+            cached, end = st.cached_prefix_blocks, k + run
+            # Past the dispatched run, MD's report may hold more (a deeper cached block).
+            end += _leading_run(block_hashes[end:], cached)
+            added[st.id] = end - k
+            st = replace(st, cached_prefix_blocks=cached.union(block_hashes[k:end]))
+        main.append(st)
+    if not added:
+        return snapshot, {}
+    return (
+        ClusterSnapshot(
+            prefill=snapshot.prefill,
+            relay_decode=snapshot.relay_decode,
+            main_decode=tuple(main),
+            wan_links=snapshot.wan_links,
+            prefix_hits=snapshot.prefix_hits,
+        ),
+        added,
     )
 
 

@@ -22,7 +22,7 @@ from agents.engine.loader import LoadedModel
 from agents.node.inflight import block_prefix_len
 from agents.node.settings import ROLES, AgentSettings, split_host_port
 from agents.node.worker import EngineWorker
-from agents.prefix import tree_block_hashes
+from agents.prefix import prefix_block_hashes, tree_block_hashes
 from agents.transfer.client import FabricClient
 from agents.transfer.counters import Direction, FabricCounters, FabricName
 from agents.transfer.pool import PoolStats
@@ -164,6 +164,8 @@ class Agent:
         self._cancelled: OrderedDict[str, None] = OrderedDict()
         self.reservations: dict[str, Reservation] = {}
         self.incoming: dict[str, Incoming] = {}
+        self._incoming_blocks: dict[str, tuple[str, ...]] = {}  # request id -> its prompt's
+        # prefix-block hashes, computed once (incoming_block_hashes)
         # Reservations that answered more than the radix cache held, counting KV in flight.
         self.in_flight_prefix_hits = 0
         # Imports whose counted-on prefix never landed, so MD recomputed it, and its tokens.
@@ -596,6 +598,33 @@ class Agent:
                 best, best_len = inc, length
         return best, best_len
 
+    def incoming_block_hashes(self, instance_id: str, limit: int = 8192) -> list[str]:
+        """Prefix-block hashes (agents/prefix.py, this agent's block size) of the prompts whose
+        KV is in flight to `instance_id`, newest request first, at most `limit`: the
+        heartbeat's `incoming_prefix_blocks`, which routing counts as held here, as `reserve`
+        counts that KV. Each request's hashes are computed once, on the event loop."""
+        memo = self._incoming_blocks
+        for rid in [rid for rid in memo if rid not in self.incoming]:
+            del memo[rid]
+        bs = self.settings.block_size
+        out: dict[str, None] = {}
+        for rid, inc in reversed(self.incoming.items()):
+            if inc.instance_id != instance_id or inc.done.is_set():
+                continue
+            hashes = memo.get(rid)
+            if hashes is None:
+                hashes = memo[rid] = prefix_block_hashes(inc.tokens[: limit * bs].tolist(), bs)
+            for block in hashes:
+                if len(out) >= limit:
+                    return list(out)
+                out[block] = None
+        return list(out)
+
+    def _add_incoming_blocks(self, doc: dict[str, Any]) -> None:
+        for item in doc["instances"]:
+            if item.get("role") == "main_decode":
+                item["incoming_prefix_blocks"] = self.incoming_block_hashes(item["instance_id"])
+
     # -- state document ----------------------------------------------------------------------
 
     def instance_state(self, inst: Instance) -> dict[str, Any]:
@@ -661,6 +690,7 @@ class Agent:
                 item["cached_prefix_blocks"] = await inst.worker.call(self._cached_block_hashes)
             except Exception:  # a stopping instance reports no blocks rather than failing
                 item["cached_prefix_blocks"] = []
+        self._add_incoming_blocks(doc)  # the KV in flight to each MD (incoming_prefix_blocks)
         now = time.monotonic()
         for peer, shaper in self.links.items() if link_use else ():
             granted = shaper.bytes_granted

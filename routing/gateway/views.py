@@ -32,8 +32,14 @@ from routing.gateway.records import Outcome, record_request
 from routing.gateway.runner import AgentRunError, Sampling, build_plan, run_events
 from routing.gateway.stream import TextAssembler
 from routing.gateway.tokenizers import apply_chat_template, tokenizer_for
-from routing.live import DispatchLedger, LiveViewCache, with_dispatches
-from routing.policy import NoHealthyPath, RequestInfo, decide
+from routing.live import (
+    DispatchedBlocks,
+    DispatchLedger,
+    LiveViewCache,
+    with_dispatched_blocks,
+    with_dispatches,
+)
+from routing.policy import NoHealthyPath, Pipeline, RequestInfo, decide
 from routing.policy_cache import PolicyCache
 
 log = logging.getLogger(__name__)
@@ -61,6 +67,10 @@ live_views = LiveViewCache()
 # Shared by every gateway process through Redis when REDIS_URL is set (else this process's).
 dispatches = DispatchLedger(
     redis_url=settings.REDIS_URL, prefix=f"{settings.REDIS_KEY_PREFIX}:dispatch"
+)
+# The prompts' prefix blocks sent to each MD, counted as held there until MD's next report.
+dispatched_blocks = DispatchedBlocks(
+    redis_url=settings.REDIS_URL, prefix=f"{settings.REDIS_KEY_PREFIX}:dispatched-blocks"
 )
 policies = PolicyCache()
 _limiter: RateLimiter | None = None
@@ -138,6 +148,11 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
         prefix_block_hashes=prefix_block_hashes(prompt_ids, model.kv_block_size),
         block_tokens=model.kv_block_size,
     )
+    # MD will hold what the gateways have already sent it (KV on its way, not yet in its
+    # heartbeat): a session's next turn sent right after the previous answer is a hit there.
+    snapshot, in_flight = with_dispatched_blocks(
+        view, snapshot, dispatched_blocks, info.prefix_block_hashes
+    )
     inputs = {
         "prompt_tokens": len(prompt_ids),
         "max_tokens": greq.max_tokens,
@@ -164,6 +179,10 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
             for dc, link in snapshot.wan_links.items()
         },
     }
+    if in_flight:
+        # Per MD, the prompt's leading blocks counted as held only because a gateway had
+        # already dispatched them there (its heartbeat did not show them yet).
+        inputs["dispatched_blocks"] = in_flight
     try:
         decision = decide(info, snapshot, policy)
     except NoHealthyPath as exc:
@@ -182,6 +201,8 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
         )
         raise unavailable(f"No healthy path for model '{model.name}': {exc}") from exc
     dispatches.record((decision.prefill_id, decision.relay_id, decision.main_id))
+    if decision.pipeline in (Pipeline.P_MD, Pipeline.P_RLD_MD):
+        dispatched_blocks.record(decision.main_id, info.prefix_block_hashes)
     url, plan = build_plan(
         request_id=request_id,
         prompt_ids=prompt_ids,

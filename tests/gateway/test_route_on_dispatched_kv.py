@@ -1,0 +1,222 @@
+"""Through the gateway's endpoint: a session's next turn, sent the moment the previous answer
+ended, is routed as the hit MD will serve it as, though no heartbeat came between the two.
+
+The fleet is fake: instances in the database, their agents' heartbeats published to the live
+state, and the prefill agent a mock that answers as MD's ``reserve`` would (counting the KV in
+flight to it, so the record's ``cached_tokens`` is what MD actually held)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from rest_framework.test import APIClient
+
+from agents.prefix import prefix_block_hashes
+from billing import services as billing
+from billing.models import Tenant
+from fleet import live as fleet_live
+from fleet.choices import InstanceRole, NodeStatus
+from fleet.models import Datacenter, GPUType, Instance, Node, ServedModel, WANLink
+from routing import analysis
+from routing.gateway import runner, views
+from routing.models import RequestRecord
+
+BLOCK = 16
+TURN_1 = "You are a careful agent. " * 32  # 800 bytes: 50 blocks of the byte tokenizer
+TURN_2 = TURN_1 + "Tool said ok; continue." + " " * 17  # 840 bytes: the next turn
+
+
+@pytest.fixture(autouse=True)
+def fresh_dispatched_blocks():
+    views.dispatched_blocks.clear()
+    yield
+    views.dispatched_blocks.clear()
+
+
+@pytest.fixture
+def fake_fleet(transactional_db, settings, monkeypatch):
+    """P and RLD in dc-a, MD in dc-b over a 20 Mbit/s WAN: 800 tokens of KV (3.5 MB at the
+    policy's 4,400 B/token) take 1.4 s, over the 1 s threshold, so a miss is relayed; a 40
+    token delta takes 0.07 s and goes straight to MD."""
+    settings.REDIS_URL = ""  # the live state in this process
+    tenant = Tenant.objects.create(name="acme", requests_per_minute=100, tokens_per_minute=10**6)
+    _, raw = billing.api_key_create(tenant=tenant)
+    model = ServedModel.objects.create(
+        name="baton-tiny",
+        source="baton-tiny",
+        num_layers=4,
+        kv_bytes_per_token=4096,
+        max_context_tokens=4096,
+        kv_block_size=BLOCK,
+    )
+    a = Datacenter.objects.create(name="dc-a", region="city-a")
+    b = Datacenter.objects.create(name="dc-b", region="city-b")
+    WANLink.objects.create(from_datacenter=a, to_datacenter=b, bandwidth_gbps=0.02, rtt_ms=20)
+    gpu = GPUType.objects.create(
+        vendor="g",
+        model="gpu",
+        peak_bf16_tflops=989,
+        memory_gib=80,
+        memory_bandwidth_gbps=3350,
+        interconnect_gbps=400,
+    )
+    instances, items = {}, {}
+    for role, dc in (
+        (InstanceRole.PREFILL, a),
+        (InstanceRole.RELAY_DECODE, a),
+        (InstanceRole.MAIN_DECODE, b),
+    ):
+        node = Node.objects.create(
+            hostname=f"{dc.name}-{role}",
+            datacenter=dc,
+            gpu_type=gpu,
+            gpu_count=8,
+            agent_endpoint=f"http://{role}.agent",
+            agent_token_prefix=f"test-{role}",
+            status=NodeStatus.ONLINE,
+        )
+        inst = Instance.objects.create(role=role, node=node, served_model=model, gpu_count=8)
+        instances[role] = inst
+        item = {
+            "instance_id": str(inst.pk),
+            "role": role,
+            "state": "running",
+            "load": {"running": 0, "queued": 0, "max_running": 32},
+            "kv_endpoint": {"host": "127.0.0.1", "port": 9000 + inst.pk, "wan_port": 9500},
+        }
+        if role != InstanceRole.PREFILL:
+            item["cached_prefix_blocks"] = []  # MD's cache is cold: the session is new
+        _publish(node, item)
+        items[role] = item
+    sent: list[dict] = []  # the bodies P received
+    held: list[list[int]] = []  # prompts whose KV MD has (or has coming): reserve's view
+
+    def prefill_agent(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append(body)
+        prompt = body["prompt_ids"]
+        cached = 0
+        for earlier in held:
+            common = 0
+            for x, y in zip(prompt, earlier, strict=False):
+                if x != y:
+                    break
+                common += 1
+            cached = max(cached, common - common % BLOCK)
+        held.append(prompt)
+        decoder = "rld" if body["pipeline"] == "p-rld-md" else "md"
+        lines = [
+            {"type": "token", "index": 0, "token_id": 79, "role": "prefill"},
+            {"type": "token", "index": 1, "token_id": 75, "role": decoder},
+            {
+                "type": "done",
+                "finish_reason": "length",
+                "stats": {"cached_tokens": cached, "tokens_by_role": {decoder: 2}},
+            },
+        ]
+        return httpx.Response(200, content="".join(json.dumps(x) + "\n" for x in lines).encode())
+
+    monkeypatch.setattr(
+        runner, "_client", httpx.AsyncClient(transport=httpx.MockTransport(prefill_agent))
+    )
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    main = instances[InstanceRole.MAIN_DECODE]
+
+    def report_md(**fields) -> None:
+        """MD's agent heartbeats again, its item carrying ``fields``."""
+        _publish(main.node, items[InstanceRole.MAIN_DECODE] | fields)
+        views.live_views.clear()
+
+    yield {"client": client, "sent": sent, "main": main, "report_md": report_md}
+    for inst in instances.values():
+        fleet_live.forget(inst.node_id)
+
+
+def _publish(node: Node, item: dict) -> None:
+    fleet_live.publish_report(
+        node_id=node.pk,
+        hostname=node.hostname,
+        datacenter=node.datacenter.name,
+        endpoint=node.agent_endpoint,
+        report={"instances": [item]},
+    )
+
+
+def _send(client: APIClient, prompt: str) -> RequestRecord:
+    response = client.post(
+        "/v1/completions", {"model": "baton-tiny", "prompt": prompt, "max_tokens": 2}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    return RequestRecord.objects.select_related("decision").get(request_id=response.json()["id"])
+
+
+def test_the_next_turn_sent_back_to_back_is_a_hit_on_md(fake_fleet):
+    client, main = fake_fleet["client"], fake_fleet["main"]
+    first = _send(client, TURN_1)
+    assert first.pipeline == "p-rld-md"  # a cold MD: the whole context crosses, so relay
+    assert first.main_instance == str(main.pk)
+    assert first.decision.cached_tokens == 0 and first.cached_tokens == 0
+
+    # No heartbeat since: MD's report still shows a cold cache. The gateway counts what it sent.
+    second = _send(client, TURN_2)
+    assert second.pipeline == "p-md", second.decision.reason
+    assert second.main_instance == str(main.pk)
+    assert second.decision.reason.startswith("high hit 95.2%")
+    # Estimated and actual side by side: the decision expected what MD then reserved.
+    assert second.decision.cached_tokens == 800
+    assert second.cached_tokens == 800
+    assert second.decision.inputs["dispatched_blocks"] == {str(main.pk): 50}
+    assert [b["pipeline"] for b in fake_fleet["sent"]] == ["p-rld-md", "p-md"]
+    assert analysis.relayed_despite_cache() == (0, 1)
+
+
+def test_without_the_dispatched_blocks_the_next_turn_looks_like_a_miss(fake_fleet):
+    """The demo's finding, reproduced: on MD's last heartbeat alone the second turn is relayed
+    although MD held 95% of its prompt by the time its KV was reserved."""
+    client = fake_fleet["client"]
+    _send(client, TURN_1)
+    views.dispatched_blocks.clear()  # as the gateway was: heartbeats only
+    second = _send(client, TURN_2)
+    assert second.pipeline == "p-rld-md"
+    assert second.decision.reason.startswith("low hit 0.0%")
+    assert (second.decision.cached_tokens, second.cached_tokens) == (0, 800)
+    assert "dispatched_blocks" not in second.decision.inputs
+    assert analysis.relayed_despite_cache() == (1, 2)
+
+
+def test_an_rld_only_request_records_no_blocks_for_md(fake_fleet, settings):
+    from routing import services
+
+    services.policy_update(
+        changes={"singular_min_prompt_tokens": 100, "singular_max_output_tokens": 4}
+    )
+    views.policies.clear()
+    record = _send(fake_fleet["client"], TURN_1)
+    assert record.pipeline == "rld-only"
+    hashes = prefix_block_hashes(list(TURN_1.encode()), BLOCK)
+    assert views.dispatched_blocks.held(str(fake_fleet["main"].pk), hashes, after=0.0) == 0
+
+
+def test_md_s_heartbeat_reporting_the_kv_in_flight_keeps_the_hit(fake_fleet):
+    """Once MD's next report is in, the gateway's own ledger gives way to it: the report lists
+    the first turn's blocks as incoming (reserved, still crossing the WAN), and the live view
+    counts them as held."""
+    client, main = fake_fleet["client"], fake_fleet["main"]
+    _send(client, TURN_1)
+    views.dispatched_blocks.clear()  # only the report can make the next turn a hit now
+    incoming = list(prefix_block_hashes(list(TURN_1.encode()), BLOCK))
+    fake_fleet["report_md"](incoming_prefix_blocks=incoming)
+    view = views.live_views.get("baton-tiny")
+    (md,) = view.snapshot.main_decode
+    assert md.id == str(main.pk) and md.cached_prefix_blocks == frozenset(incoming)
+    second = _send(client, TURN_2)
+    assert second.pipeline == "p-md"
+    assert (second.decision.cached_tokens, second.cached_tokens) == (800, 800)
+    assert "dispatched_blocks" not in second.decision.inputs
+    # Its radix cache and the KV in flight both count (a union).
+    fake_fleet["report_md"](cached_prefix_blocks=incoming[:10], incoming_prefix_blocks=incoming[5:])
+    (md,) = views.live_views.get("baton-tiny").snapshot.main_decode
+    assert md.cached_prefix_blocks == frozenset(incoming)
