@@ -18,8 +18,10 @@ def fresh_gateway_state():
     views.live_views.clear()
     views.policies.clear()
     views.dispatches.clear()
+    views.dispatched_blocks.clear()
     yield
     views._limiter = None
     views.dispatches.clear()
+    views.dispatched_blocks.clear()
     views.live_views.clear()
     views.policies.clear()
