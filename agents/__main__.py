@@ -1,4 +1,7 @@
-"""Command line of the node agent: `python -m agents serve` and `python -m agents loopback`."""
+"""Command line of the node agent: `python -m agents serve` and `python -m agents loopback`.
+
+Nothing here imports torch at module level: `serve` sets the engine's thread budget and
+OpenMP wait policy in the environment first (agents/node/settings.py, resolve_thread_plan)."""
 
 from __future__ import annotations
 
@@ -6,10 +9,19 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 
 from agents.dataplane import env_data_token
-from agents.node.settings import ROLES, load_settings
+from agents.node.settings import (
+    ROLES,
+    WAIT_POLICIES,
+    apply_thread_plan,
+    host_cores,
+    load_settings,
+    read_config,
+    resolve_thread_plan,
+)
 
 
 def _serve_parser(sub) -> None:
@@ -38,7 +50,24 @@ def _serve_parser(sub) -> None:
     p.add_argument("--advertise-url", help="HTTP URL peers reach this agent at")
     p.add_argument("--heartbeat-interval-s", type=float)
     p.add_argument("--drain-grace-s", type=float, help="SIGTERM: wait this long for requests")
-    p.add_argument("--threads", type=int, help="torch threads")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads of this agent's engines (default: $BATON_AGENT_THREADS, else the "
+        "host's cores // --agents-per-host, at least 1)",
+    )
+    p.add_argument(
+        "--agents-per-host",
+        type=int,
+        help="agents sharing this host's cores (default: $BATON_AGENTS_PER_HOST, else 1)",
+    )
+    p.add_argument(
+        "--omp-wait-policy",
+        choices=WAIT_POLICIES,
+        help="how OpenMP's idle threads wait: passive sleeps, active spins; auto (default, "
+        "$BATON_OMP_WAIT_POLICY): an OMP_WAIT_POLICY in the environment, else passive where "
+        "cores are shared (several agents, more threads than cores, or $CI), else active",
+    )
     p.add_argument(
         "--device",
         help="where engines run: cpu, cuda or cuda:N (default: $BATON_ENGINE_DEVICE, else cpu)",
@@ -84,9 +113,19 @@ def main(argv: list[str] | None = None) -> int:
         if flags.get("data_token") is None:
             flags["data_token"] = env_data_token()
         try:
+            plan = resolve_thread_plan(flags, read_config(args.config), os.environ, host_cores())
+            # Before torch loads (agents.node.serve imports it): OpenMP reads these once.
+            plan = apply_thread_plan(plan)
+            flags.update(
+                threads=plan.torch_threads,
+                agents_per_host=plan.agents_per_host,
+                omp_wait_policy=plan.omp_wait_policy,
+            )
             settings = load_settings(args.config, flags)
         except (ValueError, OSError) as exc:
             parser.error(str(exc))
+        settings.thread_plan = plan
+        print(plan.line(), file=sys.stderr, flush=True)
         from agents.node.serve import serve
 
         return asyncio.run(serve(settings))

@@ -143,13 +143,15 @@ def main() -> int:
                 sys.executable,
                 env=env,
             )
+            # The agents share this host's cores with each other and the web process: torch
+            # threads = cores // agents (1 on 2 cores), and passive OpenMP waiting.
             argv = shlex.split(line) + [
                 "--kv-listen",
                 "127.0.0.1:0",
                 "--wan-port",
                 "0",
-                "--threads",
-                "1",
+                "--agents-per-host",
+                str(len(AGENT_PORTS)),
             ]
             say(f"starting agent {node} on port {port}")
             spawn(f"agent-{node}", argv)

@@ -149,15 +149,19 @@ class Cluster:
                 self.url,
                 "--token",
                 node["token"],
+                # One torch thread each and passive OpenMP waiting: the three agents share
+                # the host's cores with the control plane (2 cores on CI).
                 "--threads",
                 "1",
+                "--agents-per-host",
+                str(len(self.setup["nodes"])),
                 "--num-blocks",
                 "512",
                 "--heartbeat-interval-s",
                 "1",
             ],
             host,
-        ).start(env={"OMP_NUM_THREADS": "1"})
+        ).start()
         self.agents[host] = proc
         return proc
 

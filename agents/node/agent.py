@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import torch
 
 from agents.dataplane import bearer_headers
 from agents.engine import Engine, EngineConfig, load_model
@@ -300,7 +302,10 @@ class Agent:
         else:
             if inst.state == InstanceState.STARTING:
                 loop = asyncio.get_running_loop()
-                inst.worker = EngineWorker(engine, loop, inst.instance_id)
+                # Decode instances report their prefix-cache blocks with every heartbeat: the
+                # engine thread keeps a copy fresh, so a report never waits behind engine work.
+                snapshot = self._cached_block_hashes if inst.role != "prefill" else None
+                inst.worker = EngineWorker(engine, loop, inst.instance_id, snapshot=snapshot)
                 inst.state = InstanceState.RUNNING
         inst.ready.set()
 
@@ -680,16 +685,21 @@ class Agent:
 
     async def report(self, *, link_use: bool = True) -> dict[str, Any]:
         """The state document plus what routing needs from heartbeats: the prefix blocks each
-        decode instance holds (its DRC, as chain hashes) and each WAN link's recent use."""
+        decode instance holds (its DRC, as chain hashes) and each WAN link's recent use.
+
+        Never calls into an engine thread: the blocks are the copy the engine thread takes
+        between steps (EngineWorker.snapshot: exact once the engine is idle; while it is busy
+        up to worker.SNAPSHOT_EVERY_S plus one step or command old), so a heartbeat or a
+        GET /state answers at once however long the engine's current step or queue is."""
         doc = self.state()
         for item in doc["instances"]:
             inst = self.instances.get(item["instance_id"])
-            if inst is None or inst.worker is None or inst.role == "prefill":
+            if inst is None or inst.role == "prefill":
                 continue
-            try:
-                item["cached_prefix_blocks"] = await inst.worker.call(self._cached_block_hashes)
-            except Exception:  # a stopping instance reports no blocks rather than failing
-                item["cached_prefix_blocks"] = []
+            worker = inst.worker
+            blocks = worker.snapshot if worker is not None else None
+            # A stopping instance (or one still loading) reports no blocks.
+            item["cached_prefix_blocks"] = list(blocks) if blocks else []
         self._add_incoming_blocks(doc)  # the KV in flight to each MD (incoming_prefix_blocks)
         now = time.monotonic()
         for peer, shaper in self.links.items() if link_use else ():
@@ -702,9 +712,10 @@ class Agent:
                 doc["links"][peer]["utilisation"] = round(min(1.0, max(0.0, used)), 4)
         return doc
 
-    def _cached_block_hashes(self, engine: Engine) -> list[str]:
-        # Runs on the engine thread, the only one allowed to walk its radix tree.
-        return tree_block_hashes(engine.cache.root, self.settings.block_size)
+    def _cached_block_hashes(self, engine: Engine) -> tuple[str, ...]:
+        # Runs on the engine thread, the only one allowed to walk its radix tree (the worker's
+        # snapshot; a tuple, so the loop reads it while the engine thread replaces it).
+        return tuple(tree_block_hashes(engine.cache.root, self.settings.block_size))
 
     def state(self) -> dict[str, Any]:
         fabrics = {}
@@ -740,6 +751,23 @@ class Agent:
                 peer: link_json(s.settings) | {"connections": pool_json(s.pool.stats())}
                 for peer, s in self.links.items()
             },
+            "threads": self.threads_json(),
+        }
+
+    def threads_json(self) -> dict[str, Any]:
+        """The engines' thread budget and OpenMP wait policy, and why (PROTOCOL.md)."""
+        plan = self.settings.thread_plan
+        if plan is not None:
+            # What the process environment holds now: what OpenMP read when torch loaded.
+            env = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+            return plan.as_json() | {"environment": env}
+        # Not started by `python -m agents serve` (an agent built in process): what this
+        # process runs with, set by whoever started it.
+        policy = os.environ.get("OMP_WAIT_POLICY", "").strip().lower() or "default"
+        return {
+            "torch_threads": torch.get_num_threads(),
+            "omp_wait_policy": policy,
+            "source": "not set by the agent (started in process)",
         }
 
 

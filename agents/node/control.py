@@ -1,11 +1,17 @@
 """Registration with the control plane and the heartbeat loop (agents/PROTOCOL.md, "Agent ->
 control plane"). The agent keeps serving while the control plane is down, and registers again
-after a 401 / 404 or once the control plane is reachable again."""
+after a 401 / 404 or once the control plane is reachable again.
+
+Heartbeats keep their period whatever the engines are doing: the report reads copies the engine
+threads keep (Agent.report never waits for an engine), beats are sent on a fixed schedule (a
+slow answer does not push the next beat back by its own duration), and a beat that times out
+is only logged: the agent stays registered and the next one goes out on time."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import httpx
@@ -65,9 +71,19 @@ class ControlPlaneLink:
             except ValueError as exc:
                 log.warning("ignoring link to %s from the control plane: %s", peer, exc)
 
+    def next_beat(self, due: float, now: float) -> float:
+        """When the beat after the one due at `due` is due: one interval later, or one interval
+        from `now` if the agent fell a whole interval behind (no burst of catch-up beats)."""
+        due += self.interval_s
+        return due if due > now else now + self.interval_s
+
     async def run(self) -> None:
         registered = False
-        async with httpx.AsyncClient(timeout=10.0) as http:
+        due = time.monotonic()
+        # An answer may take a while on a loaded control plane; the next beat is not held up by
+        # it beyond this, and a timeout does not count as the control plane being gone.
+        timeout = httpx.Timeout(10.0, connect=5.0)
+        async with httpx.AsyncClient(timeout=timeout) as http:
             while True:
                 try:
                     if not registered:
@@ -89,7 +105,12 @@ class ControlPlaneLink:
                             self.heartbeats += 1
                 except asyncio.CancelledError:
                     raise
+                except httpx.TimeoutException as exc:
+                    # Slow, not gone: a registered agent stays registered (registering again
+                    # would change the command token under the control plane's feet).
+                    log.warning("control plane slow to answer: %r", exc)
                 except Exception as exc:  # noqa: BLE001 - keep serving; register once reachable
                     log.warning("control plane unreachable: %r", exc)
                     registered = False
-                await asyncio.sleep(self.interval_s)
+                due = self.next_beat(due, time.monotonic())
+                await asyncio.sleep(max(0.0, due - time.monotonic()))

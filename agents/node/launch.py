@@ -1,5 +1,9 @@
 """Start agent processes on loopback and stop them (the loopback check and the tests): each in
-its own process group, ready once it prints its `AGENT READY` line."""
+its own process group, ready once it prints its `AGENT READY` line.
+
+Agents started here share this host's cores with each other (and with whoever started them),
+so each is told so: `--agents-per-host N` when the caller knows N, else passive OpenMP waiting
+($BATON_OMP_WAIT_POLICY=passive unless the environment already chooses)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ _READY = re.compile(r"AGENT READY http=(\S+) kv=(\d+) wan=(\d+)")
 class AgentProcess:
     args: list[str]
     name: str = "agent"
+    # How many agents share this host's cores (passed as --agents-per-host unless args has it).
+    agents_per_host: int | None = None
     proc: subprocess.Popen | None = None
     http: str = ""
     kv_port: int = 0
@@ -30,10 +36,16 @@ class AgentProcess:
     def start(self, timeout_s: float = 120.0, env: dict[str, str] | None = None) -> AgentProcess:
         log = tempfile.NamedTemporaryFile(prefix=f"baton-{self.name}-", suffix=".log", delete=False)
         self.log_path = log.name
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         full_env.update(env or {})
+        args = list(self.args)
+        if self.agents_per_host is not None and "--agents-per-host" not in args:
+            args += ["--agents-per-host", str(self.agents_per_host)]
+        elif "--agents-per-host" not in args and "--omp-wait-policy" not in args:
+            # Several agents on one host, however many: never spin-wait on shared cores.
+            full_env.setdefault("BATON_OMP_WAIT_POLICY", "passive")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agents", "serve", *self.args],
+            [sys.executable, "-m", "agents", "serve", *args],
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,

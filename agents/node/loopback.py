@@ -150,9 +150,10 @@ def warm_main(md: AgentProcess, prompt: list[int], cached_len: int) -> None:
 def run_loopback(args) -> dict[str, Any]:
     prompt = make_prompt(args.prompt_len, args.seed)
     procs: list[AgentProcess] = []
+    share = {"single": 1, "p-md": 2}.get(args.pipeline, 3)  # agents on this host's cores
     try:
         if args.pipeline == "single":
-            one = AgentProcess(agent_args("main_decode", "dc-a", None, args.threads), "single")
+            one = AgentProcess(agent_args("main_decode", "dc-a", None, args.threads), "single", 1)
             procs.append(one.start())
             warm_main(one, prompt, args.cached_len)
             events, ttft, e2e = stream_events(
@@ -177,13 +178,15 @@ def run_loopback(args) -> dict[str, Any]:
                 "error": result["error"],
             }
         link = f"{args.wan_gbps}:{args.wan_rtt_ms}:{args.wan_pool}"
-        md = AgentProcess(agent_args("main_decode", "dc-b", f"dc-a={link}", args.threads), "md")
-        p = AgentProcess(agent_args("prefill", "dc-a", f"dc-b={link}", args.threads), "p")
+        md = AgentProcess(
+            agent_args("main_decode", "dc-b", f"dc-a={link}", args.threads), "md", share
+        )
+        p = AgentProcess(agent_args("prefill", "dc-a", f"dc-b={link}", args.threads), "p", share)
         rld = None
         procs += [md.start(), p.start()]
         if args.pipeline == "p-rld-md":
             rld = AgentProcess(
-                agent_args("relay_decode", "dc-a", f"dc-b={link}", args.threads), "rld"
+                agent_args("relay_decode", "dc-a", f"dc-b={link}", args.threads), "rld", share
             )
             procs.append(rld.start())
         warm_main(md, prompt, args.cached_len)

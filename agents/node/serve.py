@@ -1,11 +1,15 @@
 """`python -m agents serve`: one agent process (HTTP API on uvicorn, KV fabric servers, engine
-threads), optional control-plane registration, and drain-then-exit on SIGTERM / SIGINT."""
+threads), optional control-plane registration, and drain-then-exit on SIGTERM / SIGINT.
+
+Importing this module loads torch: agents/__main__.py sets OMP_NUM_THREADS / OMP_WAIT_POLICY
+(settings.apply_thread_plan) before it imports it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 
@@ -15,7 +19,13 @@ import uvicorn
 from agents.node.agent import Agent
 from agents.node.control import ControlPlaneLink
 from agents.node.http_api import build_app
-from agents.node.settings import AgentSettings, split_host_port
+from agents.node.settings import (
+    AgentSettings,
+    apply_thread_plan,
+    host_cores,
+    resolve_thread_plan,
+    split_host_port,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +48,17 @@ def advertised_url(settings: AgentSettings, port: int) -> str:
 
 
 async def serve(settings: AgentSettings) -> int:
-    torch.set_num_threads(settings.threads)
+    if settings.thread_plan is None:  # started in process, not by `python -m agents serve`
+        flags = {
+            "threads": settings.threads,
+            "agents_per_host": settings.agents_per_host,
+            "omp_wait_policy": settings.omp_wait_policy,
+        }
+        plan = resolve_thread_plan(flags, {}, os.environ, host_cores())
+        settings.thread_plan = apply_thread_plan(plan)  # too late for OpenMP if torch is loaded
+        settings.threads = plan.torch_threads
+        log.warning(settings.thread_plan.line())
+    torch.set_num_threads(settings.thread_plan.torch_threads)
     agent = Agent(settings)
     await agent.start()
     host, port = split_host_port(settings.listen)

@@ -1,19 +1,28 @@
-"""Agent settings from flags and an optional JSON config file (flags win), and the link spec
-`PEER_DC=GBPS:RTT_MS[:POOL]`."""
+"""Agent settings from flags and an optional JSON config file (flags win), the link spec
+`PEER_DC=GBPS:RTT_MS[:POOL]`, and the engine's thread budget and OpenMP wait policy.
+
+Imports no torch: `python -m agents serve` resolves the thread plan and sets OMP_NUM_THREADS /
+OMP_WAIT_POLICY from here before anything loads torch (OpenMP reads them once, at load)."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from agents.dataplane import check_data_token
-from agents.engine.config import parse_device
 from agents.transfer.shaping import LinkSettings
 
 ROLES = ("prefill", "relay_decode", "main_decode")
+WAIT_POLICIES = ("auto", "passive", "active")
+# Fields a config file may not set (worked out by the agent itself).
+_DERIVED = frozenset({"thread_plan"})
 
 
 @dataclass(slots=True)
@@ -37,7 +46,11 @@ class AgentSettings:
     advertise_url: str | None = None
     heartbeat_interval_s: float = 2.0
     drain_grace_s: float = 30.0
-    threads: int = 1
+    # torch / OpenMP threads of this agent's engines; None: the host's cores // agents_per_host
+    # (resolve_thread_plan, which `python -m agents serve` runs before torch loads).
+    threads: int | None = None
+    agents_per_host: int = 1  # agents sharing this host's cores (the thread default divides)
+    omp_wait_policy: str = "auto"  # auto, passive or active (resolve_thread_plan)
     # Where this agent's engines run: "cpu", "cuda" or "cuda:N"; None = $BATON_ENGINE_DEVICE,
     # else the CPU (agents.engine.EngineConfig.device).
     device: str | None = None
@@ -51,6 +64,8 @@ class AgentSettings:
     kv_timeout_s: float = 120.0  # a decode side waits this long for P's KV
     handoff_timeout_s: float = 30.0  # RLD waits this long for MD to acknowledge the final handoff
     reserve_ttl_s: float = 120.0  # an unused DRC reservation is dropped after this
+    # What the agent resolved and applied before torch loaded (the state document's "threads").
+    thread_plan: ThreadPlan | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         split_host_port(self.listen, "listen")
@@ -68,10 +83,187 @@ class AgentSettings:
         if self.drain_grace_s < 0:
             raise ValueError(f"drain_grace_s must be >= 0, got {self.drain_grace_s}")
         if self.device is not None:
-            parse_device(self.device)
-        for name in ("threads", "num_blocks", "block_size", "max_running"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            check_device(self.device)
+        if self.omp_wait_policy not in WAIT_POLICIES:
+            raise ValueError(
+                f"omp_wait_policy must be one of {'|'.join(WAIT_POLICIES)}, "
+                f"got {self.omp_wait_policy!r}"
+            )
+        for name in ("threads", "agents_per_host", "num_blocks", "block_size", "max_running"):
+            value = getattr(self, name)
+            if value is None and name == "threads":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+_DEVICE = re.compile(r"(cpu|cuda)(:\d+)?")
+
+
+def check_device(name: str) -> str:
+    """The device name: cpu, cuda or cuda:N, checked without torch (the engine makes the
+    torch.device with agents.engine.config.parse_device when it starts)."""
+    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+        raise ValueError(f"EngineConfig.device must be cpu, cuda or cuda:N, got {name!r}")
+    return name
+
+
+# -- threads and the OpenMP wait policy ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadPlan:
+    """How many torch threads this agent's engines use and how OpenMP's idle threads wait:
+    `passive` (sleep at once) where cores are shared, `active` (spin) on dedicated ones."""
+
+    torch_threads: int
+    omp_wait_policy: str  # "passive" or "active"
+    source: str  # why that wait policy, e.g. "auto: 3 agents share 2 cores"
+    threads_source: str  # where torch_threads came from, e.g. "default: 2 cores // 3 agents"
+    cores: int
+    agents_per_host: int
+    # Whether apply_thread_plan ran before torch was imported (else OpenMP missed the env).
+    set_before_torch: bool | None = None
+
+    def env(self) -> dict[str, str]:
+        """What the process's environment must hold before torch loads."""
+        return {
+            "OMP_NUM_THREADS": str(self.torch_threads),
+            "OMP_WAIT_POLICY": self.omp_wait_policy.upper(),
+        }
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "torch_threads": self.torch_threads,
+            "omp_wait_policy": self.omp_wait_policy,
+            "source": self.source,
+            "threads_source": self.threads_source,
+            "cores": self.cores,
+            "agents_per_host": self.agents_per_host,
+            "set_before_torch": self.set_before_torch,
+        }
+
+    def line(self) -> str:
+        return (
+            f"agent threads: {self.torch_threads} torch thread(s) ({self.threads_source}), "
+            f"OMP_WAIT_POLICY={self.omp_wait_policy.upper()} ({self.source})"
+        )
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's cpuset)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _positive_int(value: Any, where: str) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{where} must be an integer >= 1, got {value!r}")
+    if isinstance(value, str):
+        text = value.strip()
+        if not text.isdigit():
+            raise ValueError(f"{where} must be an integer >= 1, got {value!r}")
+        value = int(text)
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where} must be an integer >= 1, got {value!r}")
+    return value
+
+
+# setting -> (its flag, its env var)
+_THREAD_INPUTS = {
+    "agents_per_host": ("--agents-per-host", "BATON_AGENTS_PER_HOST"),
+    "threads": ("--threads", "BATON_AGENT_THREADS"),
+    "omp_wait_policy": ("--omp-wait-policy", "BATON_OMP_WAIT_POLICY"),
+}
+
+
+def _pick(
+    name: str, flags: Mapping[str, Any], config: Mapping[str, Any], environ: Mapping[str, str]
+) -> tuple[Any, str] | None:
+    """(value, where it came from) for one setting: its flag, else its env var, else the
+    config file; None when none of them sets it."""
+    flag, env_name = _THREAD_INPUTS[name]
+    if flags.get(name) is not None:
+        return flags[name], flag
+    if environ.get(env_name, "").strip():
+        return environ[env_name].strip(), env_name
+    if config.get(name) is not None:
+        return config[name], f"config {name}"
+    return None
+
+
+def resolve_thread_plan(
+    flags: Mapping[str, Any],
+    config: Mapping[str, Any],
+    environ: Mapping[str, str],
+    cores: int,
+) -> ThreadPlan:
+    """The agent's thread budget and OpenMP wait policy (pure: reads and sets no globals).
+
+    Each of `threads`, `agents_per_host`, `omp_wait_policy` comes from its flag, else its env
+    var (BATON_AGENT_THREADS, BATON_AGENTS_PER_HOST, BATON_OMP_WAIT_POLICY), else the config
+    file, else the default: agents_per_host 1, threads max(1, cores // agents_per_host), wait
+    policy auto. auto: an OMP_WAIT_POLICY already in the environment wins; otherwise passive
+    when cores are shared (agents_per_host > 1, threads x agents_per_host > cores, or $CI is
+    set), else active. Raises ValueError with a one-line message naming the bad input."""
+    cores = max(1, int(cores))
+    picked = _pick("agents_per_host", flags, config, environ)
+    agents = _positive_int(*picked) if picked else 1
+    picked = _pick("threads", flags, config, environ)
+    if picked:
+        threads = _positive_int(*picked)
+        threads_source = f"{picked[1]} = {threads}"
+    else:
+        threads = max(1, cores // agents)
+        threads_source = f"default: {_n(cores, 'core')} // {_n(agents, 'agent')}"
+
+    def plan(policy: str, source: str) -> ThreadPlan:
+        return ThreadPlan(threads, policy, source, threads_source, cores, agents)
+
+    picked = _pick("omp_wait_policy", flags, config, environ)
+    if picked:
+        value, where = picked
+        requested = str(value).strip().lower()
+        if requested not in WAIT_POLICIES:
+            raise ValueError(f"{where} must be one of {'|'.join(WAIT_POLICIES)}, got {value!r}")
+        if requested != "auto":
+            return plan(requested, f"{where} = {requested}")
+    explicit = environ.get("OMP_WAIT_POLICY", "").strip()
+    if explicit:
+        if explicit.lower() not in ("passive", "active"):
+            raise ValueError(f"OMP_WAIT_POLICY must be PASSIVE or ACTIVE, got {explicit!r}")
+        return plan(explicit.lower(), f"environment: OMP_WAIT_POLICY={explicit}")
+    if agents > 1:
+        return plan("passive", f"auto: {agents} agents share {_n(cores, 'core')}")
+    if threads * agents > cores:
+        return plan("passive", f"auto: {_n(threads, 'thread')} > {_n(cores, 'core')}")
+    if environ.get("CI", "").strip():
+        return plan("passive", "auto: CI is set (a shared runner)")
+    return plan("active", f"auto: 1 agent, {threads} of {_n(cores, 'core')}, not shared")
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def apply_thread_plan(plan: ThreadPlan, environ: dict[str, str] | None = None) -> ThreadPlan:
+    """Put the plan's OMP_NUM_THREADS / OMP_WAIT_POLICY into the environment (os.environ by
+    default). Must run before torch is imported: OpenMP reads them once, when torch loads it.
+    Returns the plan with `set_before_torch` saying whether that held."""
+    target = os.environ if environ is None else environ
+    before = "torch" not in sys.modules
+    target.update(plan.env())
+    return ThreadPlan(
+        plan.torch_threads,
+        plan.omp_wait_policy,
+        plan.source,
+        plan.threads_source,
+        plan.cores,
+        plan.agents_per_host,
+        before,
+    )
 
 
 def split_host_port(value: str, name: str = "address") -> tuple[str, int]:
@@ -113,19 +305,24 @@ def link_from_json(body: Any) -> LinkSettings:
         raise ValueError(str(exc)) from None
 
 
+def read_config(config_path: str | None) -> dict[str, Any]:
+    """The JSON config file's object (keys as AgentSettings' fields); {} without a file."""
+    if not config_path:
+        return {}
+    raw = json.loads(Path(config_path).read_text())
+    if not isinstance(raw, dict):
+        raise ValueError(f"{config_path}: must hold a JSON object")
+    known = {f.name for f in fields(AgentSettings)} - _DERIVED
+    unknown = set(raw) - known
+    if unknown:
+        raise ValueError(f"{config_path}: unknown keys {sorted(unknown)}")
+    return raw
+
+
 def load_settings(config_path: str | None, overrides: dict[str, Any]) -> AgentSettings:
     """Settings from a JSON file (keys as the dataclass fields, "links" as {peer: {...}} or
     ["peer=g:r:p"]) with the non-None `overrides` (the flags) on top."""
-    values: dict[str, Any] = {}
-    if config_path:
-        raw = json.loads(Path(config_path).read_text())
-        if not isinstance(raw, dict):
-            raise ValueError(f"{config_path}: must hold a JSON object")
-        known = {f.name for f in fields(AgentSettings)}
-        unknown = set(raw) - known
-        if unknown:
-            raise ValueError(f"{config_path}: unknown keys {sorted(unknown)}")
-        values.update(raw)
+    values: dict[str, Any] = dict(read_config(config_path))
     links = _links(values.pop("links", {}))
     flag_links = overrides.pop("links", None) or []
     links.update(_links(flag_links))

@@ -1,6 +1,8 @@
 """The one thread that drives an Engine: runs commands queued from the event loop, steps the
 engine while it has work (and blocks while it has none), and hands each request's tokens to the
-loop through per-request sinks."""
+loop through per-request sinks. Between steps it refreshes the copies the loop reads without
+queueing behind engine work (stats, and an optional snapshot such as the prefix-cache blocks a
+heartbeat reports), so heartbeats and /state never wait for a busy engine."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -21,17 +24,35 @@ _STOP = object()
 # After step() returned nothing (the queue head waits for blocks held elsewhere), wait this long
 # for a command (e.g. a release) before trying again: waiting, not spinning.
 STALL_WAIT_S = 0.05
+# While the engine is busy its snapshot is taken at most this often (the walk costs the engine
+# thread time); once the engine has no work left it is taken at once, so an idle engine's
+# snapshot is exact.
+SNAPSHOT_EVERY_S = 0.5
 
 
 class EngineWorker:
     """Owns an Engine; only its thread touches it. Safe to call from the loop's thread."""
 
-    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, name: str) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        loop: asyncio.AbstractEventLoop,
+        name: str,
+        snapshot: Callable[[Engine], Any] | None = None,
+        snapshot_every_s: float = SNAPSHOT_EVERY_S,
+    ) -> None:
         self.engine = engine
         self._loop = loop
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
         self.stats: EngineStats = engine.stats()  # refreshed by the engine thread
+        # snapshot(engine), taken on the engine thread after the engine changed (a step or a
+        # command), before the loop hears of the change; read by the loop without a call.
+        self._snapshot_fn = snapshot
+        self._snapshot_every_s = snapshot_every_s
+        self.snapshot: Any = snapshot(engine) if snapshot is not None else None
+        self.snapshot_at = time.monotonic()  # when `snapshot` was taken
+        self._changed = False  # the engine changed since the last snapshot
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
         self._thread.start()
 
@@ -84,6 +105,8 @@ class EngineWorker:
                 outputs = []
             stalled = not outputs
             self.stats = self.engine.stats()
+            self._changed = True
+            self._refresh_snapshot()
             for out in outputs:
                 sink = self._sinks.get(out.request_id)
                 if sink is not None:
@@ -93,10 +116,29 @@ class EngineWorker:
         try:
             result = fn(self.engine)
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-            self._loop.call_soon_threadsafe(_settle, future, None, exc)
+            result, error = None, exc
         else:
-            self._loop.call_soon_threadsafe(_settle, future, result, None)
+            error = None
         self.stats = self.engine.stats()
+        self._changed = True
+        self._refresh_snapshot()
+        self._loop.call_soon_threadsafe(_settle, future, result, error)
+
+    def _refresh_snapshot(self) -> None:
+        """Retake the snapshot after a change: at once when the engine has nothing left to do
+        (so what an idle engine reports is exact), else at most every snapshot_every_s."""
+        if self._snapshot_fn is None or not self._changed:
+            return
+        now = time.monotonic()
+        idle = not self.engine.has_work() and self._commands.empty()
+        if not idle and now - self.snapshot_at < self._snapshot_every_s:
+            return
+        try:
+            self.snapshot = self._snapshot_fn(self.engine)
+        except Exception:  # noqa: BLE001 - keep the last snapshot, keep the engine running
+            log.exception("engine snapshot failed")
+        self.snapshot_at = now
+        self._changed = False
 
     def _fail_all(self, exc: BaseException) -> None:
         for request_id, sink in list(self._sinks.items()):
