@@ -13,7 +13,7 @@ SERVICE_TESTS ?= tests/controlplane tests/fleet tests/billing tests/routing_app 
 # Browser tests need no database server; they run once, in the embedded pass.
 SERVICE_MARKS ?= not browser
 
-.PHONY: setup browser demo test test-embedded test-services lint format clean vendor
+.PHONY: setup browser demo bench test test-embedded test-services lint format clean vendor
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ test-services: setup
 # The control plane, the demo fleet's agents and gentle agentic traffic; Ctrl-C stops all.
 demo: setup
 	$(PY) -m bench.demo --host $(HOST) --port $(PORT)
+
+# The live PDD benchmark: IDC-PD, CDC-PD and PDD on local agents at three rates (<= 20 min);
+# writes bench/pdd/REPORT.md, summary.json and the plots, raw results under var/bench-pdd/.
+bench: setup
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m bench.pdd $(BENCH_ARGS)
 
 # Refresh the vendored uPlot from package.json (pinned) into frontend/static.
 vendor: setup

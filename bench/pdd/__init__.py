@@ -1,0 +1,1 @@
+"""The live PDD benchmark (`make bench`): IDC-PD, CDC-PD and PDD on real agents."""

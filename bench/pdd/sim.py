@@ -1,0 +1,106 @@
+"""The planner on the same scaled scenario: the testbed's link, its fleets' prices, the engine
+step times measured on this machine (``calibrate``), the same trace (same workload, seed and
+rate), the same policies. Each live system becomes a planner fleet with one unit per role.
+
+The fitted engine maps onto the planner's formulas exactly: with a chip of 1 TFLOP/s at
+efficiency 1, prefill seconds = overhead + a x new + b x new x (cached + new / 2) gives
+``active_params_b`` = a x 500 and ``attn_flops_per_token_ctx`` = b x 1e12; a decode step =
+overhead + c x context tokens gives memory bandwidth = KV bytes per token / c (efficiency 1,
+weights negligible).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.pdd import scaling
+from bench.pdd.fleet import AGENT_NUM_BLOCKS, SYSTEMS
+from planner.api import run_fleet
+from planner.fleet import fleet_from_dict
+from planner.metrics import Sla
+from planner.workload import generate
+
+INTRA_DC_GBPS = 8.0  # assumption: loopback TCP between agent processes, ~1 GB/s
+AGENT_MAX_RUNNING = 32  # agents' default decode slots
+AGENT_BATCH_TOKENS = 2048  # agents' default prefill chunk (EngineConfig.max_batch_tokens)
+
+
+def fleet_dict(system: str, engine: dict[str, Any]) -> dict[str, Any]:
+    spec = SYSTEMS[system]
+    kv = scaling.KV_BYTES_PER_TOKEN
+    pre, dec = engine["prefill"], engine["decode"]
+    kv_gb = AGENT_NUM_BLOCKS * 16 * kv / 1e9
+    resident = 1e-3
+    chip = {
+        "peak_tflops": 1.0,
+        "mem_gb": resident + kv_gb,
+        "mem_bw_tbps": kv / max(dec["per_ctx_token_s"], 1e-12) / 1e12,
+        "interconnect_gbps": INTRA_DC_GBPS,
+    }
+    gpu_types = {}
+    pools = []
+    for node in spec.nodes:
+        name = f"{node.gpu}x{scaling.GPUS[node.role]}"
+        gpu_types[name] = {
+            **chip,
+            "unit_price": scaling.PRICES[node.gpu] * scaling.GPUS[node.role],
+        }
+        dc = "A" if node.dc == spec.datacenters[0][0] else "B"
+        if system == "idc-pd":
+            dc = "A"
+        pools.append({"role": node.role, "gpu": name, "count": 1, "datacenter": dc})
+    link = scaling.WAN_LINK
+    links = {}
+    if system != "idc-pd":
+        links["B"] = {
+            "bandwidth_gbps": link["bandwidth_gbps"],
+            "rtt_ms": link["rtt_ms"],
+            "per_connection_gbps": link["bandwidth_gbps"],  # the agents' shaper has no cap
+            "pool_size": link["connection_pool_size"],
+        }
+    return {
+        "system": system,
+        "gpu_types": gpu_types,
+        "model": {
+            "name": "baton-tiny",
+            "active_params_b": max(pre["per_token_s"] * 500.0, 1e-9),
+            "attn_flops_per_token_ctx": max(pre["per_pair_s"] * 1e12, 1e-9),
+            "kv_bytes_per_token": kv,
+            "decode_weight_gb": 1e-6,
+        },
+        "pools": pools,
+        "links": links,
+        "engine": {
+            "prefill_efficiency": 1.0,
+            "prefill_overhead_s": max(pre["overhead_s"], 1e-6),
+            "prefill_batch_tokens": AGENT_BATCH_TOKENS,
+            "decode_mem_efficiency": 1.0,
+            "decode_overhead_s": max(dec["overhead_s"], 0.0),
+            "max_decode_batch": AGENT_MAX_RUNNING,
+            "prefill_half_tokens": 0,
+            "prefill_order": "fifo",
+        },
+        "fabric": {"latency_ms": 0.5},
+        "policy": spec.policy_settings(),
+        "handoff": "adaptive",
+        "resident_weight_gb": resident,
+        "drc_capacity_gb": kv_gb,
+    }
+
+
+def simulate(system: str, engine: dict, rps: float, duration_s: float, sla: dict) -> dict:
+    """The planner's summary for one (system, rate), on the trace the live run replays."""
+    fleet = fleet_from_dict(fleet_dict(system, engine))
+    trace = generate(scaling.workload(rps=rps, duration_s=duration_s))
+    summary, _ = run_fleet(fleet, trace, Sla(sla["ttft_p90_s"], sla["ttft_p99_s"]), 0.0)
+    return {
+        "ttft_s": {k: summary["ttft_s"][k] for k in ("p50", "p90", "p99")},
+        "e2e_s": {k: summary["e2e_s"][k] for k in ("p50", "p90")},
+        "rld_share": summary["tokens"]["relay_share"],
+        "pipelines": summary["pipelines"],
+        "wan_utilisation": summary["wan_link_utilisation"],
+        "requests": summary["requests"],
+        "unfinished": summary["unfinished"],
+        "sla_met": summary["sla"]["met"],
+        "cost_per_hour": summary["cost_per_hour"],
+    }

@@ -1,0 +1,1 @@
+"""Unit tests of the live PDD benchmark (bench/pdd): no processes, no models."""
