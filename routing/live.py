@@ -22,6 +22,7 @@ from routing.policy import ClusterSnapshot, InstanceState, LinkStatus, WanLinkSt
 
 log = logging.getLogger(__name__)
 
+IN_DC_RTT_MS = 0.05  # an RDMA-class fabric inside one datacenter
 SNAPSHOT_MAX_AGE_S = 0.25  # rebuild at most 4x a second per process, however many requests
 
 
@@ -89,7 +90,11 @@ def build_live_view(model_name: str) -> LiveView:
     # its ``links[peer]``); absent, the policy sees no pool queue (0), as before.
     link_wait: dict[str, float] = {}
     reported: dict[str, tuple[float, float]] = {}
-    rows = Instance.objects.select_related("node__datacenter").filter(served_model__name=model_name)
+    rows = Instance.objects.select_related("node__datacenter", "node__gpu_type").filter(
+        served_model__name=model_name
+    )
+    # MD datacenter -> the in-DC fabric bandwidth of its MD nodes (their GPUs' interconnect).
+    main_fabric_gbps: dict[str, float] = {}
     for inst in rows:
         key = str(inst.pk)
         entry, item = reports.get(key, (None, None))
@@ -137,6 +142,10 @@ def build_live_view(model_name: str) -> LiveView:
             kv_port=int(kv.get("port", 0) or 0),
             wan_port=int(kv.get("wan_port", 0) or 0),
         )
+        if inst.role == InstanceRole.MAIN_DECODE and inst.node.gpu_type is not None:
+            gbps = float(inst.node.gpu_type.interconnect_gbps or 0.0)
+            if gbps > 0:
+                main_fabric_gbps[dc] = min(main_fabric_gbps.get(dc, gbps), gbps)
         if inst.role == InstanceRole.PREFILL:
             prefill_dcs.add(dc)
             for peer, link in ((entry or {}).get("report", {}).get("links") or {}).items():
@@ -159,6 +168,14 @@ def build_live_view(model_name: str) -> LiveView:
                 utilisation=min(1.0, link_use.get(dst, 0.0)),
                 status=_LINK_STATUS.get(link.status, LinkStatus.DOWN),
                 pool_wait_s=link_wait.get(dst, 0.0),
+            )
+    # An MD in a prefill datacenter (in-DC PD) is reached over the datacenter's own fabric, not a
+    # WAN link: the policy sees that path as a fast, always-up link (the agents ship the KV over
+    # their intra-DC fabric), so P-MD inside one datacenter is routable.
+    for dc, gbps in main_fabric_gbps.items():
+        if dc in prefill_dcs and dc not in wan_links:
+            wan_links[dc] = WanLinkState(
+                bandwidth_gbps=gbps, rtt_ms=IN_DC_RTT_MS, utilisation=0.0, status=LinkStatus.UP
             )
     return LiveView(
         snapshot=ClusterSnapshot.from_instances(states, wan_links),

@@ -985,10 +985,9 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
         delta, full = await worker.call(export)
         end_block = -(-length // bs)
 
-        async def ship(peer: Peer, payload: bytes, fabric: str) -> None:
+        async def ship(peer: Peer, payload: bytes, fabric: str, lo: int) -> None:
             client = agent.wan_client(peer.datacenter) if fabric == "wan" else agent.intra_client
             host, port = peer.kv_address(fabric == "wan")
-            lo = 0 if fabric == "intra_dc" else start
             chunk = KVChunk(lo // bs, end_block, lo, length, payload)
             # With a relay, RLD answers the user: the KV for MD is background WAN traffic and
             # yields the connection queue to transfers a first token waits on.
@@ -1014,7 +1013,10 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
                 stats["kv_wire_bytes"][fabric] += sent.bytes_sent
 
         if main_ok:
-            sends.append(asyncio.create_task(ship(req.main, delta, "wan")))
+            # An MD in P's own datacenter (in-DC PD) gets the delta over the intra-DC fabric.
+            same_dc = req.main.datacenter == agent.settings.datacenter
+            main_fabric = "intra_dc" if same_dc else "wan"
+            sends.append(asyncio.create_task(ship(req.main, delta, main_fabric, start)))
         if req.pipeline == "p-md":
             downstream = req.main
             url = f"{req.main.http}/v1/pdd/decode"
@@ -1029,7 +1031,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             }
         else:
             assert req.relay is not None
-            sends.append(asyncio.create_task(ship(req.relay, full, "intra_dc")))
+            sends.append(asyncio.create_task(ship(req.relay, full, "intra_dc", 0)))
             downstream = req.relay
             url = f"{req.relay.http}/v1/pdd/relay"
             body = {
