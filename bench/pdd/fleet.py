@@ -28,10 +28,6 @@ from routing.policy import PolicySettings
 
 AGENT_NUM_BLOCKS = 4096  # 64K tokens of KV per engine (256 MiB): a few dozen sessions cached
 HEARTBEAT_S = 2.0  # the default (and the demo's)
-# The in-DC "link" of IDC-PD: the gateway routes only to an MD behind a WAN link from the
-# prefill's datacenter (routing/live.py), so IDC-PD's MD sits in a second datacenter record of
-# the same city and RDMA domain, joined by a link far faster than anything here can send.
-FABRIC_LINK = {"bandwidth_gbps": 100.0, "rtt_ms": 0.1, "connection_pool_size": 16}
 NEVER_RELAY = {"wan_time_threshold_s": 1e9, "relay_when_main_saturated": False}
 
 
@@ -49,7 +45,7 @@ class SystemSpec:
     label: str
     model: str
     datacenters: tuple[tuple[str, str, str], ...]  # (name, region, rdma domain)
-    link: tuple[str, str, dict]
+    link: tuple[str, str, dict] | None  # None: one datacenter, no WAN (IDC-PD)
     nodes: tuple[NodeSpec, ...]
     policy: dict
 
@@ -68,11 +64,11 @@ SYSTEMS: dict[str, SystemSpec] = {
         "idc-pd",
         "IDC-PD",
         "baton-tiny-idc",
-        (("idc-a", "city-a", "idc-a"), ("idc-a-decode", "city-a", "idc-a")),
-        ("idc-a", "idc-a-decode", FABRIC_LINK),
+        (("idc-a", "city-a", "idc-a"),),
+        None,  # P and MD in one datacenter: the KV goes over its intra-DC fabric
         (
             NodeSpec("idc-p", "idc-a", "gpu-a", "prefill"),
-            NodeSpec("idc-md", "idc-a-decode", "gpu-a", "main_decode"),
+            NodeSpec("idc-md", "idc-a", "gpu-a", "main_decode"),
         ),
         NEVER_RELAY,
     ),
@@ -254,11 +250,17 @@ class Fleet:
             dcs[name] = cp.post(
                 "datacenters", {"name": name, "region": region, "rdma_domain": domain}
             )["id"]
-        src, dst, link = spec.link
-        cp.post(
-            "wan-links",
-            {"from_datacenter": dcs[src], "to_datacenter": dcs[dst], **link, "monthly_cost": "0"},
-        )
+        if spec.link is not None:
+            src, dst, link = spec.link
+            cp.post(
+                "wan-links",
+                {
+                    "from_datacenter": dcs[src],
+                    "to_datacenter": dcs[dst],
+                    **link,
+                    "monthly_cost": "0",
+                },
+            )
         prices: dict[tuple[str, str], float] = {}
         for node in spec.nodes:
             key = (node.gpu, node.dc)

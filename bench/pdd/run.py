@@ -515,12 +515,9 @@ def _policy_note(name: str) -> str:
 
 def _notes() -> list[str]:
     return [
-        "IDC-PD's MD is in a second datacenter record (`idc-a-decode`, same city and RDMA "
-        "domain as `idc-a`) joined to P's by a 100 Gbit/s, 0.1 ms link standing in for the "
-        "in-DC fabric: the gateway routes only to an MD behind a WAN link from the prefill's "
-        "datacenter (routing/live.py builds the policy's links from WANLink rows, and the API "
-        "refuses a link from a datacenter to itself), so an MD in P's own datacenter is "
-        "unreachable; `rdma_domain` is not used by routing.",
+        "IDC-PD's P and MD are in one datacenter: the gateway reaches that MD over the "
+        "datacenter's fabric (its GPUs' interconnect) and P ships its KV over the intra-DC "
+        "fabric, so IDC-PD sends no WAN bytes.",
         "Before the clock starts, each session whose first turn in the trace is not its opening "
         "sends its context so far once (two output tokens, unmeasured; one would let P finish "
         "alone and MD would never get the KV), so the caches hold what a long-running fleet's "
