@@ -74,7 +74,7 @@ def fake_fleet(transactional_db, settings, monkeypatch):
             gpu_type=gpu,
             gpu_count=8,
             agent_endpoint=f"http://{role}.agent",
-            agent_token_prefix=f"test-{role}",
+            agent_token_prefix=f"t-{role}",  # at most 16 characters
             status=NodeStatus.ONLINE,
         )
         inst = Instance.objects.create(role=role, node=node, served_model=model, gpu_count=8)
