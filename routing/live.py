@@ -188,7 +188,30 @@ def build_live_view(model_name: str) -> LiveView:
 REDIS_RETRY_S = 10.0  # how long the dispatch ledger counts locally after a Redis failure
 
 
-class DispatchLedger:
+class _RedisFallback:
+    """A ledger's Redis upkeep: after a failure it skips Redis for REDIS_RETRY_S (no timeout
+    on every request while Redis is down) and warns at most once a minute."""
+
+    _name = "ledger"
+    _redis = None
+    _redis_down_until = 0.0
+    _warned_at = 0.0
+
+    def _use_redis(self) -> bool:
+        return self._redis is not None and time.monotonic() >= self._redis_down_until
+
+    def _redis_failed(self, what: str, exc: Exception) -> None:
+        now = time.monotonic()
+        self._redis_down_until = now + REDIS_RETRY_S
+        if now - self._warned_at > 60:  # once a minute, not once a request
+            self._warned_at = now
+            log.warning(
+                "%s: Redis %s failed (%s); counting this process's dispatches only",
+                self._name, what, exc,
+            )  # fmt: skip
+
+
+class DispatchLedger(_RedisFallback):
     """Requests the gateway has routed to each instance, by wall time.
 
     An agent reports its load every couple of seconds, so every decision between two reports
@@ -200,6 +223,8 @@ class DispatchLedger:
     times per instance), so several workers do not herd either. This process's own dispatches
     are always kept in memory as well: if Redis fails, the ledger logs it and counts those.
     """
+
+    _name = "dispatch ledger"
 
     def __init__(
         self, horizon_s: float = 30.0, redis_url: str = "", *, prefix: str = "baton:dispatch"
@@ -278,19 +303,6 @@ class DispatchLedger:
             except Exception as exc:  # noqa: BLE001
                 self._redis_failed("clear", exc)
 
-    def _use_redis(self) -> bool:
-        return self._redis is not None and time.monotonic() >= self._redis_down_until
-
-    def _redis_failed(self, what: str, exc: Exception) -> None:
-        now = time.monotonic()
-        self._redis_down_until = now + REDIS_RETRY_S
-        if now - self._warned_at > 60:  # once a minute, not once a request
-            self._warned_at = now
-            log.warning(
-                "dispatch ledger: Redis %s failed (%s); counting this process's dispatches only",
-                what, exc,
-            )  # fmt: skip
-
 
 def with_dispatches(view: LiveView, ledger: DispatchLedger) -> ClusterSnapshot:
     """The view's snapshot with each instance's load raised by the requests this process routed
@@ -335,7 +347,7 @@ DISPATCHED_BLOCKS_CAP = 65_536  # block hashes kept per MD (about 1.5 MB in Redi
 CONFIRM_GRACE_S = 2.0  # a report received this long after a dispatch holds its blocks
 
 
-class DispatchedBlocks:
+class DispatchedBlocks(_RedisFallback):
     """Prefix blocks of the prompts the gateway has sent to each MD, by wall time.
 
     MD's heartbeat reports the blocks its radix cache holds and those of the KV in flight to
@@ -360,6 +372,8 @@ class DispatchedBlocks:
     memory as well: if Redis fails, the ledger logs it and counts those, as
     :class:`DispatchLedger` does.
     """
+
+    _name = "dispatched-blocks ledger"
 
     def __init__(
         self,
@@ -476,19 +490,6 @@ class DispatchedBlocks:
                 self._redis.delete(*[f"{self.prefix}:{iid}" for iid in ids])
             except Exception as exc:  # noqa: BLE001
                 self._redis_failed("clear", exc)
-
-    def _use_redis(self) -> bool:
-        return self._redis is not None and time.monotonic() >= self._redis_down_until
-
-    def _redis_failed(self, what: str, exc: Exception) -> None:
-        now = time.monotonic()
-        self._redis_down_until = now + REDIS_RETRY_S
-        if now - self._warned_at > 60:  # once a minute, not once a request
-            self._warned_at = now
-            log.warning(
-                "dispatched-blocks ledger: Redis %s failed (%s); counting this process's "
-                "dispatches only", what, exc,
-            )  # fmt: skip
 
 
 def _run(flags: Iterable[bool]) -> int:
