@@ -144,7 +144,7 @@ CELERY_TIMEZONE = TIME_ZONE
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "controlplane.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["controlplane.permissions.IsOperatorOrReadOnly"],
@@ -155,7 +155,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PAGINATION_CLASS": "controlplane.pagination.StandardPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.schema.BatonAutoSchema",
     "EXCEPTION_HANDLER": "controlplane.exceptions.api_exception_handler",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
@@ -195,6 +195,13 @@ if BATON_DATA_TOKEN:
         check_data_token(BATON_DATA_TOKEN, "BATON_DATA_TOKEN")
     except ValueError as exc:
         raise ImproperlyConfigured(str(exc)) from None
+# Networks agent endpoints may live in (CIDRs, comma-separated). Registration, an operator's
+# edit and every call the control plane makes to an agent check the endpoint against them;
+# link-local and cloud metadata addresses are refused whatever this says.
+BATON_AGENT_NETWORKS = env_list(
+    "BATON_AGENT_NETWORKS",
+    ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"],
+)
 # Without a broker the ASGI process runs the beat schedule itself (see embedded_beat.py).
 BATON_EMBEDDED_BEAT = env_bool("BATON_EMBEDDED_BEAT", default=True)
 CELERY_BEAT_SCHEDULE = {
