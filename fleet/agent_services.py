@@ -112,7 +112,6 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
     """Take an agent's state document: the node is alive, and its instances are as reported."""
     node = Node.objects.select_for_update().get(pk=node.pk)
     node.last_heartbeat_at = timezone.now()
-    node.last_report = report
     fields = ["last_heartbeat_at", "last_report", "updated_at"]
     if node.status in (NodeStatus.PENDING, NodeStatus.OFFLINE):
         previous = node.status
@@ -124,6 +123,16 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
             node=node,
             actor="agent",
         )
+    # Only this node's instances: a token never speaks for another node's, neither here nor
+    # in the live view the gateways route on (which reads the report published below).
+    instances = list(Instance.objects.select_for_update().filter(node=node))
+    # What the agent runs, by id, as it says: its own instances, and any it should not run
+    # (the reconcile below stops those on this agent; it never touches another node's).
+    claimed = _reported_states(report)
+    report, foreign = own_instances_only(report, {i.pk for i in instances})
+    if foreign:
+        _record_foreign_claims(node, foreign)
+    node.last_report = report
     node.save(update_fields=fields)
     hostname, datacenter, endpoint = node.hostname, node.datacenter.name, node.agent_endpoint
     transaction.on_commit(
@@ -137,17 +146,8 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
     )
     reported: dict[int, dict[str, Any]] = {}
     for item in report.get("instances", []):
-        try:
-            reported[int(item["instance_id"])] = item
-        except (KeyError, TypeError, ValueError):
-            continue
-    # Only this node's instances: a token never speaks for another node's.
-    instances = list(Instance.objects.select_for_update().filter(node=node))
-    drift = plan_actions(
-        desired=instances,
-        reported={k: str(v.get("state")) for k, v in reported.items()},
-        known_ids={i.pk for i in instances},
-    )
+        reported[int(item["instance_id"])] = item
+    drift = plan_actions(desired=instances, reported=claimed, known_ids={i.pk for i in instances})
     if drift and node.registered_at is not None and _reconcile_due(node.pk):
         # Repair at once rather than at the next periodic round.
         from fleet.services import enqueue_after_commit
@@ -169,6 +169,58 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
         state = REPORTED_STATES.get(str(item.get("state")), ActualState.FAILED)
         if not _set_actual(instance, state, reason="reported by the agent", actor="agent"):
             instance.save(update_fields=["last_report"])
+
+
+def own_instances_only(
+    report: dict[str, Any], own_ids: set[int]
+) -> tuple[dict[str, Any], list[str]]:
+    """The report with only the instances of `own_ids` (this node's), and the ids it claimed
+    besides: unknown ones, other nodes' ones, or ids that are not instance ids at all."""
+    kept: list[dict[str, Any]] = []
+    foreign: list[str] = []
+    for item in report.get("instances", []):
+        raw = item.get("instance_id") if isinstance(item, dict) else None
+        try:
+            instance_id = int(str(raw))
+        except (TypeError, ValueError):
+            instance_id = None
+        if instance_id is not None and instance_id in own_ids:
+            kept.append(item | {"instance_id": str(instance_id)})
+        else:
+            foreign.append(str(raw)[:64])
+    return report | {"instances": kept}, foreign
+
+
+# Per process: the foreign ids last recorded per node, and when (a heartbeat every 2 s that
+# keeps claiming the same ids records one event a minute, not thirty).
+_foreign_recorded: dict[int, tuple[frozenset[str], float]] = {}
+FOREIGN_EVENT_EVERY_S = 60.0
+
+
+def _record_foreign_claims(node: Node, foreign: list[str]) -> None:
+    claimed = frozenset(foreign)
+    now = time.monotonic()
+    last = _foreign_recorded.get(node.pk)
+    log.warning("node %s reported instances it does not own: %s", node.hostname, sorted(claimed))
+    if last is not None and last[0] == claimed and now - last[1] < FOREIGN_EVENT_EVERY_S:
+        return
+    _foreign_recorded[node.pk] = (claimed, now)
+    owners = {
+        str(pk): hostname
+        for pk, hostname in Instance.objects.filter(
+            pk__in=[int(i) for i in claimed if i.isdigit() and len(i) < 19]
+        ).values_list("pk", "node__hostname")
+    }
+    event_record(
+        kind="node.foreign_report",
+        message=(
+            f"Node {node.hostname} reported instances it does not own "
+            f"({', '.join(sorted(claimed)[:10])}); ignored."
+        ),
+        node=node,
+        data={"instance_ids": sorted(claimed)[:100], "owners": owners},
+        actor="agent",
+    )
 
 
 _last_triggered: dict[int, float] = {}
@@ -274,7 +326,8 @@ def _execute(client: AgentClient, node: Node, action: Action, *, actor: str) -> 
         kind=f"{actor}.{action.verb}",
         message=f"{action.verb} instance {action.instance_id} on {node.hostname}: {action.reason}.",
         node=node,
-        instance=instance,
+        # A stop of an id that is not this node's (a stale or foreign one) is this node's event.
+        instance=instance if instance is not None and instance.node_id == node.pk else None,
         data={"verb": action.verb, "reason": action.reason},
         actor=actor,
     )

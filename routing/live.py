@@ -55,11 +55,17 @@ _LINK_STATUS = {
 }
 
 
-def _instance_reports() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
-    found: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+def _instance_reports() -> dict[tuple[int, str], tuple[dict[str, Any], dict[str, Any]]]:
+    """(node id, instance id) -> (the node's latest report, its item for that instance).
+
+    Keyed by the reporting node too: an instance is only ever read from its own node's report,
+    so a node claiming another node's instance cannot steer that instance's traffic to itself
+    (heartbeats already drop such claims; this holds even for a report published before that).
+    """
+    found: dict[tuple[int, str], tuple[dict[str, Any], dict[str, Any]]] = {}
     for entry in fleet_live.read_reports():
         for item in entry["report"].get("instances", []):
-            found[str(item.get("instance_id"))] = (entry, item)
+            found[(int(entry["node_id"]), str(item.get("instance_id")))] = (entry, item)
     return found
 
 
@@ -97,7 +103,7 @@ def build_live_view(model_name: str) -> LiveView:
     main_fabric_gbps: dict[str, float] = {}
     for inst in rows:
         key = str(inst.pk)
-        entry, item = reports.get(key, (None, None))
+        entry, item = reports.get((inst.node_id, key), (None, None))
         if entry is not None and item is not None:
             reported[key] = (float(entry.get("received_at") or 0.0), _capacity(item))
         dc = inst.node.datacenter.name
