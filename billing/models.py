@@ -25,7 +25,8 @@ class Tenant(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(10_000_000)],
         help_text="Most requests the tenant may start per minute.",
     )
-    tokens_per_minute = models.PositiveIntegerField(
+    # 64-bit: the validator allows 10^10, beyond PostgreSQL's 32-bit integer.
+    tokens_per_minute = models.PositiveBigIntegerField(
         default=2_000_000,
         validators=[MinValueValidator(1), MaxValueValidator(10_000_000_000)],
         help_text="Most prompt + max output tokens the tenant may ask for per minute.",

@@ -17,9 +17,10 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from controlplane.embedded_beat import start_embedded_beat  # noqa: E402
+from controlplane.limits import BodyGuard  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
 
-http_app = ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http
+http_app = BodyGuard(ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http)
 
 start_embedded_beat()
 

@@ -46,6 +46,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "controlplane.limits.BodyLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -113,6 +114,18 @@ SERVE_STATIC = env_bool("BATON_SERVE_STATIC", default=True)
 
 LOGIN_URL = "/admin/login/"
 
+# Untrusted input: the deepest JSON any endpoint parses, the largest request bodies (413
+# beyond, in the caller's error shape) and how long a client may take to send one (408).
+BATON_MAX_JSON_DEPTH = env_int("BATON_MAX_JSON_DEPTH", 64)
+BATON_MAX_BODY_BYTES = env_int("BATON_MAX_BODY_BYTES", 4 * 1024 * 1024)  # /v1 (prompts)
+BATON_MAX_API_BODY_BYTES = env_int("BATON_MAX_API_BODY_BYTES", 1024 * 1024)  # /api/v1
+BATON_MAX_HEARTBEAT_BYTES = env_int("BATON_MAX_HEARTBEAT_BYTES", 1024 * 1024)  # agents
+BATON_BODY_TIMEOUT_S = float(env_str("BATON_BODY_TIMEOUT_S", "15"))
+# Django's own cap sits above ours, so ours answer first and in the right shape.
+DATA_UPLOAD_MAX_MEMORY_SIZE = (
+    max(BATON_MAX_BODY_BYTES, BATON_MAX_API_BODY_BYTES, BATON_MAX_HEARTBEAT_BYTES) + 1
+)
+
 # Redis: Celery broker and channel layer when set; otherwise in-process equivalents.
 REDIS_URL = env_str("REDIS_URL", "")
 # Namespace of the gateway's own Redis keys (rate-limit windows "<prefix>:rl:...", dispatch
@@ -149,9 +162,14 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["controlplane.permissions.IsOperatorOrReadOnly"],
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "controlplane.filters.BoundedFilterBackend",
         "rest_framework.filters.OrderingFilter",
         "rest_framework.filters.SearchFilter",
+    ],
+    "DEFAULT_PARSER_CLASSES": [
+        "controlplane.parsers.SafeJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
     ],
     "DEFAULT_PAGINATION_CLASS": "controlplane.pagination.StandardPagination",
     "PAGE_SIZE": 50,

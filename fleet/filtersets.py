@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import django_filters
 
+from controlplane.filters import BoundedFilterSet, IdFilter
 from fleet.models import (
     Datacenter,
     FleetEvent,
@@ -16,7 +17,7 @@ from fleet.models import (
 )
 
 
-class DatacenterFilterSet(django_filters.FilterSet):
+class DatacenterFilterSet(BoundedFilterSet):
     class Meta:
         model = Datacenter
         fields = {
@@ -26,7 +27,7 @@ class DatacenterFilterSet(django_filters.FilterSet):
         }
 
 
-class GPUTypeFilterSet(django_filters.FilterSet):
+class GPUTypeFilterSet(BoundedFilterSet):
     class Meta:
         model = GPUType
         fields = {
@@ -38,7 +39,7 @@ class GPUTypeFilterSet(django_filters.FilterSet):
         }
 
 
-class UnitPriceFilterSet(django_filters.FilterSet):
+class UnitPriceFilterSet(BoundedFilterSet):
     effective_at = django_filters.IsoDateTimeFilter(
         method="filter_effective_at",
         label="Prices in force at this time (ISO 8601)",
@@ -52,7 +53,7 @@ class UnitPriceFilterSet(django_filters.FilterSet):
         return queryset.effective_at(value)
 
 
-class WANLinkFilterSet(django_filters.FilterSet):
+class WANLinkFilterSet(BoundedFilterSet):
     class Meta:
         model = WANLink
         fields = {
@@ -63,13 +64,13 @@ class WANLinkFilterSet(django_filters.FilterSet):
         }
 
 
-class ServedModelFilterSet(django_filters.FilterSet):
+class ServedModelFilterSet(BoundedFilterSet):
     class Meta:
         model = ServedModel
         fields = {"name": ["exact", "icontains"], "dtype": ["exact"]}
 
 
-class NodeFilterSet(django_filters.FilterSet):
+class NodeFilterSet(BoundedFilterSet):
     class Meta:
         model = Node
         fields = {
@@ -80,8 +81,8 @@ class NodeFilterSet(django_filters.FilterSet):
         }
 
 
-class InstanceFilterSet(django_filters.FilterSet):
-    datacenter = django_filters.NumberFilter(field_name="node__datacenter", label="Datacenter id")
+class InstanceFilterSet(BoundedFilterSet):
+    datacenter = IdFilter(field_name="node__datacenter", label="Datacenter id")
 
     class Meta:
         model = Instance
@@ -94,7 +95,7 @@ class InstanceFilterSet(django_filters.FilterSet):
         }
 
 
-class FleetEventFilterSet(django_filters.FilterSet):
+class FleetEventFilterSet(BoundedFilterSet):
     class Meta:
         model = FleetEvent
         fields = {"node": ["exact"], "instance": ["exact"], "kind": ["exact", "startswith"]}

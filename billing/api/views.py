@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from billing import services
 from billing.api import serializers as s
 from billing.models import ApiKey, Tenant, UsageEntry
+from controlplane.filters import BoundedFilterSet
 
 
 class TenantViewSet(viewsets.ModelViewSet):
@@ -61,7 +62,7 @@ class ApiKeyViewSet(
         return Response(s.ApiKeySerializer(key).data)
 
 
-class UsageFilterSet(django_filters.FilterSet):
+class UsageFilterSet(BoundedFilterSet):
     since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
     until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
 

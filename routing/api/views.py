@@ -10,12 +10,13 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.filters import BoundedFilterSet
 from routing import analysis, services
 from routing.api import serializers as s
 from routing.models import RequestRecord, RoutingDecision
 
 
-class RequestFilterSet(django_filters.FilterSet):
+class RequestFilterSet(BoundedFilterSet):
     since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
     until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
     tenant_name = django_filters.CharFilter(field_name="tenant__name")
@@ -25,7 +26,7 @@ class RequestFilterSet(django_filters.FilterSet):
         fields = ["tenant", "model", "pipeline", "handoff_mode", "status", "stream", "request_id"]
 
 
-class DecisionFilterSet(django_filters.FilterSet):
+class DecisionFilterSet(BoundedFilterSet):
     since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
     request_id = django_filters.CharFilter(field_name="request__request_id")
 

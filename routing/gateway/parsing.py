@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from controlplane import jsonsafety
 from routing.gateway.errors import bad_request
 
 DEFAULT_COMPLETIONS_MAX_TOKENS = 16  # the OpenAI API's default for /v1/completions
@@ -30,9 +30,9 @@ class GatewayRequest:
 
 def parse_json(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"The request body is not valid JSON: {exc}") from exc
+        body = jsonsafety.loads(raw or b"{}")
+    except jsonsafety.UnsafeJSON as exc:
+        raise bad_request(exc.message, exc.path or None) from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
     return body

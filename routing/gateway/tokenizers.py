@@ -34,7 +34,17 @@ def tokenizer_for(*, name: str, source: str, tokenizer: str) -> Tokenizer:
                 type_="server_error",
                 code="tokenizer_unavailable",
             )
-        found = HFTokenizer(path)
+        try:
+            found = HFTokenizer(path)
+        except Exception as exc:  # a file that is not a tokenizer: any parser error
+            raise GatewayError(
+                503,
+                f"The tokenizer of model '{name}' ({path}) could not be loaded: "
+                f"{type(exc).__name__}: {str(exc)[:200]}",
+                type_="server_error",
+                param="model",
+                code="tokenizer_unavailable",
+            ) from exc
     with _lock:
         _cache[key] = found
     return found

@@ -1,0 +1,149 @@
+"""Request-body limits: how large a body may be on each part of the API, how long a client may
+take to send it, and the error it gets otherwise, in the caller's error shape (OpenAI's on
+``/v1``, DRF's ``{"detail": ...}`` everywhere else).
+
+Two layers apply them: ``BodyLimitMiddleware`` (Django; refuses a declared Content-Length over
+the limit before anything reads the body) and ``BodyGuard`` (ASGI; reads the body itself, so a
+body without a Content-Length, or one trickled in byte by byte, is cut off too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from django.conf import settings
+from django.http import JsonResponse
+
+MIB = 1024 * 1024
+
+
+def body_limit(path: str) -> int:
+    """Most bytes a request body to `path` may have."""
+    if path.startswith("/v1/"):
+        return int(getattr(settings, "BATON_MAX_BODY_BYTES", 4 * MIB))
+    if path.startswith("/api/v1/agent/"):
+        return int(getattr(settings, "BATON_MAX_HEARTBEAT_BYTES", 1 * MIB))
+    return int(getattr(settings, "BATON_MAX_API_BODY_BYTES", 1 * MIB))
+
+
+def body_timeout_s() -> float:
+    return float(getattr(settings, "BATON_BODY_TIMEOUT_S", 15.0))
+
+
+def error_body(path: str, status: int, message: str, code: str) -> dict:
+    if path.startswith("/v1/"):
+        return {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": code,
+            }
+        }
+    return {"detail": message, "code": code}
+
+
+def too_large_message(limit: int) -> str:
+    return f"The request body is larger than {limit} bytes ({limit / MIB:g} MiB), the limit here."
+
+
+def error_response(path: str, status: int, message: str, code: str) -> JsonResponse:
+    return JsonResponse(error_body(path, status, message, code), status=status)
+
+
+class BodyLimitMiddleware:
+    """413 for a declared Content-Length over the path's limit, before the body is read."""
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request):
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            return error_response(
+                request.path, 400, "Content-Length is not a number.", "bad_length"
+            )
+        limit = body_limit(request.path)
+        if declared > limit:
+            return error_response(request.path, 413, too_large_message(limit), "body_too_large")
+        return self.get_response(request)
+
+
+class BodyGuard:
+    """ASGI middleware: reads an HTTP request's body (at most the path's limit, within the
+    body timeout) before the app sees it, then hands the app the same messages.
+
+    413 for a body over the limit (declared or sent), 408 for one that takes longer than
+    ``BATON_BODY_TIMEOUT_S`` to arrive: 30 clients sending a byte a second hold nothing for
+    long. Django reads the whole body before a view runs anyway, so nothing streams less.
+    """
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        limit = body_limit(path)
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    return await _answer(
+                        send, path, 400, "Content-Length is not a number.", "bad_length"
+                    )
+                if declared > limit:
+                    return await _answer(
+                        send, path, 413, too_large_message(limit), "body_too_large"
+                    )
+        messages: list[dict] = []
+        size = 0
+        deadline = time.monotonic() + body_timeout_s()
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(left, 0.001))
+            except TimeoutError:
+                return await _answer(
+                    send,
+                    path,
+                    408,
+                    f"The request body did not arrive within {body_timeout_s():g} s.",
+                    "body_timeout",
+                )
+            if message["type"] == "http.disconnect":
+                return None
+            size += len(message.get("body", b""))
+            if size > limit:
+                return await _answer(send, path, 413, too_large_message(limit), "body_too_large")
+            messages.append(message)
+            if not message.get("more_body", False):
+                break
+
+        async def replay():
+            if messages:
+                return messages.pop(0)
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+
+async def _answer(send, path: str, status: int, message: str, code: str) -> None:
+    body = json.dumps(error_body(path, status, message, code)).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
