@@ -7,12 +7,12 @@ import uuid
 
 import pytest
 from django.contrib.auth.models import Group, User
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from billing import services
 from billing.models import ApiKey, Tenant, UsageEntry
 from billing.ratelimit import RateLimiter
+from controlplane.models import ApiToken
 
 
 @pytest.fixture
@@ -20,7 +20,8 @@ def operator(db) -> APIClient:
     user = User.objects.create_user("ops")
     user.groups.add(Group.objects.get(name="operator"))
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    _, key = ApiToken.objects.issue(user=user)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     return client
 
 

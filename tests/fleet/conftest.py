@@ -7,9 +7,9 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import Group, User
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from controlplane.models import ApiToken
 from fleet import services
 from fleet.choices import InstanceRole
 from fleet.models import Datacenter, GPUType, ServedModel, UnitPrice, WANLink
@@ -19,9 +19,9 @@ def _client_for(username: str, group: str | None) -> APIClient:
     user = User.objects.create_user(username=username)
     if group:
         user.groups.add(Group.objects.get(name=group))
-    token = Token.objects.create(user=user)
+    _, key = ApiToken.objects.issue(user=user, name="test")
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     return client
 
 

@@ -9,10 +9,10 @@ from io import StringIO
 import pytest
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from billing.models import Tenant
+from controlplane.models import ApiToken
 from routing.analysis import cache_estimate_summary, relayed_despite_cache
 from routing.models import RequestRecord, RoutingDecision
 
@@ -29,7 +29,8 @@ def viewer_user():
 @pytest.fixture
 def api(viewer_user):
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=viewer_user).key}")
+    _, key = ApiToken.objects.issue(user=viewer_user)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     return client
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import Group, User
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from billing.models import Tenant
+from controlplane.models import ApiToken
 from routing.models import RequestRecord, RoutingDecision
 from routing.policy import PolicySettings
 
@@ -18,7 +18,8 @@ def _client(username: str, group: str) -> APIClient:
     user = User.objects.create_user(username)
     user.groups.add(Group.objects.get(name=group))
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    _, key = ApiToken.objects.issue(user=user)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     return client
 
 
