@@ -11,8 +11,9 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
-from agents.dataplane import env_data_token
+from agents.dataplane import ENV as DATA_TOKEN_ENV
 from agents.node.settings import (
     ROLES,
     WAIT_POLICIES,
@@ -40,8 +41,24 @@ def _serve_parser(sub) -> None:
         dest="links",
         help="WAN link to a peer datacenter: PEER_DC=GBPS:RTT_MS[:POOL] (repeatable)",
     )
-    p.add_argument("--control-plane", help="control plane URL (with --token)")
-    p.add_argument("--token", help="this node's agent token")
+    p.add_argument(
+        "--control-plane",
+        help="control plane URL; the node's agent token comes from --token-file, "
+        "$BATON_AGENT_TOKEN_FILE or $BATON_AGENT_TOKEN",
+    )
+    p.add_argument(
+        "--token-file",
+        help="file holding this node's agent token (default: $BATON_AGENT_TOKEN_FILE)",
+    )
+    p.add_argument(
+        "--token",
+        help="this node's agent token (deprecated: visible to every user in `ps`; use "
+        "--token-file or $BATON_AGENT_TOKEN)",
+    )
+    p.add_argument(
+        "--data-token-file",
+        help="file holding the fleet-wide data-plane token (default: $BATON_DATA_TOKEN_FILE)",
+    )
     p.add_argument(
         "--data-token",
         help="fleet-wide data-plane token peers and the gateway must send "
@@ -99,6 +116,48 @@ def _loopback_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (always JSON)")
 
 
+def _read_secret(path: str, what: str) -> str:
+    try:
+        value = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the {what} file {path}: {exc.strerror}") from None
+    if not value:
+        raise ValueError(f"the {what} file {path} is empty")
+    return value
+
+
+def agent_secrets(flags: dict, environ) -> dict[str, str | None]:
+    """The agent token and the data-plane token, from a file or the environment; never left
+    in the flags (``--token-file`` / ``--data-token-file`` are consumed here).
+
+    Agent token: ``--token`` (deprecated: on the command line every local user sees it in
+    ``ps``), else ``--token-file``, ``$BATON_AGENT_TOKEN_FILE``, ``$BATON_AGENT_TOKEN``.
+    Data token: ``--data-token``, ``--data-token-file``, ``$BATON_DATA_TOKEN_FILE``,
+    ``$BATON_DATA_TOKEN``. Unset everywhere: None (the config file may still give one).
+    """
+    token_file = flags.pop("token_file", None) or environ.get("BATON_AGENT_TOKEN_FILE")
+    data_file = flags.pop("data_token_file", None) or environ.get("BATON_DATA_TOKEN_FILE")
+    token = flags.get("token")
+    if token is not None:
+        print(
+            "warning: --token puts the agent token on the command line, where `ps` shows it "
+            "to every user; use --token-file or $BATON_AGENT_TOKEN",
+            file=sys.stderr,
+        )
+    elif token_file:
+        token = _read_secret(token_file, "agent token")
+    else:
+        token = environ.get("BATON_AGENT_TOKEN") or None
+    data_token = flags.get("data_token")
+    if data_token is None:
+        data_token = (
+            _read_secret(data_file, "data token")
+            if data_file
+            else environ.get(DATA_TOKEN_ENV) or None
+        )
+    return {"token": token, "data_token": data_token}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agents", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -110,8 +169,11 @@ def main(argv: list[str] | None = None) -> int:
             level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
         flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "log_level")}
-        if flags.get("data_token") is None:
-            flags["data_token"] = env_data_token()
+        try:
+            secrets = agent_secrets(flags, os.environ)
+        except (ValueError, OSError) as exc:
+            parser.error(str(exc))
+        flags.update(secrets)
         try:
             plan = resolve_thread_plan(flags, read_config(args.config), os.environ, host_cores())
             # Before torch loads (agents.node.serve imports it): OpenMP reads these once.

@@ -147,8 +147,6 @@ class Cluster:
                 "0",
                 "--control-plane",
                 self.url,
-                "--token",
-                node["token"],
                 # One torch thread each and passive OpenMP waiting: the three agents share
                 # the host's cores with the control plane (2 cores on CI).
                 "--threads",
@@ -161,7 +159,7 @@ class Cluster:
                 "1",
             ],
             host,
-        ).start()
+        ).start(env={"BATON_AGENT_TOKEN": node["token"]})
         self.agents[host] = proc
         return proc
 

@@ -73,7 +73,10 @@ class AgentSettings:
         if self.role is not None and self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if (self.control_plane is None) != (self.token is None):
-            raise ValueError("--control-plane and --token go together")
+            raise ValueError(
+                "--control-plane and the node's agent token go together (--token-file, "
+                "$BATON_AGENT_TOKEN_FILE or $BATON_AGENT_TOKEN)"
+            )
         if self.data_token is not None:
             check_data_token(self.data_token, "data_token")
         for name in ("heartbeat_interval_s", "kv_timeout_s", "handoff_timeout_s", "reserve_ttl_s"):

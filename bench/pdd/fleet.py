@@ -346,8 +346,6 @@ class Fleet:
                     "0",
                     "--control-plane",
                     self.cp.url,
-                    "--token",
-                    row["agent_token"],
                     "--threads",
                     "1",
                     "--num-blocks",
@@ -359,7 +357,13 @@ class Fleet:
             )
             self.agents[node.host] = proc
             try:
-                proc.start(env={"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"})
+                proc.start(
+                    env={
+                        "OMP_NUM_THREADS": "1",
+                        "OMP_WAIT_POLICY": "PASSIVE",
+                        "BATON_AGENT_TOKEN": row["agent_token"],
+                    }
+                )
             except BaseException as exc:  # noqa: BLE001
                 errors.append(exc)
 

@@ -233,12 +233,27 @@ def test_agent_command_prints_a_serve_line_with_a_working_token(node_a, capsys):
 
     call_command("agent_command", "a-1", "--control-plane", "http://cp.example:8000")
     line = capsys.readouterr().out.strip()
-    assert line.startswith(
+    # The token rides in the agent's environment, never in its arguments (`ps` shows those).
+    assignment, _, command = line.partition(" ")
+    assert command.startswith(
         "python -m agents serve --node a-1 --datacenter dc-a --listen 0.0.0.0:9000 "
     )
-    assert "--control-plane http://cp.example:8000" in line
-    token = line.split("--token ")[1]
+    assert "--control-plane http://cp.example:8000" in command
+    assert "--token" not in command
+    name, _, token = assignment.partition("=")
+    assert name == "BATON_AGENT_TOKEN"
     assert services.node_authenticate_token(token) == node_a
+
+
+def test_agent_command_can_write_the_token_to_a_private_file(node_a, capsys, tmp_path):
+    from django.core.management import call_command
+
+    path = tmp_path / "a-1.token"
+    call_command("agent_command", "a-1", "--token-file", str(path))
+    line = capsys.readouterr().out.strip()
+    assert line.endswith(f"--token-file {path}")
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert services.node_authenticate_token(path.read_text().strip()) == node_a
 
 
 def test_agent_command_for_an_unknown_node_is_a_one_line_error():

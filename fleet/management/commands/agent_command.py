@@ -1,7 +1,13 @@
-"""Print the command line that starts a node's agent, bound to this control plane."""
+"""Print the command line that starts a node's agent, bound to this control plane.
+
+The token never goes into the agent's arguments (every local user sees those in ``ps``): the
+line sets ``BATON_AGENT_TOKEN`` for the agent (a shell assignment, not an argument), or, with
+``--token-file``, the token is written to a file only its owner can read and the line names it.
+"""
 
 from __future__ import annotations
 
+import os
 import shlex
 from urllib.parse import urlparse
 
@@ -31,8 +37,22 @@ class Command(BaseCommand):
             "else 0.0.0.0:9000).",
         )
         parser.add_argument("--python", default="python", help="Interpreter to put in the line.")
+        parser.add_argument(
+            "--token-file",
+            default="",
+            help="Write the token to this file (mode 0600) and have the line read it from there.",
+        )
 
-    def handle(self, *args, node: str, control_plane: str, listen: str, python: str, **options):
+    def handle(
+        self,
+        *args,
+        node: str,
+        control_plane: str,
+        listen: str,
+        python: str,
+        token_file: str,
+        **options,
+    ):
         found = Node.objects.filter(hostname=node).first()
         if found is None and node.isdigit():
             found = Node.objects.filter(pk=int(node)).first()
@@ -61,10 +81,19 @@ class Command(BaseCommand):
             listen,
             "--control-plane",
             control_plane.rstrip("/"),
-            "--token",
-            token,
         ]
+        if token_file:
+            try:
+                fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as out:
+                    out.write(token + "\n")
+                os.chmod(token_file, 0o600)
+            except OSError as exc:
+                raise CommandError(f"cannot write {token_file}: {exc.strerror}") from None
+            text = shlex.join([*line, "--token-file", token_file])
+        else:
+            text = f"BATON_AGENT_TOKEN={shlex.quote(token)} {shlex.join(line)}"
         self.stderr.write(
             f"Issued a new agent token for {found.hostname}; the previous one no longer works."
         )
-        self.stdout.write(shlex.join(line))
+        self.stdout.write(text)

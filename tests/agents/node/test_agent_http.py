@@ -181,8 +181,11 @@ class FakeControlPlane:
         self.thread.join(30)
 
 
-def test_commands_need_the_command_token_once_registered():
+def test_commands_need_the_command_token_once_registered(tmp_path):
+    token_file = tmp_path / "agent-token"
+    token_file.write_text("agent-secret\n")
     with FakeControlPlane() as cp:
+        # The agent token from a file: never on the command line, where `ps` shows it.
         args = [
             "--node",
             "n2",
@@ -192,8 +195,8 @@ def test_commands_need_the_command_token_once_registered():
             "127.0.0.1:0",
             "--control-plane",
             cp.url,
-            "--token",
-            "agent-secret",
+            "--token-file",
+            str(token_file),
             "--threads",
             "1",
         ]
