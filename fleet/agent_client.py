@@ -1,11 +1,20 @@
-"""HTTP client the control plane uses to command node agents (see agents/PROTOCOL.md)."""
+"""HTTP client the control plane uses to command node agents (see agents/PROTOCOL.md).
+
+Before every call the node's endpoint is checked again against the agent endpoint policy
+(fleet.endpoints), its name resolved afresh, and the connection goes to the address that was
+checked: a DNS answer that changed since registration (rebinding) is caught, and the command
+token is never sent to an address the policy refuses. Redirects are never followed, and proxy
+variables in the environment are not used (the check would not see where a proxy connects).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import httpx
+from django.core.exceptions import ValidationError
 
+from fleet.endpoints import AgentTarget, resolve_agent_endpoint
 from fleet.models import Node
 
 
@@ -21,6 +30,15 @@ class AgentNotRegistered(AgentError):
     """The node has no registered endpoint; there is nobody to call."""
 
 
+class AgentEndpointRefused(AgentError):
+    """The node's endpoint is one the control plane may not call (fleet.endpoints): nothing was
+    sent, and retrying will not help until the agent registers elsewhere or the policy changes."""
+
+
+class AgentEndpointUnresolvable(AgentUnreachable):
+    """The endpoint's name did not resolve just now: like an unreachable agent, worth a retry."""
+
+
 class AgentClient:
     """Calls exactly the endpoint the node registered, with the command token it was given."""
 
@@ -30,10 +48,12 @@ class AgentClient:
         headers = {"Authorization": f"Bearer {node.command_token}"} if node.command_token else {}
         self.node = node
         self._http = httpx.Client(
-            base_url=node.agent_endpoint.rstrip("/"),
             headers=headers,
             timeout=timeout_s,
-            transport=transport,
+            # An explicit transport also keeps httpx from routing through $HTTP(S)_PROXY.
+            transport=transport if transport is not None else httpx.HTTPTransport(),
+            follow_redirects=False,
+            trust_env=False,
         )
 
     def __enter__(self) -> AgentClient:
@@ -42,11 +62,40 @@ class AgentClient:
     def __exit__(self, *exc) -> None:
         self._http.close()
 
-    def _call(self, method: str, path: str, json: dict | None = None) -> dict[str, Any]:
+    def _target(self, method: str, path: str) -> AgentTarget:
+        """The endpoint checked now (re-resolved: no cache), or the AgentError saying why not."""
+        endpoint = self.node.agent_endpoint
         try:
-            response = self._http.request(method, path, json=json)
+            return resolve_agent_endpoint(endpoint)
+        except ValidationError as exc:
+            reason = " ".join(exc.messages)
+            what = f"{self.node.hostname}: {method} {path}: not calling {endpoint}: {reason}"
+            if exc.code == "unresolvable":
+                raise AgentEndpointUnresolvable(what) from None
+            raise AgentEndpointRefused(what) from None
+
+    def _call(self, method: str, path: str, json: dict | None = None) -> dict[str, Any]:
+        target = self._target(method, path)
+        if target.is_ip_literal:
+            url, headers, extensions = target.url + path, {}, {}
+        else:
+            # Connect to the address just checked; the name goes in Host (and TLS SNI, which
+            # is also the name the certificate is verified against).
+            url, headers = target.pinned_url(path), {"Host": target.authority}
+            extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+        try:
+            response = self._http.request(
+                method, url, json=json, headers=headers, extensions=extensions
+            )
         except (httpx.ConnectError, httpx.TimeoutException, httpx.RemoteProtocolError) as exc:
             raise AgentUnreachable(f"{self.node.hostname}: {method} {path}: {exc}") from exc
+        if 300 <= response.status_code < 400:
+            location = response.headers.get("location", "")
+            raise AgentError(
+                f"{self.node.hostname}: {method} {path}: agent answered a redirect "
+                f"(HTTP {response.status_code}{' to ' + location[:200] if location else ''}); "
+                "agent calls never follow redirects"
+            )
         if response.status_code >= 500:
             raise AgentUnreachable(
                 f"{self.node.hostname}: {method} {path}: HTTP {response.status_code}"

@@ -16,7 +16,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from fleet import live
-from fleet.agent_client import AgentClient, AgentError, AgentNotRegistered
+from fleet.agent_client import AgentClient, AgentEndpointRefused, AgentError, AgentNotRegistered
 from fleet.choices import ActualState, DesiredState, NodeStatus
 from fleet.models import Instance, Node, WANLink
 from fleet.services import event_record
@@ -333,12 +333,42 @@ def _execute(client: AgentClient, node: Node, action: Action, *, actor: str) -> 
     )
 
 
+ENDPOINT_REFUSED_EVENT_EVERY_S = 600
+
+
+def endpoint_refused(node: Node, exc: AgentEndpointRefused, *, actor: str) -> None:
+    """A call the endpoint policy stopped: a ``node.endpoint_refused`` event (at most one with
+    the same message per node every ENDPOINT_REFUSED_EVENT_EVERY_S, since the periodic
+    reconcile meets it every round) and a warning; nothing is retried."""
+    from fleet.models import FleetEvent
+
+    message = f"Agent endpoint refused, command not sent: {exc}"
+    recent = FleetEvent.objects.filter(
+        node=node,
+        kind="node.endpoint_refused",
+        message=message,
+        created_at__gte=timezone.now() - timedelta(seconds=ENDPOINT_REFUSED_EVENT_EVERY_S),
+    )
+    if recent.exists():
+        log.debug("%s", message)
+        return
+    log.warning("%s", message)
+    event_record(
+        kind="node.endpoint_refused",
+        message=message,
+        node=node,
+        data={"endpoint": node.agent_endpoint, "error": str(exc)},
+        actor=actor,
+    )
+
+
 def node_reconcile(
     *, node: Node, instance_ids: set[int] | None = None, actor: str = "reconcile"
 ) -> list[Action]:
     """Ask the agent what runs, and command it until that matches the desired states.
 
-    Idempotent: when the node already matches, nothing is sent but the state query.
+    Idempotent: when the node already matches, nothing is sent but the state query. An
+    endpoint the policy refuses is an event, not an error: nothing to retry.
     """
     if node.status != NodeStatus.ONLINE:
         return []
@@ -346,6 +376,16 @@ def node_reconcile(
         client = AgentClient(node)
     except AgentNotRegistered:
         return []
+    try:
+        return _reconcile_with(client, node, instance_ids=instance_ids, actor=actor)
+    except AgentEndpointRefused as exc:
+        endpoint_refused(node, exc, actor=actor)
+        return []
+
+
+def _reconcile_with(
+    client: AgentClient, node: Node, *, instance_ids: set[int] | None, actor: str
+) -> list[Action]:
     with client:
         state_doc = client.state()
         reported = _reported_states(state_doc)
@@ -359,6 +399,8 @@ def node_reconcile(
         for action in actions:
             try:
                 _execute(client, node, action, actor=actor)
+            except AgentEndpointRefused:
+                raise
             except AgentError as exc:
                 event_record(
                     kind=f"{actor}.error",
@@ -390,12 +432,16 @@ def link_push(*, link: WANLink) -> list[str]:
             continue
         with client:
             # A down link is still shaped as configured; routing stops using it, agents need not.
-            client.set_link(
-                peer_datacenter=peer.name,
-                bandwidth_gbps=link.bandwidth_gbps,
-                rtt_ms=link.rtt_ms,
-                pool_size=link.connection_pool_size,
-            )
+            try:
+                client.set_link(
+                    peer_datacenter=peer.name,
+                    bandwidth_gbps=link.bandwidth_gbps,
+                    rtt_ms=link.rtt_ms,
+                    pool_size=link.connection_pool_size,
+                )
+            except AgentEndpointRefused as exc:
+                endpoint_refused(node, exc, actor="link")  # the other nodes still get it
+                continue
         reached.append(node.hostname)
     if reached:
         event_record(

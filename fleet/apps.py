@@ -7,4 +7,5 @@ class FleetConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from fleet import signals  # noqa: F401  (connects the fleet-change pushes)
+        # Registers the system checks; connects the fleet-change pushes.
+        from fleet import checks, signals  # noqa: F401

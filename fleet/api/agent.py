@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils.functional import cached_property
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import extend_schema, inline_serializer
@@ -13,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleet import agent_services, services
+from fleet.endpoints import check_agent_address, check_agent_endpoint, check_agent_port
 from fleet.models import Node
 
 
@@ -58,6 +60,35 @@ class IsAgent(BasePermission):
         return isinstance(request.user, AgentPrincipal)
 
 
+def _policy_error(exc: DjangoValidationError) -> serializers.ValidationError:
+    return serializers.ValidationError(exc.messages)
+
+
+class KVEndpointSerializer(serializers.Serializer):
+    """Where an instance's KV fabrics listen. The gateway hands it to the other agents of a
+    request, which connect to it with the data-plane token: the agent endpoint policy
+    applies (fleet.endpoints)."""
+
+    host = serializers.CharField(max_length=253)
+    port = serializers.IntegerField(min_value=1, max_value=65535)
+    wan_port = serializers.IntegerField(
+        min_value=1, max_value=65535, required=False, allow_null=True
+    )
+
+    def validate(self, attrs):
+        try:
+            check_agent_address(attrs["host"], attrs["port"])
+        except DjangoValidationError as exc:
+            field = "port" if exc.code == "port" else "host"
+            raise serializers.ValidationError({field: exc.messages}) from None
+        if attrs.get("wan_port") is not None:
+            try:
+                check_agent_port(attrs["wan_port"])
+            except DjangoValidationError as exc:
+                raise serializers.ValidationError({"wan_port": exc.messages}) from None
+        return attrs
+
+
 class InstanceReportSerializer(serializers.Serializer):
     instance_id = serializers.CharField(max_length=64)
     role = serializers.CharField(max_length=32, required=False)
@@ -67,7 +98,7 @@ class InstanceReportSerializer(serializers.Serializer):
     kv = serializers.DictField(required=False)
     cache = serializers.DictField(required=False)
     tokens_generated = serializers.IntegerField(required=False, min_value=0)
-    kv_endpoint = serializers.DictField(required=False)
+    kv_endpoint = KVEndpointSerializer(required=False, allow_null=True)
 
 
 class StateDocumentSerializer(serializers.Serializer):
@@ -83,7 +114,19 @@ class StateDocumentSerializer(serializers.Serializer):
 
 
 class RegisterSerializer(StateDocumentSerializer):
-    endpoint = serializers.URLField(max_length=512)
+    endpoint = serializers.CharField(
+        max_length=512,
+        help_text=(
+            "Base URL the agent serves on, http(s)://host:port; it must pass the agent "
+            "endpoint policy (BATON_AGENT_NETWORKS, docs/security.md)."
+        ),
+    )
+
+    def validate_endpoint(self, value: str) -> str:
+        try:
+            return check_agent_endpoint(value)
+        except DjangoValidationError as exc:
+            raise _policy_error(exc) from None
 
 
 class AgentView(APIView):

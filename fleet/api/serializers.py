@@ -7,6 +7,7 @@ from rest_framework import serializers
 
 from fleet import planning, services
 from fleet.choices import DesiredState
+from fleet.endpoints import check_agent_endpoint
 from fleet.models import (
     Datacenter,
     FleetEvent,
@@ -170,6 +171,15 @@ class NodeSerializer(serializers.ModelSerializer):
 
     def get_gpus_free(self, obj: Node) -> int:
         return obj.gpus_free()
+
+    def validate_agent_endpoint(self, value: str) -> str:
+        """The agent endpoint policy (fleet.endpoints); stored normalised."""
+        if not value:
+            return value
+        try:
+            return check_agent_endpoint(value)
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.messages) from None
 
     def create(self, validated_data):
         request = self.context.get("request")

@@ -7,6 +7,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from fleet.choices import ActualState, DesiredState, InstanceRole, NodeStatus
+from fleet.endpoints import check_agent_endpoint
 from fleet.validators import hostname
 
 
@@ -87,6 +88,24 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hostname} ({self.gpu_count}x {self.gpu_type.model}, {self.datacenter.name})"
+
+    @classmethod
+    def from_db(cls, db, field_names, values):
+        node = super().from_db(db, field_names, values)
+        # clean() checks the endpoint only when it changes: editing another field of a node
+        # whose name does not resolve this minute should not fail on that.
+        node._loaded_agent_endpoint = node.__dict__.get("agent_endpoint")
+        return node
+
+    def clean(self) -> None:
+        super().clean()
+        if self.agent_endpoint and self.agent_endpoint != getattr(
+            self, "_loaded_agent_endpoint", None
+        ):
+            try:
+                self.agent_endpoint = check_agent_endpoint(self.agent_endpoint)
+            except ValidationError as exc:
+                raise ValidationError({"agent_endpoint": exc.messages}) from None
 
     def gpus_allocated(self, *, exclude_instance_id: int | None = None) -> int:
         qs = self.instances.all()
