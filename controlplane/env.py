@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import secrets
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -41,3 +43,29 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def generated_secret_key(path: Path) -> str:
+    """The key in `path`, made once (random, 0600) if the file does not exist yet. Several
+    processes starting at once agree: the first to link its file into place wins."""
+    try:
+        found = path.read_text().strip()
+    except FileNotFoundError:
+        found = ""
+    if found:
+        return found
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_urlsafe(50))
+    try:
+        os.link(draft, path)  # fails if another process got there first
+    except FileExistsError:
+        pass
+    finally:
+        draft.unlink()
+    found = path.read_text().strip()
+    if not found:
+        raise ImproperlyConfigured(f"{path} is empty: delete it, or set SECRET_KEY")
+    return found

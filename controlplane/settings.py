@@ -13,14 +13,30 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from agents.dataplane import check_data_token
-from controlplane.env import env_bool, env_int, env_list, env_str
+from controlplane.env import env_bool, env_int, env_list, env_str, generated_secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("BATON_VAR_DIR", str(BASE_DIR / "var")))
 
 DEBUG = env_bool("DEBUG", default=False)
-# The fallback key only suits a laptop; production must set SECRET_KEY.
-SECRET_KEY = env_str("SECRET_KEY", "baton-insecure-development-key-change-me-0123456789abcdef")
+# "development" (the default: the embedded demo, tests, a laptop) or "production": HTTPS-only
+# cookies, HSTS, an HTTPS redirect, /metrics and the API schema closed to anonymous callers;
+# `manage.py check --deploy` is clean there (docs/security.md, "Production profile").
+BATON_PROFILE = env_str("BATON_PROFILE", "development").strip().lower()
+if BATON_PROFILE not in ("development", "production"):
+    raise ImproperlyConfigured(
+        f"BATON_PROFILE={BATON_PROFILE!r}: use 'development' or 'production'"
+    )
+PRODUCTION = BATON_PROFILE == "production"
+if PRODUCTION and DEBUG:
+    raise ImproperlyConfigured("DEBUG=true is not allowed with BATON_PROFILE=production")
+# SECRET_KEY from the environment; else, outside DEBUG, one generated once into BATON_VAR_DIR
+# (every process sharing that folder uses the same key); the fixed key only with DEBUG.
+SECRET_KEY = env_str("SECRET_KEY", "") or (
+    "baton-insecure-development-key-change-me-0123456789abcdef"
+    if DEBUG
+    else generated_secret_key(VAR_DIR / "secret_key")
+)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -47,6 +63,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "controlplane.limits.BodyLimitMiddleware",
+    "controlplane.security.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -54,6 +71,31 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# Security headers (docs/security.md). Always: no MIME sniffing, no framing, a strict CSP on
+# every HTML page (scripts and styles from this origin only). In production also HTTPS only.
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+BATON_CSP = env_str(
+    "BATON_CSP",
+    "default-src 'self'; script-src 'self'; style-src 'self'; style-src-attr 'unsafe-inline'; "
+    "img-src 'self' data:; font-src 'self' data:; connect-src 'self'; object-src 'none'; "
+    "base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
+)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("BATON_SECURE_COOKIES", default=PRODUCTION)
+SECURE_SSL_REDIRECT = env_bool("BATON_SSL_REDIRECT", default=PRODUCTION)
+# Health probes may come over plain HTTP from inside the cluster.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_HSTS_SECONDS = env_int("BATON_HSTS_SECONDS", 31_536_000 if PRODUCTION else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_PRELOAD = env_bool(
+    "BATON_HSTS_PRELOAD", default=PRODUCTION
+)
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto (only then: a client could send it).
+if env_bool("BATON_TRUST_X_FORWARDED_PROTO", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# /metrics without BATON_METRICS_TOKEN: open in development, closed (401) in production.
+BATON_METRICS_OPEN = env_bool("BATON_METRICS_OPEN", default=not PRODUCTION)
 
 ROOT_URLCONF = "controlplane.urls"
 ASGI_APPLICATION = "controlplane.asgi.application"
@@ -187,6 +229,12 @@ SPECTACULAR_SETTINGS = {
     ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and its docs: anyone in development, signed-in users in production.
+    "SERVE_PERMISSIONS": [
+        "rest_framework.permissions.IsAuthenticated"
+        if PRODUCTION
+        else "rest_framework.permissions.AllowAny"
+    ],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

@@ -16,6 +16,7 @@ import hmac
 import time
 from collections.abc import Iterator
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -133,16 +134,23 @@ class TelemetryCollector:
 def _authorised(request: HttpRequest) -> bool:
     token = conf.metrics_token()
     if not token:
-        return True
+        # Open in the development profile; the production profile wants a token.
+        return bool(getattr(settings, "BATON_METRICS_OPEN", True))
     header = request.headers.get("Authorization", "")
     scheme, _, given = header.partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token)
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """Prometheus exposition; open unless BATON_METRICS_TOKEN asks for a bearer token."""
+    """Prometheus exposition: a bearer token when BATON_METRICS_TOKEN is set; without one,
+    open in development and closed in production (BATON_METRICS_OPEN)."""
     if not _authorised(request):
-        response = HttpResponse("metrics need a bearer token\n", status=401)
+        message = (
+            "metrics need a bearer token\n"
+            if conf.metrics_token()
+            else "metrics are closed: set BATON_METRICS_TOKEN and send it as a bearer token\n"
+        )
+        response = HttpResponse(message, status=401)
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
     registry = CollectorRegistry(auto_describe=False)
