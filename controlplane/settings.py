@@ -195,6 +195,19 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery")
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 60)
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 90)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A task whose worker dies mid-run is delivered again: a child killed under the worker is
+# rejected back to the queue, and with the whole worker gone Redis hands the unacknowledged
+# message out again once the visibility timeout passes. It must exceed the task time limit, or
+# a task still running would be handed to a second worker (kombu's default is one hour).
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", CELERY_TASK_TIME_LIMIT + 30)
+}
+if CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"] <= CELERY_TASK_TIME_LIMIT:
+    raise ImproperlyConfigured(
+        "CELERY_VISIBILITY_TIMEOUT must exceed CELERY_TASK_TIME_LIMIT "
+        f"({CELERY_TASK_TIME_LIMIT} s)"
+    )
 CELERY_TIMEZONE = TIME_ZONE
 
 REST_FRAMEWORK = {
