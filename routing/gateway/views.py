@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -61,6 +62,19 @@ def in_worker(fn):
             close_old_connections()
 
     return sync_to_async(run, thread_sensitive=False)
+
+
+# Record writes in flight (each its own task, so a client's disconnect cannot cancel one);
+# a shutting-down process waits for them (drain_pending_records).
+pending_records: set[asyncio.Future] = set()
+
+
+async def drain_pending_records(timeout_s: float = 30.0) -> int:
+    """Wait for the record writes still in flight; returns how many did not finish in time."""
+    if not pending_records:
+        return 0
+    _, left = await asyncio.wait(set(pending_records), timeout=timeout_s)
+    return len(left)
 
 
 live_views = LiveViewCache()
@@ -255,6 +269,7 @@ class Run:
         self.finish_reason: str | None = None
         self.status = "ok"
         self.error = ""
+        self.recorded = False
 
     async def deltas(self):
         """Yield text pieces in order as tokens arrive; set finish_reason at the end."""
@@ -334,21 +349,35 @@ class Run:
         )
 
     async def record(self) -> None:
+        """Write the record and usage once, whatever the client does meanwhile: the write runs
+        as its own task, so a disconnect (which cancels the response) cannot cancel it."""
+        if self.recorded:
+            return
+        self.recorded = True
         p = self.p
-        try:
-            await in_worker(record_request)(
-                request_id=p.request_id,
-                api_key=p.key,
-                model=p.model.name,
-                endpoint=p.kind,
-                stream=p.greq.stream,
-                decision=p.decision,
-                policy_version=p.version,
-                decision_inputs=p.inputs,
-                outcome=self.outcome(),
-            )
-        except Exception:
-            log.exception("could not record request %s", p.request_id)
+        outcome = self.outcome()
+
+        async def write() -> None:
+            try:
+                await in_worker(record_request)(
+                    request_id=p.request_id,
+                    api_key=p.key,
+                    model=p.model.name,
+                    endpoint=p.kind,
+                    stream=p.greq.stream,
+                    decision=p.decision,
+                    policy_version=p.version,
+                    decision_inputs=p.inputs,
+                    outcome=outcome,
+                )
+            except Exception:
+                log.exception("could not record request %s", p.request_id)
+
+        task = asyncio.ensure_future(write())
+        pending_records.add(task)
+        task.add_done_callback(pending_records.discard)
+        # A cancellation (the client went away) reaches the caller; the write carries on.
+        await asyncio.shield(task)
 
 
 def _seconds(value: Any) -> float | None:
@@ -408,11 +437,14 @@ async def _stream(p: Prepared):
             )
         async for piece in run.deltas():
             yield _sse(_chunk(p, created, piece, None))
+        # Every token is out: the request is complete. Record it before the last bytes go, so
+        # a client that closes right after [DONE] (the openai client does) cannot lose it.
+        cached = run.outcome().cached_tokens
+        await run.record()
         yield _sse(
             _chunk(p, created, None if p.kind == "chat.completions" else "", run.finish_reason)
         )
         if p.greq.include_usage:
-            cached = run.outcome().cached_tokens
             yield _sse(_chunk(p, created, None, None, usage=_usage(p, run.token_count, cached)))
         yield _sse("[DONE]")
     except AgentRunError as exc:

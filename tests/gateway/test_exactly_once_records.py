@@ -1,0 +1,119 @@
+"""Every request the gateway completed leaves exactly one record and one usage entry, even
+when the client closes the connection right after the last byte (the openai client does) or
+goes away while the record is being written."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from agents.engine.tokenizer import ByteTokenizer
+from billing import services as billing
+from billing.models import Tenant, UsageEntry
+from fleet.models import ServedModel
+from routing.gateway import views
+from routing.gateway.parsing import GatewayRequest
+from routing.models import RequestRecord
+from routing.policy import Decision
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def prepared(transactional_db, monkeypatch):
+    tenant = Tenant.objects.create(name="acme")
+    key, _ = billing.api_key_create(tenant=tenant)
+    model = ServedModel.objects.create(
+        name="baton-tiny", source="baton-tiny", num_layers=4, kv_bytes_per_token=4096
+    )
+
+    async def events(url, plan):
+        for i, token in enumerate(b"hello"):
+            yield {"type": "token", "index": i, "token_id": token, "role": "md"}
+        yield {"type": "done", "finish_reason": "length", "stats": {"cached_tokens": 0}}
+
+    monkeypatch.setattr(views, "run_events", events)
+
+    def make(request_id: str, *, stream: bool = True) -> views.Prepared:
+        return views.Prepared(
+            key=key,
+            greq=GatewayRequest(
+                endpoint="completions",
+                model="baton-tiny",
+                prompt_text="hi",
+                max_tokens=5,
+                temperature=0.0,
+                top_p=1.0,
+                stream=stream,
+                include_usage=True,
+                seed=None,
+            ),
+            model=model,
+            tokenizer=ByteTokenizer(),
+            prompt_ids=[104, 105],
+            request_id=request_id,
+            decision=Decision("p-md", "one-shot", "1", None, "2", 0, 2, 0.01, "test"),
+            version=1,
+            inputs={},
+            url="http://agent/v1/pdd/generate",
+            plan={},
+            kind="completions",
+            first_token_early=False,
+            received_at=time.monotonic(),
+        )
+
+    return make
+
+
+def _records(request_id: str) -> tuple[int, int, str]:
+    rows = list(RequestRecord.objects.filter(request_id=request_id))
+    usage = UsageEntry.objects.filter(request_id=request_id).count()
+    return len(rows), usage, rows[0].status if rows else ""
+
+
+def test_a_client_that_closes_right_after_done_leaves_one_record(prepared):
+    async def client():
+        stream = views._stream(prepared("cmpl-close"))
+        async for chunk in stream:
+            if chunk == b"data: [DONE]\n\n":
+                break
+        await stream.aclose()  # the connection closes after the last byte
+        await views.drain_pending_records()
+
+    asyncio.run(client())
+    assert _records("cmpl-close") == (1, 1, "ok")
+
+
+def test_a_client_gone_while_the_record_is_written_still_leaves_it(prepared, monkeypatch):
+    real = views.record_request
+
+    def slow_record(**kwargs):
+        time.sleep(0.3)  # the write is under way when the client disconnects
+        return real(**kwargs)
+
+    monkeypatch.setattr(views, "record_request", slow_record)
+
+    async def client():
+        task = asyncio.ensure_future(views._complete(prepared("cmpl-cancel", stream=False)))
+        await asyncio.sleep(0.1)
+        task.cancel()  # the ASGI handler cancels the response on http.disconnect
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await views.drain_pending_records() == 0
+
+    asyncio.run(client())
+    assert _records("cmpl-cancel") == (1, 1, "ok")
+
+
+def test_a_stream_cancelled_mid_way_is_recorded_once_as_cancelled(prepared):
+    async def client():
+        stream = views._stream(prepared("cmpl-mid"))
+        await stream.__anext__()  # the first chunk, then the client goes away
+        await stream.aclose()
+        await views.drain_pending_records()
+
+    asyncio.run(client())
+    count, usage, status = _records("cmpl-mid")
+    assert (count, usage, status) == (1, 1, "cancelled")
