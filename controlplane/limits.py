@@ -24,7 +24,7 @@ def body_limit(path: str) -> int:
     if path.startswith("/v1/"):
         return int(getattr(settings, "BATON_MAX_BODY_BYTES", 4 * MIB))
     if path.startswith("/api/v1/agent/"):
-        return int(getattr(settings, "BATON_MAX_HEARTBEAT_BYTES", 1 * MIB))
+        return int(getattr(settings, "BATON_MAX_HEARTBEAT_BYTES", 4 * MIB))
     return int(getattr(settings, "BATON_MAX_API_BODY_BYTES", 1 * MIB))
 
 

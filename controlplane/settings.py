@@ -161,7 +161,8 @@ LOGIN_URL = "/admin/login/"
 BATON_MAX_JSON_DEPTH = env_int("BATON_MAX_JSON_DEPTH", 64)
 BATON_MAX_BODY_BYTES = env_int("BATON_MAX_BODY_BYTES", 4 * 1024 * 1024)  # /v1 (prompts)
 BATON_MAX_API_BODY_BYTES = env_int("BATON_MAX_API_BODY_BYTES", 1024 * 1024)  # /api/v1
-BATON_MAX_HEARTBEAT_BYTES = env_int("BATON_MAX_HEARTBEAT_BYTES", 1024 * 1024)  # agents
+# Agents' reports: an MD's heartbeat lists its cached prefix blocks (~20 bytes each).
+BATON_MAX_HEARTBEAT_BYTES = env_int("BATON_MAX_HEARTBEAT_BYTES", 4 * 1024 * 1024)
 BATON_BODY_TIMEOUT_S = float(env_str("BATON_BODY_TIMEOUT_S", "15"))
 # Django's own cap sits above ours, so ours answer first and in the right shape.
 DATA_UPLOAD_MAX_MEMORY_SIZE = (
@@ -205,8 +206,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 }
 if CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"] <= CELERY_TASK_TIME_LIMIT:
     raise ImproperlyConfigured(
-        "CELERY_VISIBILITY_TIMEOUT must exceed CELERY_TASK_TIME_LIMIT "
-        f"({CELERY_TASK_TIME_LIMIT} s)"
+        f"CELERY_VISIBILITY_TIMEOUT must exceed CELERY_TASK_TIME_LIMIT ({CELERY_TASK_TIME_LIMIT} s)"
     )
 CELERY_TIMEZONE = TIME_ZONE
 

@@ -89,6 +89,11 @@ class KVEndpointSerializer(serializers.Serializer):
         return attrs
 
 
+# Bounds of a heartbeat or registration report, beside its size in bytes.
+MAX_REPORTED_INSTANCES = 256
+MAX_REPORTED_BLOCKS = 200_000
+
+
 class InstanceReportSerializer(serializers.Serializer):
     instance_id = serializers.CharField(max_length=64)
     role = serializers.CharField(max_length=32, required=False)
@@ -99,6 +104,14 @@ class InstanceReportSerializer(serializers.Serializer):
     cache = serializers.DictField(required=False)
     tokens_generated = serializers.IntegerField(required=False, min_value=0)
     kv_endpoint = KVEndpointSerializer(required=False, allow_null=True)
+    # Prefix-block hashes held (radix cache) and on their way (reserved KV): bounded, as the
+    # whole report is (BATON_MAX_HEARTBEAT_BYTES).
+    cached_prefix_blocks = serializers.ListField(
+        child=serializers.CharField(max_length=64), max_length=MAX_REPORTED_BLOCKS, required=False
+    )
+    incoming_prefix_blocks = serializers.ListField(
+        child=serializers.CharField(max_length=64), max_length=MAX_REPORTED_BLOCKS, required=False
+    )
 
 
 class StateDocumentSerializer(serializers.Serializer):
@@ -108,7 +121,7 @@ class StateDocumentSerializer(serializers.Serializer):
     )
     protocol = serializers.IntegerField(required=False)
     draining = serializers.BooleanField(required=False)
-    instances = InstanceReportSerializer(many=True)
+    instances = InstanceReportSerializer(many=True, max_length=MAX_REPORTED_INSTANCES)
     fabrics = serializers.DictField(required=False)
     links = serializers.DictField(required=False)
 

@@ -171,3 +171,19 @@ def test_node_list_is_unchanged_by_rejected_input(operator, node_a):
     before = Node.objects.count()
     _post_raw(operator, "/api/v1/nodes/", DEEP)
     assert Node.objects.count() == before
+
+
+def test_a_report_with_too_many_instances_or_blocks_is_400(node_a):
+    from fleet.api.agent import MAX_REPORTED_BLOCKS, MAX_REPORTED_INSTANCES
+
+    token = services.node_rotate_token(node=node_a)
+    agent = APIClient()
+    agent.credentials(HTTP_AUTHORIZATION=f"AgentToken {token}")
+    many = [{"instance_id": str(i), "state": "running"} for i in range(MAX_REPORTED_INSTANCES + 1)]
+    response = agent.post("/api/v1/agent/heartbeat", {"instances": many}, format="json")
+    assert response.status_code == 400
+    assert "instances" in response.json()
+    blocks = ["b"] * (MAX_REPORTED_BLOCKS + 1)
+    item = {"instance_id": "1", "state": "running", "cached_prefix_blocks": blocks}
+    response = agent.post("/api/v1/agent/heartbeat", {"instances": [item]}, format="json")
+    assert response.status_code == 400
