@@ -128,6 +128,17 @@ def page(server):
         browser.close()
 
 
+def wait_js(page, expression: str, arg=None, timeout_s: float = 60.0) -> None:
+    """Wait until `expression` is truthy in the page. Playwright's wait_for_function compiles
+    the expression inside the page, which the UI's Content-Security-Policy (no eval) refuses;
+    page.evaluate goes through the DevTools protocol, which the policy does not cover."""
+    deadline = time.monotonic() + timeout_s
+    while not (page.evaluate(expression) if arg is None else page.evaluate(expression, arg)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not true within {timeout_s} s: {expression}")
+        page.wait_for_timeout(100)
+
+
 def login(page, base: str) -> None:
     page.goto(base + "/")
     assert "/login/" in page.url
@@ -145,16 +156,18 @@ def test_overview_goes_live_and_moves_with_traffic(server, page):
     base = server["base"]
     login(page, base)
     page.wait_for_selector("body[data-ws=open]")
-    page.wait_for_function("Number(document.body.dataset.snapshots || 0) >= 1")
+    wait_js(page, "Number(document.body.dataset.snapshots || 0) >= 1")
     assert page.locator("#chart-ttft .uplot").count() == 1
     before = metric(page, "requests")
     page.screenshot(path=str(ARTIFACTS / "overview-before-traffic.png"), full_page=True)
 
     server["run"]("telemetry_synthetic", "--count", "300", "--seed", "11")
-    page.wait_for_function(
-        "(b) => document.querySelector('[data-metric=requests]').textContent !== b", arg=before
+    wait_js(
+        page,
+        "(b) => document.querySelector('[data-metric=requests]').textContent !== b",
+        arg=before,
     )
-    page.wait_for_function("document.querySelector('[data-metric=rps]').textContent !== '0.00'")
+    wait_js(page, "document.querySelector('[data-metric=rps]').textContent !== '0.00'")
     assert metric(page, "requests") == "300 requests"
     assert metric(page, "ttft") != "– / –"
     assert "%" in metric(page, "share")
@@ -167,7 +180,7 @@ def test_fleet_page_shows_the_topology_and_live_state(server, page):
     login(page, base)
     page.goto(base + "/fleet/")
     page.wait_for_selector("body[data-ws=open]")
-    page.wait_for_function("Number(document.body.dataset.snapshots || 0) >= 1")
+    wait_js(page, "Number(document.body.dataset.snapshots || 0) >= 1")
     svg = page.locator("svg#topology")
     assert svg.locator("g.dc").count() == 2
     assert svg.locator("g.link").count() == 1
@@ -175,7 +188,7 @@ def test_fleet_page_shows_the_topology_and_live_state(server, page):
     assert "Gbit/s" in svg.locator("g.link").text_content()
     assert page.locator("#instances button[data-action=drain]").count() == 3
     page.locator("#instances button[data-action=drain]").first.click()
-    page.wait_for_function("document.getElementById('action-result').textContent.length > 0")
+    wait_js(page, "document.getElementById('action-result').textContent.length > 0")
     assert "drain requested" in page.locator("#action-result").inner_text()
     page.screenshot(path=str(ARTIFACTS / "fleet.png"), full_page=True)
     page.goto(base + "/requests/?pipeline=p-rld-md")
