@@ -96,6 +96,12 @@ def _serve_parser(sub) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--kv-timeout-s", type=float)
     p.add_argument("--handoff-timeout-s", type=float)
+    p.add_argument(
+        "--handoff-ack-floor-s",
+        type=float,
+        help="final handoff: wait for MD's acknowledgement this long plus 4 x the link RTT "
+        "(at most --handoff-timeout-s; default 1.5)",
+    )
     p.add_argument("--log-level", default="WARNING")
 
 

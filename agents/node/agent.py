@@ -409,6 +409,13 @@ class Agent:
             bandwidth_gbps=link.bandwidth_gbps, rtt_ms=link.rtt_ms, pool_size=link.pool_size
         )
 
+    def handoff_ack_timeout_s(self, peer_datacenter: str | None) -> float:
+        """How long RLD waits for MD's acknowledgement of the final handoff over the link to
+        `peer_datacenter`: the floor plus four round trips, at most handoff_timeout_s."""
+        shaper = self.links.get(peer_datacenter) if peer_datacenter else None
+        rtt_s = shaper.settings.rtt_s if shaper is not None else 0.0
+        return min(self.settings.handoff_timeout_s, self.settings.handoff_ack_floor_s + 4 * rtt_s)
+
     def wan_client(self, peer_datacenter: str | None) -> FabricClient:
         """The WAN link's shaped client towards that datacenter; a peer with no configured
         link gets unshaped WAN (still counted as WAN, and logged)."""

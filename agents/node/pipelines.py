@@ -648,10 +648,11 @@ async def run_relay(agent: Agent, inst: Instance, req: RelayRequest) -> Events:
         handoff.at_token = n + 1
         phase = "final"
         send_batch(pending, final=True)
+        ack_timeout_s = agent.handoff_ack_timeout_s(main.datacenter)
         deadline = asyncio.get_running_loop().call_later(
-            agent.settings.handoff_timeout_s,
+            ack_timeout_s,
             queue.put_nowait,
-            ("md_failed", f"no acknowledgement within {agent.settings.handoff_timeout_s} s"),
+            ("md_failed", f"no acknowledgement within {ack_timeout_s:.2f} s"),
         )
 
     try:

@@ -62,7 +62,12 @@ class AgentSettings:
     seed: int = 0
     # Pipeline timeouts.
     kv_timeout_s: float = 120.0  # a decode side waits this long for P's KV
-    handoff_timeout_s: float = 30.0  # RLD waits this long for MD to acknowledge the final handoff
+    # RLD waits for MD to acknowledge the final handoff (MD's first token after it) at most
+    # handoff_ack_floor_s + 4 x the link's RTT, and never more than handoff_timeout_s: MD was
+    # ready (a decode slot held) before the batch left, so a late answer means a dead MD or a
+    # black-holed link, and RLD finishes the request itself after a stall of ~2 s, not 30.
+    handoff_timeout_s: float = 30.0
+    handoff_ack_floor_s: float = 1.5
     reserve_ttl_s: float = 120.0  # an unused DRC reservation is dropped after this
     # What the agent resolved and applied before torch loaded (the state document's "threads").
     thread_plan: ThreadPlan | None = field(default=None, repr=False)
@@ -79,7 +84,13 @@ class AgentSettings:
             )
         if self.data_token is not None:
             check_data_token(self.data_token, "data_token")
-        for name in ("heartbeat_interval_s", "kv_timeout_s", "handoff_timeout_s", "reserve_ttl_s"):
+        for name in (
+            "heartbeat_interval_s",
+            "kv_timeout_s",
+            "handoff_timeout_s",
+            "handoff_ack_floor_s",
+            "reserve_ttl_s",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be > 0, got {value}")
