@@ -35,7 +35,14 @@ def data_plane_headers() -> dict[str, str]:
 
 
 class AgentRunError(Exception):
-    """The agents could not run the request (unreachable, refused, failed mid-way)."""
+    """The agents could not run the request (unreachable, refused, failed mid-way).
+
+    ``at_prefill``: P itself could not be reached or refused the call (True), or P's stream
+    reported a failure further down the path (False)."""
+
+    def __init__(self, message: str, *, at_prefill: bool = True) -> None:
+        super().__init__(message)
+        self.at_prefill = at_prefill
 
 
 @dataclass(slots=True)

@@ -37,8 +37,10 @@ from routing.live import (
     DispatchedBlocks,
     DispatchLedger,
     LiveViewCache,
+    SuspectInstances,
     with_dispatched_blocks,
     with_dispatches,
+    without_suspects,
 )
 from routing.policy import NoHealthyPath, Pipeline, RequestInfo, decide
 from routing.policy_cache import PolicyCache
@@ -86,6 +88,12 @@ dispatches = DispatchLedger(
 dispatched_blocks = DispatchedBlocks(
     redis_url=settings.REDIS_URL, prefix=f"{settings.REDIS_KEY_PREFIX}:dispatched-blocks"
 )
+# Instances seen failing, avoided until their next report (shared through Redis when set).
+suspects = SuspectInstances(
+    redis_url=settings.REDIS_URL, prefix=f"{settings.REDIS_KEY_PREFIX}:suspect"
+)
+# Attempts on another path for a request that failed before its first token.
+MAX_RETRIES = 2
 policies = PolicyCache()
 _limiter: RateLimiter | None = None
 
@@ -153,8 +161,6 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
     if not verdict.allowed:
         raise rate_limited(verdict.limit, verdict.retry_after_s)
     request_id = f"{'chatcmpl' if kind == 'chat.completions' else 'cmpl'}-{uuid.uuid4().hex}"
-    view = live_views.get(model.name)
-    snapshot = with_dispatches(view, dispatches)
     policy, version = policies.current()
     info = RequestInfo(
         prompt_tokens=len(prompt_ids),
@@ -162,14 +168,57 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
         prefix_block_hashes=prefix_block_hashes(prompt_ids, model.kv_block_size),
         block_tokens=model.kv_block_size,
     )
+    p = Prepared(
+        key=key,
+        greq=greq,
+        model=model,
+        tokenizer=tokenizer,
+        prompt_ids=prompt_ids,
+        request_id=request_id,
+        kind=kind,
+        info=info,
+        policy=policy,
+        version=version,
+        first_token_early=policy.stream_first_token_early,
+        received_at=received_at,
+        attempt=0,
+        retried=[],
+    )
+    try:
+        _route(p)
+    except NoHealthyPath as exc:
+        record_request(
+            request_id=request_id,
+            api_key=key,
+            model=model.name,
+            endpoint=kind,
+            stream=greq.stream,
+            decision=None,
+            policy_version=version,
+            decision_inputs=p.inputs,
+            outcome=Outcome(
+                status="rejected", error=f"no healthy path: {exc}", prompt_tokens=len(prompt_ids)
+            ),
+        )
+        raise unavailable(f"No healthy path for model '{model.name}': {exc}") from exc
+    return p
+
+
+def _route(p: Prepared) -> None:
+    """Decide the path on the live view (with this gateway's dispatches, the KV already sent
+    to each MD, and without the instances seen failing) and build the agents' plan; sets
+    ``p.decision``, ``p.inputs``, ``p.url`` and ``p.plan``. Raises NoHealthyPath."""
+    view = live_views.get(p.model.name)
+    snapshot = with_dispatches(view, dispatches)
     # MD will hold what the gateways have already sent it (KV on its way, not yet in its
     # heartbeat): a session's next turn sent right after the previous answer is a hit there.
     snapshot, in_flight = with_dispatched_blocks(
-        view, snapshot, dispatched_blocks, info.prefix_block_hashes
+        view, snapshot, dispatched_blocks, p.info.prefix_block_hashes
     )
+    snapshot, avoided = without_suspects(view, snapshot, suspects)
     inputs = {
-        "prompt_tokens": len(prompt_ids),
-        "max_tokens": greq.max_tokens,
+        "prompt_tokens": len(p.prompt_ids),
+        "max_tokens": p.greq.max_tokens,
         "instances": {
             i.id: {
                 "role": i.role,
@@ -197,50 +246,49 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
         # Per MD, the prompt's leading blocks counted as held only because a gateway had
         # already dispatched them there (its heartbeat did not show them yet).
         inputs["dispatched_blocks"] = in_flight
-    try:
-        decision = decide(info, snapshot, policy)
-    except NoHealthyPath as exc:
-        record_request(
-            request_id=request_id,
-            api_key=key,
-            model=model.name,
-            endpoint=kind,
-            stream=greq.stream,
-            decision=None,
-            policy_version=version,
-            decision_inputs=inputs,
-            outcome=Outcome(
-                status="rejected", error=f"no healthy path: {exc}", prompt_tokens=len(prompt_ids)
-            ),
-        )
-        raise unavailable(f"No healthy path for model '{model.name}': {exc}") from exc
+    if avoided:
+        inputs["suspect"] = avoided  # seen failing since their last report: routed around
+    if p.retried:
+        inputs["retried"] = p.retried
+    p.inputs = inputs
+    decision = decide(p.info, snapshot, p.policy)
     dispatches.record((decision.prefill_id, decision.relay_id, decision.main_id))
     if decision.pipeline in (Pipeline.P_MD, Pipeline.P_RLD_MD):
-        dispatched_blocks.record(decision.main_id, info.prefix_block_hashes)
-    url, plan = build_plan(
-        request_id=request_id,
-        prompt_ids=prompt_ids,
-        sampling=Sampling(greq.max_tokens, greq.temperature, greq.top_p, greq.seed),
+        dispatched_blocks.record(decision.main_id, p.info.prefix_block_hashes)
+    # The agents see each attempt as its own request (a retry must not meet the first one's
+    # leftovers); the record keeps the gateway's id.
+    agent_request_id = p.request_id if not p.attempt else f"{p.request_id}-r{p.attempt}"
+    p.url, p.plan = build_plan(
+        request_id=agent_request_id,
+        prompt_ids=p.prompt_ids,
+        sampling=Sampling(p.greq.max_tokens, p.greq.temperature, p.greq.top_p, p.greq.seed),
         decision=decision,
         view=view,
-        early_first_token=policy.stream_first_token_early,
+        early_first_token=p.policy.stream_first_token_early,
     )
-    return Prepared(
-        key=key,
-        greq=greq,
-        model=model,
-        tokenizer=tokenizer,
-        prompt_ids=prompt_ids,
-        request_id=request_id,
-        decision=decision,
-        version=version,
-        inputs=inputs,
-        url=url,
-        plan=plan,
-        kind=kind,
-        first_token_early=policy.stream_first_token_early,
-        received_at=received_at,
-    )
+    p.decision = decision
+
+
+def _retry_elsewhere(p: Prepared, exc: AgentRunError) -> bool:
+    """After a failure before the user got any token: mark the instances it implicates
+    suspect (P when P could not be reached; the decode side when P's stream reported an error)
+    and route the request again. False when the retries are used up or no path is left."""
+    if p.attempt >= MAX_RETRIES:
+        return False
+    d = p.decision
+    implicated = [d.prefill_id] if exc.at_prefill else [i for i in (d.relay_id, d.main_id) if i]
+    suspects.mark(implicated)
+    p.retried.append({"pipeline": d.pipeline, "instances": implicated, "error": str(exc)[:300]})
+    p.attempt += 1
+    try:
+        _route(p)
+    except NoHealthyPath:
+        return False
+    log.warning(
+        "request %s: %s failed before its first token (%s); retrying on %s",
+        p.request_id, implicated, exc, p.decision.pipeline,
+    )  # fmt: skip
+    return True
 
 
 def _usage(p: Prepared, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
@@ -272,7 +320,18 @@ class Run:
         self.recorded = False
 
     async def deltas(self):
-        """Yield text pieces in order as tokens arrive; set finish_reason at the end."""
+        """Yield text pieces in order as tokens arrive; set finish_reason at the end. A failure
+        before the first token is retried on another path (``_retry_elsewhere``)."""
+        while True:
+            try:
+                async for piece in self._attempt():
+                    yield piece
+                return
+            except AgentRunError as exc:
+                if self.token_count or not await in_worker(_retry_elsewhere)(self.p, exc):
+                    raise
+
+    async def _attempt(self):
         events = run_events(self.p.url, self.p.plan)
         try:
             async for event in events:
@@ -281,7 +340,8 @@ class Run:
                     if event.get("index") != self.token_count:
                         raise AgentRunError(
                             f"token stream out of order: got index {event.get('index')}, "
-                            f"expected {self.token_count}"
+                            f"expected {self.token_count}",
+                            at_prefill=False,
                         )
                     self.token_count += 1
                     now = time.monotonic()
@@ -304,12 +364,14 @@ class Run:
                     reason = event.get("finish_reason")
                     self.finish_reason = "length" if reason in ("length", "max_tokens") else "stop"
                 elif kind == "error":
-                    raise AgentRunError(str(event.get("message", "agent error")))
+                    raise AgentRunError(str(event.get("message", "agent error")), at_prefill=False)
             tail = self.text.flush()
             if tail:
                 yield tail
             if self.finish_reason is None:
-                raise AgentRunError("the agent stream ended without a 'done' event")
+                raise AgentRunError(
+                    "the agent stream ended without a 'done' event", at_prefill=False
+                )
         finally:
             await events.aclose()
 

@@ -19,9 +19,11 @@ def fresh_gateway_state():
     views.policies.clear()
     views.dispatches.clear()
     views.dispatched_blocks.clear()
+    views.suspects.clear()
     yield
     views._limiter = None
     views.dispatches.clear()
     views.dispatched_blocks.clear()
+    views.suspects.clear()
     views.live_views.clear()
     views.policies.clear()

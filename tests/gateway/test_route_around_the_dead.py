@@ -1,0 +1,144 @@
+"""A request that fails before its first token is retried on another path, and the instance
+that failed is avoided by every later request until its node reports again."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from rest_framework.test import APIClient
+
+from billing import services as billing
+from billing.models import Tenant
+from fleet import live as fleet_live
+from fleet.choices import InstanceRole, NodeStatus
+from fleet.models import Datacenter, GPUType, Instance, Node, ServedModel
+from routing.gateway import views
+from routing.gateway.runner import AgentRunError
+from routing.models import RequestRecord
+
+
+def _publish(node: Node, inst: Instance) -> None:
+    fleet_live.publish_report(
+        node_id=node.pk,
+        hostname=node.hostname,
+        datacenter=node.datacenter.name,
+        endpoint=node.agent_endpoint,
+        report={
+            "instances": [
+                {
+                    "instance_id": str(inst.pk),
+                    "role": inst.role,
+                    "state": "running",
+                    "load": {"running": 0, "queued": 0, "max_running": 32},
+                    "cached_prefix_blocks": [],
+                }
+            ]
+        },
+    )
+
+
+@pytest.fixture
+def two_prefills(transactional_db, settings, monkeypatch):
+    settings.REDIS_URL = ""
+    fleet_live._memory.clear()
+    model = ServedModel.objects.create(
+        name="baton-tiny", source="baton-tiny", num_layers=4, kv_bytes_per_token=4096
+    )
+    dc = Datacenter.objects.create(name="dc-a", region="city-a")
+    gpu = GPUType.objects.create(
+        vendor="g",
+        model="gpu",
+        peak_bf16_tflops=989,
+        memory_gib=80,
+        memory_bandwidth_gbps=3350,
+        interconnect_gbps=400,
+    )
+    made = {}
+    for name, role in (
+        ("p1", InstanceRole.PREFILL),
+        ("p2", InstanceRole.PREFILL),
+        ("md", InstanceRole.MAIN_DECODE),
+    ):
+        node = Node.objects.create(
+            hostname=name,
+            datacenter=dc,
+            gpu_type=gpu,
+            gpu_count=8,
+            agent_endpoint=f"http://10.0.0.{len(made) + 1}:9000",
+            agent_token_prefix=f"t-{name}",
+            status=NodeStatus.ONLINE,
+        )
+        inst = Instance.objects.create(role=role, node=node, served_model=model, gpu_count=8)
+        _publish(node, inst)
+        made[name] = (node, inst)
+    dead_url = made["p1"][0].agent_endpoint
+    calls: list[str] = []
+
+    async def events(url, plan):
+        calls.append(url)
+        if url.startswith(dead_url):
+            raise AgentRunError("prefill agent unreachable: connection refused")
+        for i, token in enumerate(b"ok!"):
+            yield {"type": "token", "index": i, "token_id": token, "role": "md"}
+        yield {"type": "done", "finish_reason": "length", "stats": {}}
+
+    monkeypatch.setattr(views, "run_events", events)
+    tenant = Tenant.objects.create(name="acme", requests_per_minute=100, tokens_per_minute=10**6)
+    _, raw = billing.api_key_create(tenant=tenant)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    yield client, made, calls, dead_url
+    fleet_live._memory.clear()
+
+
+def _send(client):
+    return client.post(
+        "/v1/completions",
+        {"model": "baton-tiny", "prompt": "hello", "max_tokens": 3},
+        format="json",
+    )
+
+
+def test_a_dead_prefill_is_retried_elsewhere_and_then_avoided(two_prefills):
+    client, made, calls, dead_url = two_prefills
+    # Send until a request lands on the dead P first (the policy picks the least loaded).
+    for _ in range(6):
+        response = _send(client)
+        assert response.status_code == 200, response.content
+        assert response.json()["choices"][0]["text"] == "ok!"
+        if any(u.startswith(dead_url) for u in calls):
+            break
+    assert any(u.startswith(dead_url) for u in calls), "the dead P was never chosen"
+    record = RequestRecord.objects.filter(decision__inputs__has_key="retried").first()
+    assert record is not None and record.status == "ok"
+    assert record.prefill_instance == str(made["p2"][1].pk)
+    assert record.decision.inputs["retried"][0]["instances"] == [str(made["p1"][1].pk)]
+    # Every later request avoids the dead P at once, without trying it.
+    calls.clear()
+    for _ in range(4):
+        assert _send(client).status_code == 200
+    assert not any(u.startswith(dead_url) for u in calls)
+    # A fresh report from the dead P's node clears the suspicion.
+    time.sleep(0.01)
+    _publish(*made["p1"])
+    views.live_views.clear()
+    calls.clear()
+    for _ in range(6):
+        _send(client)
+    assert any(u.startswith(dead_url) for u in calls)
+
+
+def test_with_every_path_dead_the_request_fails_once_recorded(two_prefills, monkeypatch):
+    client, _, calls, _ = two_prefills
+
+    async def broken(url, plan):
+        calls.append(url)
+        raise AgentRunError("prefill agent unreachable: connection refused")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(views, "run_events", broken)
+    response = _send(client)
+    assert response.status_code == 502
+    assert len(calls) == 2  # both P tried, then no healthy path left
+    assert RequestRecord.objects.get().status == "error"
