@@ -100,7 +100,13 @@ class ControlPlaneLink:
                             )
                             registered = await self.register(http)
                         elif response.status_code != 200:
-                            log.warning("heartbeat answered HTTP %s", response.status_code)
+                            # The reason matters: a 400 names the field the control plane
+                            # refused (say, a KV endpoint outside the allowed networks).
+                            log.warning(
+                                "heartbeat answered HTTP %s: %s",
+                                response.status_code,
+                                response.text[:300],
+                            )
                         else:
                             self.heartbeats += 1
                 except asyncio.CancelledError:
