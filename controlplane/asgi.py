@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 from django.core.asgi import get_asgi_application
@@ -24,8 +25,27 @@ http_app = BodyGuard(ASGIStaticFilesHandler(django_http) if settings.SERVE_STATI
 
 start_embedded_beat()
 
+
+async def lifespan(scope, receive, send):
+    """uvicorn's start and stop: on stop (SIGTERM), after the server has stopped accepting and
+    its open streams have ended, wait for the request records still being written."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            from routing.gateway.views import drain_pending_records
+
+            left = await drain_pending_records(timeout_s=30.0)
+            if left:
+                logging.getLogger(__name__).error("%d request records were not written", left)
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 application = ProtocolTypeRouter(
     {
+        "lifespan": lifespan,
         "http": http_app,
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
