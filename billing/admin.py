@@ -1,7 +1,7 @@
 from django.contrib import admin, messages
 
-from billing import services
-from billing.models import ApiKey, Tenant, UsageEntry
+from billing import pricing, services
+from billing.models import ApiKey, ModelPrice, Tenant, UsageEntry
 
 
 @admin.register(Tenant)
@@ -45,3 +45,22 @@ class UsageEntryAdmin(admin.ModelAdmin):
     ]
     list_filter = ["tenant", "model"]
     search_fields = ["request_id"]
+
+
+@admin.register(ModelPrice)
+class ModelPriceAdmin(admin.ModelAdmin):
+    list_display = [
+        "served_model",
+        "tenant",
+        "input_per_mtok",
+        "cached_input_per_mtok",
+        "output_per_mtok",
+        "currency",
+        "effective_from",
+        "effective_to",
+    ]
+    list_filter = ["served_model", "tenant", "currency"]
+    date_hierarchy = "effective_from"
+
+    def save_model(self, request, obj, form, change):
+        pricing.model_price_save(price=obj)  # the form already ran clean(); this serialises

@@ -1,10 +1,14 @@
-"""Tenants, their hashed API keys, and the usage ledger keyed by request id."""
+"""Tenants, their hashed API keys, the usage ledger keyed by request id, and the price book."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from fleet.choices import Currency
 from fleet.validators import slug_name
 
 
@@ -140,3 +144,123 @@ class UsageEntry(models.Model):
         return (
             f"{self.request_id}: {self.tenant.name} {self.prompt_tokens}+{self.completion_tokens}"
         )
+
+
+class ModelPriceQuerySet(models.QuerySet):
+    def overlapping(self, *, served_model_id, tenant_id, effective_from, effective_to):
+        """Prices for the same model and tenant (None: the list) that intersect [from, to)."""
+        qs = self.filter(served_model_id=served_model_id)
+        qs = qs.filter(tenant__isnull=True) if tenant_id is None else qs.filter(tenant_id=tenant_id)
+        if effective_to is not None:
+            qs = qs.filter(effective_from__lt=effective_to)
+        return qs.filter(
+            models.Q(effective_to__isnull=True) | models.Q(effective_to__gt=effective_from)
+        )
+
+    def effective_at(self, when):
+        return self.filter(effective_from__lte=when).filter(
+            models.Q(effective_to__isnull=True) | models.Q(effective_to__gt=when)
+        )
+
+
+def _price_field(what: str) -> models.DecimalField:
+    return models.DecimalField(
+        max_digits=12,
+        decimal_places=6,
+        validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("1000000"))],
+        help_text=f"Price of 1M {what} tokens, in `currency`.",
+    )
+
+
+class ModelPrice(models.Model):
+    """What 1M tokens of a served model cost over [effective_from, effective_to).
+
+    With no tenant it is the list price; with a tenant it is that tenant's contract price,
+    which wins over the list price wherever one is in force.
+    """
+
+    served_model = models.ForeignKey(
+        "fleet.ServedModel",
+        on_delete=models.PROTECT,
+        related_name="prices",
+        help_text="The served model this price is for (matched to usage by its name).",
+    )
+    tenant = models.ForeignKey(
+        "billing.Tenant",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="contract_prices",
+        help_text="Empty: the list price. Set: this tenant's contract price, which overrides it.",
+    )
+    input_per_mtok = _price_field("uncached input")
+    cached_input_per_mtok = _price_field("cached input")
+    output_per_mtok = _price_field("output")
+    currency = models.CharField(
+        max_length=3,
+        choices=Currency.choices,
+        default=Currency.USD,
+        help_text="ISO 4217 currency code.",
+    )
+    effective_from = models.DateTimeField(help_text="Start of the period (inclusive).")
+    effective_to = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="End of the period (exclusive); empty means open-ended.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = ModelPriceQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["served_model", "tenant", "effective_from"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(effective_to__isnull=True)
+                | models.Q(effective_to__gt=models.F("effective_from")),
+                name="modelprice_range_not_empty",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(input_per_mtok__gte=0)
+                & models.Q(cached_input_per_mtok__gte=0)
+                & models.Q(output_per_mtok__gte=0),
+                name="modelprice_not_negative",
+            ),
+        ]
+        indexes = [models.Index(fields=["served_model", "tenant", "effective_from"])]
+
+    def __str__(self) -> str:
+        who = self.tenant.name if self.tenant_id else "list"
+        until = self.effective_to.date().isoformat() if self.effective_to else "open"
+        return (
+            f"{self.served_model} ({who}): {self.input_per_mtok}/{self.cached_input_per_mtok}/"
+            f"{self.output_per_mtok} {self.currency} per 1M from "
+            f"{self.effective_from.date().isoformat()} to {until}"
+        )
+
+    def clean(self) -> None:
+        super().clean()
+        if self.effective_to is not None and self.effective_from is not None:
+            if self.effective_to <= self.effective_from:
+                raise ValidationError({"effective_to": "Must be later than effective_from."})
+        if self.served_model_id and self.effective_from is not None:
+            clash = (
+                ModelPrice.objects.overlapping(
+                    served_model_id=self.served_model_id,
+                    tenant_id=self.tenant_id,
+                    effective_from=self.effective_from,
+                    effective_to=self.effective_to,
+                )
+                .exclude(pk=self.pk)
+                .first()
+            )
+            if clash is not None:
+                whose = "this tenant's contract" if self.tenant_id else "the list"
+                raise ValidationError(
+                    {
+                        "effective_from": (
+                            f"Overlaps the existing price #{clash.pk} of {whose} for this model; "
+                            "end that period first or pick a later start."
+                        )
+                    }
+                )

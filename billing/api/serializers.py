@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from billing.models import ApiKey, Tenant, UsageEntry
+from billing import pricing
+from billing.models import ApiKey, ModelPrice, Tenant, UsageEntry
+from fleet.api.serializers import ModelCleanMixin
 
 
 class TenantSerializer(serializers.ModelSerializer):
@@ -73,3 +75,34 @@ class UsageEntrySerializer(serializers.ModelSerializer):
             "created_at",
         ]
         read_only_fields = fields
+
+
+class ModelPriceSerializer(ModelCleanMixin, serializers.ModelSerializer):
+    model_name = serializers.CharField(source="served_model.name", read_only=True)
+    tenant_name = serializers.CharField(source="tenant.name", read_only=True, default=None)
+
+    class Meta:
+        model = ModelPrice
+        fields = [
+            "id",
+            "served_model",
+            "model_name",
+            "tenant",
+            "tenant_name",
+            "input_per_mtok",
+            "cached_input_per_mtok",
+            "output_per_mtok",
+            "currency",
+            "effective_from",
+            "effective_to",
+            "created_at",
+        ]
+        read_only_fields = ["created_at"]
+
+    def create(self, validated_data):
+        return pricing.model_price_save(price=ModelPrice(**validated_data))
+
+    def update(self, instance, validated_data):
+        for field, value in validated_data.items():
+            setattr(instance, field, value)
+        return pricing.model_price_save(price=instance)

@@ -6,5 +6,6 @@ router = DefaultRouter()
 router.register("tenants", views.TenantViewSet, basename="tenant")
 router.register("api-keys", views.ApiKeyViewSet, basename="apikey")
 router.register("usage", views.UsageEntryViewSet, basename="usage")
+router.register("model-prices", views.ModelPriceViewSet, basename="modelprice")
 
 urlpatterns = router.urls

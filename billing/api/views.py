@@ -1,4 +1,4 @@
-"""Billing API: tenants, their API keys (create shows the key once; revoke), usage."""
+"""Billing API: tenants, their API keys (create shows the key once; revoke), usage, prices."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rest_framework.response import Response
 
 from billing import services
 from billing.api import serializers as s
-from billing.models import ApiKey, Tenant, UsageEntry
+from billing.models import ApiKey, ModelPrice, Tenant, UsageEntry
 from controlplane.filters import BoundedFilterSet
 
 
@@ -76,3 +76,39 @@ class UsageEntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
     serializer_class = s.UsageEntrySerializer
     filterset_class = UsageFilterSet
     ordering_fields = ["created_at"]
+
+
+class ModelPriceFilterSet(BoundedFilterSet):
+    list_prices = django_filters.BooleanFilter(
+        field_name="tenant", lookup_expr="isnull", label="Only list prices (no tenant)."
+    )
+    effective_at = django_filters.IsoDateTimeFilter(
+        method="filter_effective_at", label="Only prices in force at this instant."
+    )
+
+    class Meta:
+        model = ModelPrice
+        fields = ["served_model", "tenant", "currency"]
+
+    def filter_effective_at(self, queryset, name, value):
+        return queryset.effective_at(value)
+
+
+class ModelPriceViewSet(viewsets.ModelViewSet):
+    """The price book: list prices (no tenant) and tenants' contract prices per served model."""
+
+    queryset = ModelPrice.objects.select_related("served_model", "tenant")
+    serializer_class = s.ModelPriceSerializer
+    filterset_class = ModelPriceFilterSet
+    ordering_fields = ["effective_from", "created_at"]
+
+    def perform_destroy(self, instance):
+        from django.db.models import ProtectedError
+        from rest_framework import serializers
+
+        try:
+            instance.delete()
+        except ProtectedError as exc:
+            raise serializers.ValidationError(
+                {"detail": "The price is on a statement; end its period (effective_to) instead."}
+            ) from exc
