@@ -200,3 +200,123 @@ def test_contract_price_overrides_the_list_price_where_in_force(tiny, acme, glob
     assert pricing.price_in_force(tenant=acme, model="baton-tiny", when=at(3, 1)) == listed
     assert pricing.price_in_force(tenant=globex, model="baton-tiny", when=at(2, 15)) == listed
     assert pricing.price_in_force(tenant=acme, model="baton-tiny", when=at(1, 1, year=2025)) is None
+
+
+# --- rating ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def january(tiny, acme):
+    """Acme's January on baton-tiny: a list-price change on the 16th, cached input at 1/10th.
+
+    Until the 16th: 0.50 input, 0.05 cached input, 1.50 output per 1M tokens; from then on
+    0.60 / 0.06 / 1.80.
+    """
+    price(tiny, inp="0.50", cached="0.05", out="1.50", start=at(1, 1), end=at(1, 16))
+    price(tiny, inp="0.60", cached="0.06", out="1.80", start=at(1, 16))
+    usage("r1", acme, "baton-tiny", at(1, 3), prompt=1_000_000, cached=400_000, completion=200_000)
+    usage("r2", acme, "baton-tiny", at(1, 15, 23, 59), prompt=12_345, cached=10_000, completion=789)
+    usage(
+        "r3", acme, "baton-tiny", at(1, 16), prompt=2_000_000, cached=1_500_000, completion=500_000
+    )
+    usage("r4", acme, "baton-tiny", at(1, 31, 23, 59), prompt=25_000, cached=0, completion=0)
+
+
+# Before the change (r1 + r2): 602,345 uncached input, 410,000 cached, 200,789 output tokens:
+#   input  602,345 x 0.50 / 1M = 0.3011725
+#   cached 410,000 x 0.05 / 1M = 0.0205
+#   output 200,789 x 1.50 / 1M = 0.3011835
+#   line   0.622856 -> 0.62
+# After the change (r3 + r4): 525,000 uncached, 1,500,000 cached, 500,000 output tokens:
+#   input  525,000 x 0.60 / 1M = 0.315
+#   cached 1,500,000 x 0.06 / 1M = 0.09
+#   output 500,000 x 1.80 / 1M = 0.90
+#   line   1.305 -> 1.30 (half to even; half up would say 1.31)
+# Total 0.62 + 1.30 = 1.92.
+JANUARY_LINES = [
+    {
+        "requests": 2,
+        "input_tokens": 602_345,
+        "cached_tokens": 410_000,
+        "output_tokens": 200_789,
+        "input_amount": Decimal("0.3011725"),
+        "cached_amount": Decimal("0.0205"),
+        "output_amount": Decimal("0.3011835"),
+        "amount": Decimal("0.62"),
+    },
+    {
+        "requests": 2,
+        "input_tokens": 525_000,
+        "cached_tokens": 1_500_000,
+        "output_tokens": 500_000,
+        "input_amount": Decimal("0.315"),
+        "cached_amount": Decimal("0.09"),
+        "output_amount": Decimal("0.90"),
+        "amount": Decimal("1.30"),
+    },
+]
+
+
+def _line_dict(line) -> dict:
+    return {key: getattr(line, key) for key in JANUARY_LINES[0]}
+
+
+def test_rating_a_hand_computed_month_with_a_mid_period_price_change(january):
+    from billing.rating import rate
+
+    lines = rate(UsageEntry.objects.all())
+    assert [_line_dict(line) for line in lines] == JANUARY_LINES
+    assert [line.price.input_per_mtok for line in lines] == [Decimal("0.5"), Decimal("0.6")]
+    assert sum(line.amount for line in lines) == Decimal("1.92")
+
+
+def test_rating_again_gives_the_same_lines(january):
+    from billing.rating import rate
+
+    assert rate(UsageEntry.objects.all()) == rate(UsageEntry.objects.all())
+
+
+def test_rating_uses_the_contract_price_first(tiny, acme, globex):
+    from billing.rating import rate
+
+    price(tiny, inp="1.00", cached="0.10", out="2.00", start=at(1, 1))
+    price(tiny, inp="0.80", cached="0.08", out="1.60", start=at(1, 10), tenant=acme)
+    for tenant in (acme, globex):
+        for day in (5, 20):
+            usage(
+                f"{tenant.name}-{day}",
+                tenant,
+                "baton-tiny",
+                at(1, day),
+                prompt=1_000_000,
+                cached=0,
+                completion=1_000_000,
+            )
+    by_tenant = {}
+    for line in rate(UsageEntry.objects.all()):
+        by_tenant.setdefault(line.tenant_id, []).append((line.requests, line.amount))
+    # acme: the 5th at list (1.00 + 2.00), the 20th under contract (0.80 + 1.60).
+    assert by_tenant[acme.id] == [(1, Decimal("3.00")), (1, Decimal("2.40"))]
+    # globex has no contract: both days at list, one line.
+    assert by_tenant[globex.id] == [(2, Decimal("6.00"))]
+
+
+def test_usage_without_a_price_is_rated_as_unpriced(acme):
+    from billing.rating import rate
+
+    usage("u1", acme, "no-such-model", at(1, 1), prompt=10, cached=0, completion=10)
+    (line,) = rate(UsageEntry.objects.all())
+    assert line.price is None and line.amount == Decimal("0") and line.requests == 1
+
+
+def test_rating_is_one_aggregate_query_whatever_the_number_of_entries(
+    tiny, acme, django_assert_max_num_queries
+):
+    from billing.rating import rate
+
+    price(tiny, inp="1", cached="0.1", out="2", start=at(1, 1))
+    for i in range(30):
+        usage(f"n{i}", acme, "baton-tiny", at(1, 2), prompt=100, cached=10, completion=5)
+    with django_assert_max_num_queries(2):  # the grouped sums, then the prices by id
+        (line,) = rate(UsageEntry.objects.all())
+    assert line.requests == 30
