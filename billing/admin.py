@@ -1,7 +1,7 @@
 from django.contrib import admin, messages
 
 from billing import pricing, services
-from billing.models import ApiKey, ModelPrice, Tenant, UsageEntry
+from billing.models import ApiKey, ModelPrice, Statement, StatementLine, Tenant, UsageEntry
 
 
 @admin.register(Tenant)
@@ -64,3 +64,43 @@ class ModelPriceAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         pricing.model_price_save(price=obj)  # the form already ran clean(); this serialises
+
+
+class StatementLineInline(admin.TabularInline):
+    model = StatementLine
+    extra = 0
+    can_delete = False
+    fields = [
+        "model",
+        "adjustment",
+        "contract",
+        "requests",
+        "input_tokens",
+        "cached_tokens",
+        "output_tokens",
+        "input_per_mtok",
+        "cached_input_per_mtok",
+        "output_per_mtok",
+        "currency",
+        "amount",
+    ]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Statement)
+class StatementAdmin(admin.ModelAdmin):
+    """Read-only: statements are built from the ledger and closed by billing.close_statements."""
+
+    list_display = ["tenant", "period_start", "period_end", "status", "rated_at", "closed_at"]
+    list_filter = ["status", "tenant"]
+    inlines = [StatementLineInline]
+    readonly_fields = ["tenant", "period_start", "period_end", "status", "rated_at", "closed_at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

@@ -129,6 +129,18 @@ class UsageEntry(models.Model):
     )
     completion_tokens = models.PositiveIntegerField(help_text="Output tokens.")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    statement = models.ForeignKey(
+        "billing.Statement",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        editable=False,
+        related_name="entries",
+        help_text=(
+            "The statement that bills this request (empty until rated). One request is on one "
+            "statement only, so rating again or replaying a request never counts it twice."
+        ),
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -264,3 +276,114 @@ class ModelPrice(models.Model):
                         )
                     }
                 )
+
+
+class StatementStatus(models.TextChoices):
+    OPEN = "open", "Open"
+    CLOSED = "closed", "Closed"
+
+
+class Statement(models.Model):
+    """A tenant's bill for one calendar month (UTC), [period_start, period_end).
+
+    Open statements are re-rated from their usage; a closed one never changes again. Usage that
+    reaches the ledger after its month's statement closed is billed on the tenant's next open
+    statement, as adjustment lines.
+    """
+
+    tenant = models.ForeignKey(
+        "billing.Tenant",
+        on_delete=models.PROTECT,
+        related_name="statements",
+        help_text="Who is billed.",
+    )
+    period_start = models.DateTimeField(help_text="Start of the period (inclusive, UTC).")
+    period_end = models.DateTimeField(help_text="End of the period (exclusive, UTC).")
+    status = models.CharField(
+        max_length=8,
+        choices=StatementStatus.choices,
+        default=StatementStatus.OPEN,
+        help_text="open: still re-rated as usage arrives; closed: final, never changes.",
+    )
+    rated_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the lines were last worked out."
+    )
+    closed_at = models.DateTimeField(null=True, blank=True, help_text="When it was closed.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant__name", "-period_start"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "period_start"], name="statement_one_per_tenant_period"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(period_end__gt=models.F("period_start")),
+                name="statement_period_not_empty",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.name} {self.period_start:%Y-%m} ({self.status})"
+
+
+class StatementLine(models.Model):
+    """Usage of one model at one price on a statement: tokens, unit prices, rounded amount."""
+
+    statement = models.ForeignKey(
+        "billing.Statement", on_delete=models.CASCADE, related_name="lines"
+    )
+    model = models.CharField(max_length=128, help_text="Served model name.")
+    price = models.ForeignKey(
+        "billing.ModelPrice",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="statement_lines",
+        help_text="The price the usage was rated with; empty: no price was in force.",
+    )
+    contract = models.BooleanField(
+        default=False, help_text="Rated with the tenant's contract price (not the list)."
+    )
+    adjustment = models.BooleanField(
+        default=False,
+        help_text="Late usage from an earlier, already closed period.",
+    )
+    requests = models.PositiveBigIntegerField()
+    input_tokens = models.PositiveBigIntegerField(help_text="Uncached input tokens.")
+    cached_tokens = models.PositiveBigIntegerField(help_text="Cached input tokens.")
+    output_tokens = models.PositiveBigIntegerField(help_text="Output tokens.")
+    currency = models.CharField(max_length=3, blank=True, help_text="Empty when unpriced.")
+    input_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, null=True)
+    cached_input_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, null=True)
+    output_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, null=True)
+    amount = models.DecimalField(
+        max_digits=18,
+        decimal_places=2,
+        help_text="The three components at full precision, summed, rounded half-even.",
+    )
+
+    class Meta:
+        ordering = ["statement", "adjustment", "model", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.statement}: {self.model} {self.amount} {self.currency}"
+
+    # The components at full precision, from the tokens and the unit prices on the line.
+    @property
+    def input_amount(self) -> Decimal:
+        from billing.rating import component
+
+        return component(self.input_tokens, self.input_per_mtok)
+
+    @property
+    def cached_amount(self) -> Decimal:
+        from billing.rating import component
+
+        return component(self.cached_tokens, self.cached_input_per_mtok)
+
+    @property
+    def output_amount(self) -> Decimal:
+        from billing.rating import component
+
+        return component(self.output_tokens, self.output_per_mtok)

@@ -49,6 +49,13 @@ def round_amount(amount: Decimal, currency: str) -> Decimal:
     return amount.quantize(minor_unit(currency), rounding=ROUND_HALF_EVEN)
 
 
+def component(tokens: int, per_mtok: Decimal | None) -> Decimal:
+    """One component amount at full precision (exact to 12 decimals); 0 when unpriced."""
+    if per_mtok is None:
+        return Decimal(0).quantize(COMPONENT_EXPONENT)
+    return (Decimal(tokens) * per_mtok / MILLION).quantize(COMPONENT_EXPONENT)
+
+
 @dataclass(frozen=True)
 class RatedLine:
     tenant_id: int
@@ -64,22 +71,17 @@ class RatedLine:
     def currency(self) -> str:
         return self.price.currency if self.price else ""
 
-    def _component(self, tokens: int, per_mtok: Decimal | None) -> Decimal:
-        if per_mtok is None:
-            return Decimal(0).quantize(COMPONENT_EXPONENT)
-        return (Decimal(tokens) * per_mtok / MILLION).quantize(COMPONENT_EXPONENT)
-
     @property
     def input_amount(self) -> Decimal:
-        return self._component(self.input_tokens, self.price and self.price.input_per_mtok)
+        return component(self.input_tokens, self.price and self.price.input_per_mtok)
 
     @property
     def cached_amount(self) -> Decimal:
-        return self._component(self.cached_tokens, self.price and self.price.cached_input_per_mtok)
+        return component(self.cached_tokens, self.price and self.price.cached_input_per_mtok)
 
     @property
     def output_amount(self) -> Decimal:
-        return self._component(self.output_tokens, self.price and self.price.output_per_mtok)
+        return component(self.output_tokens, self.price and self.price.output_per_mtok)
 
     @property
     def amount(self) -> Decimal:

@@ -286,6 +286,7 @@ BATON_EMBEDDED_BEAT = env_bool("BATON_EMBEDDED_BEAT", default=True)
 CELERY_BEAT_SCHEDULE = {
     "fleet-health-check": {"task": "fleet.health_check", "schedule": BATON_HEARTBEAT_INTERVAL_S},
     "fleet-reconcile": {"task": "fleet.reconcile_fleet", "schedule": BATON_RECONCILE_INTERVAL_S},
+    "billing-close-statements": {"task": "billing.close_statements", "schedule": 300.0},
 }
 
 # Roles: members of this group (or staff) may write; every other authenticated user reads.

@@ -7,5 +7,6 @@ router.register("tenants", views.TenantViewSet, basename="tenant")
 router.register("api-keys", views.ApiKeyViewSet, basename="apikey")
 router.register("usage", views.UsageEntryViewSet, basename="usage")
 router.register("model-prices", views.ModelPriceViewSet, basename="modelprice")
+router.register("statements", views.StatementViewSet, basename="statement")
 
 urlpatterns = router.urls

@@ -1,16 +1,22 @@
-"""Billing API: tenants, their API keys (create shows the key once; revoke), usage, prices."""
+"""Billing API: tenants, their API keys (create shows the key once; revoke), usage, the price
+book, and statements (JSON with lines, or CSV)."""
 
 from __future__ import annotations
 
 import django_filters
-from drf_spectacular.utils import extend_schema
+from django import forms
+from django.core.validators import RegexValidator
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, viewsets
+from rest_framework import serializers as rf
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from billing import services
+from billing import services, statements
 from billing.api import serializers as s
-from billing.models import ApiKey, ModelPrice, Tenant, UsageEntry
+from billing.models import ApiKey, ModelPrice, Statement, Tenant, UsageEntry
 from controlplane.filters import BoundedFilterSet
 
 
@@ -112,3 +118,64 @@ class ModelPriceViewSet(viewsets.ModelViewSet):
             raise serializers.ValidationError(
                 {"detail": "The price is on a statement; end its period (effective_to) instead."}
             ) from exc
+
+
+class MonthFilter(django_filters.CharFilter):
+    field_class = forms.CharField
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault(
+            "validators",
+            [RegexValidator(statements.MONTH_RE, "Use YYYY-MM, e.g. 2026-01.")],
+        )
+        super().__init__(*args, **kwargs)
+
+    def filter(self, qs, value):
+        if not value:
+            return qs
+        start, _ = statements.parse_month(value)
+        return qs.filter(period_start=start)
+
+
+class StatementFilterSet(BoundedFilterSet):
+    period = MonthFilter(label="The calendar month, YYYY-MM (UTC).")
+    since = django_filters.IsoDateTimeFilter(field_name="period_start", lookup_expr="gte")
+    until = django_filters.IsoDateTimeFilter(field_name="period_end", lookup_expr="lte")
+
+    class Meta:
+        model = Statement
+        fields = ["tenant", "status"]
+
+
+class StatementViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Monthly statements per tenant: open ones are re-rated as usage arrives (every few
+    minutes, by billing.close_statements); closed ones are final."""
+
+    queryset = Statement.objects.select_related("tenant").prefetch_related("lines")
+    filterset_class = StatementFilterSet
+    ordering_fields = ["period_start", "created_at"]
+
+    def get_serializer_class(self):
+        return s.StatementSummarySerializer if self.action == "list" else s.StatementSerializer
+
+    @extend_schema(
+        responses={(200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="CSV")}
+    )
+    @action(detail=True, methods=["get"])
+    def csv(self, request, pk=None):
+        """The statement as CSV: its lines, then one total row per currency."""
+        statement = self.get_object()
+        body = s.statement_csv(s.StatementSerializer(statement).data)
+        response = HttpResponse(body, content_type="text/csv; charset=utf-8")
+        name = f"statement-{statement.tenant.name}-{statement.period_start:%Y-%m}.csv"
+        response["Content-Disposition"] = f'attachment; filename="{name}"'
+        return response
+
+    @extend_schema(
+        request=None,
+        responses=inline_serializer("RatePendingResult", {"assigned": rf.IntegerField()}),
+    )
+    @action(detail=False, methods=["post"])
+    def rate(self, request):
+        """Assign the usage not yet on a statement now (the periodic task does it anyway)."""
+        return Response({"assigned": statements.rate_pending()})

@@ -320,3 +320,256 @@ def test_rating_is_one_aggregate_query_whatever_the_number_of_entries(
     with django_assert_max_num_queries(2):  # the grouped sums, then the prices by id
         (line,) = rate(UsageEntry.objects.all())
     assert line.requests == 30
+
+
+# --- statements -----------------------------------------------------------------------------
+
+
+def _statement(tenant, start):
+    from billing.models import Statement
+
+    return Statement.objects.get(tenant=tenant, period_start=start)
+
+
+def _snapshot(statement) -> list[tuple]:
+    return list(
+        statement.lines.order_by("id").values_list(
+            "id",
+            "model",
+            "adjustment",
+            "requests",
+            "input_tokens",
+            "cached_tokens",
+            "output_tokens",
+            "amount",
+        )
+    )
+
+
+def test_closing_january_gives_the_hand_computed_statement(january, acme, viewer):
+    from billing.statements import close_statements
+
+    closed = close_statements(now=at(2, 1, 0, 5))
+    january_statement = _statement(acme, at(1, 1))
+    assert closed == [january_statement.id]
+    assert january_statement.status == "closed"
+    assert [_line_dict(line) for line in january_statement.lines.all()] == JANUARY_LINES
+
+    body = viewer.get(f"/api/v1/statements/{january_statement.id}/").json()
+    assert body["status"] == "closed"
+    assert body["totals"] == [{"currency": "USD", "amount": "1.92"}]
+    first, second = body["lines"]
+    assert (first["kind"], first["contract"], first["currency"]) == ("usage", False, "USD")
+    assert (first["input_per_mtok"], first["cached_input_per_mtok"]) == ("0.500000", "0.050000")
+    assert (first["input_amount"], first["cached_amount"], first["output_amount"]) == (
+        "0.301172500000",
+        "0.020500000000",
+        "0.301183500000",
+    )
+    assert (first["amount"], second["amount"]) == ("0.62", "1.30")
+    assert second["output_per_mtok"] == "1.800000"
+
+
+def test_closing_twice_is_a_no_op(january, acme):
+    from billing.statements import close_statements
+    from billing.tasks import close_statements as task
+
+    close_statements(now=at(2, 1, 0, 5))
+    statement = _statement(acme, at(1, 1))
+    before = (_snapshot(statement), statement.closed_at, statement.rated_at)
+    assert close_statements(now=at(2, 1, 0, 10)) == []
+    assert task.apply().get() == []  # the beat's task, now: nothing more to close
+    statement.refresh_from_db()
+    assert (_snapshot(statement), statement.closed_at, statement.rated_at) == before
+
+
+def test_an_open_period_is_rated_but_not_closed(january, acme):
+    from billing.statements import close_statements
+
+    assert close_statements(now=at(1, 20)) == []
+    statement = _statement(acme, at(1, 1))
+    assert statement.status == "open"
+    assert [_line_dict(line) for line in statement.lines.all()] == JANUARY_LINES
+
+
+def test_replaying_a_day_of_usage_events_changes_nothing(january, acme):
+    from billing.statements import close_statements, rate_pending
+
+    rate_pending(now=at(1, 20))
+    before = _snapshot(_statement(acme, at(1, 1)))
+    ledger = list(UsageEntry.objects.order_by("pk").values())
+    # The gateway replays every event of January 15th-16th (same request ids, other numbers).
+    for request_id, when in [("r2", at(1, 15, 23, 59)), ("r3", at(1, 16))]:
+        entry, created = usage(
+            request_id, acme, "baton-tiny", when, prompt=9_999_999, cached=0, completion=9
+        )
+        assert not created
+    assert list(UsageEntry.objects.order_by("pk").values()) == ledger
+    assert rate_pending(now=at(1, 21)) == 0
+    assert _snapshot(_statement(acme, at(1, 1))) == before
+    close_statements(now=at(2, 1, 0, 5))
+    statement = _statement(acme, at(1, 1))
+    assert [_line_dict(line) for line in statement.lines.all()] == JANUARY_LINES
+
+
+def test_late_usage_lands_in_the_next_open_period_as_an_adjustment(january, acme, viewer):
+    from billing.statements import close_statements
+
+    close_statements(now=at(2, 1, 0, 5))
+    january_statement = _statement(acme, at(1, 1))
+    frozen = _snapshot(january_statement)
+    # Arrives after January closed, dated in January (at the 0.60/0.06/1.80 price) ...
+    usage("late-1", acme, "baton-tiny", at(1, 31, 23, 59), prompt=100_000, cached=0, completion=0)
+    # ... and one of February's own.
+    usage("feb-1", acme, "baton-tiny", at(2, 2), prompt=0, cached=0, completion=1_000_000)
+    assert close_statements(now=at(2, 10)) == []
+    assert _snapshot(january_statement) == frozen
+    february = _statement(acme, at(2, 1))
+    lines = {line.adjustment: line for line in february.lines.all()}
+    # late: 100,000 x 0.60 / 1M = 0.06; February: 1,000,000 x 1.80 / 1M = 1.80.
+    assert (lines[True].requests, lines[True].amount) == (1, Decimal("0.06"))
+    assert (lines[False].requests, lines[False].amount) == (1, Decimal("1.80"))
+    body = viewer.get(f"/api/v1/statements/{february.id}/").json()
+    assert [line["kind"] for line in body["lines"]] == ["usage", "adjustment"]
+    assert body["totals"] == [{"currency": "USD", "amount": "1.86"}]
+    # February closes with both lines; January still unchanged.
+    assert close_statements(now=at(3, 1)) == [february.id]
+    assert _snapshot(january_statement) == frozen
+    assert UsageEntry.objects.get(request_id="late-1").statement_id == february.id
+
+
+def test_late_usage_skips_every_closed_period(january, acme):
+    from billing.statements import close_statements
+
+    usage("feb-1", acme, "baton-tiny", at(2, 2), prompt=0, cached=0, completion=1)
+    close_statements(now=at(3, 1, 0, 5))  # January and February both close
+    usage("late", acme, "baton-tiny", at(1, 5), prompt=1_000_000, cached=0, completion=0)
+    close_statements(now=at(3, 2))
+    march = _statement(acme, at(3, 1))
+    (line,) = march.lines.all()
+    # Rated at the price in force on January 5th: 1,000,000 x 0.50 / 1M.
+    assert (line.adjustment, line.amount) == (True, Decimal("0.50"))
+
+
+def test_contract_lines_are_marked_and_priced_with_the_contract(tiny, acme):
+    from billing.statements import close_statements
+
+    price(tiny, inp="1.00", cached="0.10", out="2.00", start=at(1, 1))
+    price(tiny, inp="0.80", cached="0.08", out="1.60", start=at(1, 1), tenant=acme)
+    usage("c1", acme, "baton-tiny", at(1, 5), prompt=1_000_000, cached=500_000, completion=0)
+    close_statements(now=at(2, 1))
+    (line,) = _statement(acme, at(1, 1)).lines.all()
+    # 500,000 x 0.80 / 1M + 500,000 x 0.08 / 1M = 0.40 + 0.04
+    assert (line.contract, line.amount) == (True, Decimal("0.44"))
+
+
+def test_csv_matches_json(january, acme, viewer):
+    import csv
+    import io
+
+    from billing.statements import close_statements
+
+    close_statements(now=at(2, 1, 0, 5))
+    statement = _statement(acme, at(1, 1))
+    body = viewer.get(f"/api/v1/statements/{statement.id}/").json()
+    response = viewer.get(f"/api/v1/statements/{statement.id}/csv/")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    lines, totals = rows[:-1], rows[-1:]
+    assert len(lines) == len(body["lines"]) == 2
+    for row, line in zip(lines, body["lines"], strict=True):
+        assert row["statement"] == str(body["id"])
+        assert row["tenant"] == "acme"
+        assert row["period_start"] == body["period_start"]
+        assert row["status"] == "closed"
+        for name, value in line.items():
+            expected = "" if value is None else value
+            if isinstance(value, bool):
+                expected = "true" if value else "false"
+            assert row[name] == str(expected), name
+    assert [(t["kind"], t["currency"], t["amount"]) for t in totals] == [("total", "USD", "1.92")]
+
+
+def test_statements_are_listed_and_filtered(january, tiny, globex, viewer):
+    from billing.statements import close_statements
+
+    usage("g1", globex, "baton-tiny", at(2, 3), prompt=10, cached=0, completion=1)
+    close_statements(now=at(2, 5))
+    all_ = viewer.get("/api/v1/statements/").json()["results"]
+    assert sorted((r["tenant_name"], r["period_start"][:7], r["status"]) for r in all_) == [
+        ("acme", "2026-01", "closed"),
+        ("globex", "2026-02", "open"),
+    ]
+    assert "lines" not in all_[0]
+    only = viewer.get("/api/v1/statements/", {"tenant": globex.id}).json()["results"]
+    assert [r["tenant_name"] for r in only] == ["globex"]
+    jan = viewer.get("/api/v1/statements/", {"period": "2026-01"}).json()["results"]
+    assert [r["tenant_name"] for r in jan] == ["acme"]
+    bad = viewer.get("/api/v1/statements/", {"period": "2026-13"})
+    assert bad.status_code == 400 and "period" in bad.json()
+
+
+def test_viewers_cannot_rate_or_write_statements(january, viewer, operator):
+    assert viewer.post("/api/v1/statements/rate/").status_code == 403
+    rated = operator.post("/api/v1/statements/rate/")
+    assert rated.status_code == 200 and rated.json() == {"assigned": 4}
+    assert operator.post("/api/v1/statements/", {}, format="json").status_code == 405
+
+
+def test_the_close_task_is_on_the_beat_schedule():
+    from django.conf import settings
+
+    from controlplane.celery import app
+
+    entries = [
+        e for e in settings.CELERY_BEAT_SCHEDULE.values() if e["task"] == "billing.close_statements"
+    ]
+    assert len(entries) == 1
+    assert "billing.close_statements" in app.tasks
+
+
+def test_management_command_prints_a_month_and_a_range(january, acme):
+    import json
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from billing.statements import close_statements
+
+    close_statements(now=at(2, 1, 0, 5))
+    out = io_out()
+    call_command("billing_statement", "acme", "--month", "2026-01", stdout=out)
+    document = json.loads(out.getvalue())
+    assert document["status"] == "closed"
+    assert document["totals"] == [{"currency": "USD", "amount": "1.92"}]
+
+    out = io_out()
+    call_command("billing_statement", "acme", "--month", "2026-01", "--format", "csv", stdout=out)
+    assert out.getvalue().splitlines()[-1].endswith(",closed,total,,,,,,,,USD,,,,,,,1.92")
+
+    # Any [start, end): the 16th onwards is the second line alone.
+    out = io_out()
+    call_command(
+        "billing_statement",
+        "acme",
+        "--start",
+        "2026-01-16T00:00:00Z",
+        "--end",
+        "2026-02-01T00:00:00Z",
+        stdout=out,
+    )
+    ranged = json.loads(out.getvalue())
+    assert ranged["status"] == "preview" and ranged["id"] is None
+    assert [line["amount"] for line in ranged["lines"]] == ["1.30"]
+
+    with pytest.raises(CommandError):
+        call_command("billing_statement", "acme", "--month", "2026-1")
+    with pytest.raises(CommandError):
+        call_command("billing_statement", "nobody")
+
+
+def io_out():
+    import io
+
+    return io.StringIO()
