@@ -10,6 +10,7 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import Group, User
+from django.urls import include, path
 from rest_framework.test import APIClient
 
 from billing import pricing, services
@@ -573,3 +574,156 @@ def io_out():
     import io
 
     return io.StringIO()
+
+
+# --- tenant self-service --------------------------------------------------------------------
+# The tenant URLs are not in controlplane/urls.py yet: these tests mount them beside it.
+
+urlpatterns = [
+    path("", include("billing.tenant_urls")),
+    path("", include("controlplane.urls")),
+]
+TENANT_URLS = pytest.mark.urls(__name__)
+
+
+def _bearer(raw: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return client
+
+
+@pytest.fixture
+def acme_key(acme):
+    key, raw = services.api_key_create(tenant=acme, name="ci")
+    return key, _bearer(raw)
+
+
+@pytest.fixture
+def globex_client(globex) -> APIClient:
+    _, raw = services.api_key_create(tenant=globex)
+    return _bearer(raw)
+
+
+def _ts(when: datetime) -> int:
+    return int(when.timestamp())
+
+
+@TENANT_URLS
+def test_a_tenant_reads_its_daily_usage_buckets(january, acme, acme_key, globex, globex_client):
+    key, client = acme_key
+    UsageEntry.objects.filter(request_id="r1").update(api_key=key)
+    usage("g1", globex, "baton-tiny", at(1, 15, 12), prompt=777, cached=7, completion=77)
+    response = client.get(
+        "/v1/organization/usage/completions",
+        {"start_time": _ts(at(1, 15)), "end_time": _ts(at(1, 17)), "bucket_width": "1d"},
+    )
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["object"] == "page" and body["has_more"] is False
+    assert [(b["start_time"], b["end_time"]) for b in body["data"]] == [
+        (_ts(at(1, 15)), _ts(at(1, 16))),
+        (_ts(at(1, 16)), _ts(at(1, 17))),
+    ]
+    # Only acme's r2 on the 15th (globex's g1 is not there) and r3 on the 16th.
+    (day15,) = body["data"][0]["results"]
+    assert (
+        day15["input_tokens"],
+        day15["input_cached_tokens"],
+        day15["output_tokens"],
+        day15["num_model_requests"],
+    ) == (12_345, 10_000, 789, 1)
+    (day16,) = body["data"][1]["results"]
+    assert (day16["input_tokens"], day16["num_model_requests"]) == (2_000_000, 1)
+
+    grouped = client.get(
+        "/v1/organization/usage/completions",
+        {
+            "start_time": _ts(at(1, 1)),
+            "end_time": _ts(at(2, 1)),
+            "group_by": "model,api_key_id",
+            "limit": 31,
+        },
+    ).json()
+    results = [r for b in grouped["data"] for r in b["results"]]
+    assert sum(r["num_model_requests"] for r in results) == 4
+    assert {r["model"] for r in results} == {"baton-tiny"}
+    assert {r["api_key_id"] for r in results} == {key.prefix, None}
+
+
+@TENANT_URLS
+def test_usage_buckets_page_by_day(january, acme_key):
+    _, client = acme_key
+    query = {"start_time": _ts(at(1, 1)), "end_time": _ts(at(2, 1)), "limit": 7}
+    first = client.get("/v1/organization/usage/completions", query).json()
+    assert len(first["data"]) == 7 and first["has_more"] is True
+    assert first["next_page"] == str(_ts(at(1, 8)))
+    days = len(first["data"])
+    page = first
+    while page["has_more"]:
+        page = client.get(
+            "/v1/organization/usage/completions", {**query, "page": page["next_page"]}
+        ).json()
+        days += len(page["data"])
+    assert days == 31
+
+
+@TENANT_URLS
+@pytest.mark.parametrize(
+    "query, param",
+    [
+        ({}, "start_time"),
+        ({"start_time": "yesterday"}, "start_time"),
+        ({"start_time": 10**30}, "start_time"),
+        ({"start_time": 1767225600, "end_time": 1767225600}, "end_time"),
+        ({"start_time": 1767225600, "bucket_width": "1h"}, "bucket_width"),
+        ({"start_time": 1767225600, "group_by": "project_id"}, "group_by"),
+        ({"start_time": 1767225600, "limit": 32}, "limit"),
+    ],
+)
+def test_bad_usage_queries_are_400s_naming_the_parameter(acme_key, query, param):
+    _, client = acme_key
+    response = client.get("/v1/organization/usage/completions", query)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+
+
+@TENANT_URLS
+def test_the_tenant_api_needs_a_valid_key(acme, operator):
+    assert APIClient().get("/v1/organization/statements").status_code == 401
+    assert _bearer("sk-baton-nope-nope").get("/v1/organization/statements").status_code == 401
+    # An operator's control-plane token is not a tenant key.
+    assert operator.get("/v1/organization/statements").status_code == 401
+
+
+@TENANT_URLS
+def test_a_tenant_reads_its_own_statements_and_nothing_of_another(
+    january, acme, acme_key, globex, globex_client
+):
+    from billing.statements import close_statements
+
+    usage("g1", globex, "baton-tiny", at(1, 15, 12), prompt=1_000_000, cached=0, completion=0)
+    close_statements(now=at(2, 1, 0, 5))
+    mine = _statement(acme, at(1, 1))
+    theirs = _statement(globex, at(1, 1))
+    _, client = acme_key
+
+    listed = client.get("/v1/organization/statements").json()
+    assert [s["id"] for s in listed["data"]] == [mine.id]
+    assert listed["data"][0]["totals"] == [{"currency": "USD", "amount": "1.92"}]
+    detail = client.get(f"/v1/organization/statements/{mine.id}")
+    assert detail.status_code == 200
+    assert [line["amount"] for line in detail.json()["lines"]] == ["0.62", "1.30"]
+    csv_body = client.get(f"/v1/organization/statements/{mine.id}/csv")
+    assert csv_body["Content-Type"].startswith("text/csv")
+    assert csv_body.content.decode().splitlines()[-1].endswith(",USD,,,,,,,1.92")
+
+    for path_ in (
+        f"/v1/organization/statements/{theirs.id}",
+        f"/v1/organization/statements/{theirs.id}/csv",
+    ):
+        assert client.get(path_).status_code == 404
+    assert client.get("/v1/organization/statements/99999999999999999999999").status_code == 404
+    other = globex_client.get("/v1/organization/statements").json()
+    assert [s["id"] for s in other["data"]] == [theirs.id]
+    assert globex_client.get(f"/v1/organization/statements/{mine.id}").status_code == 404
+    assert client.post("/v1/organization/statements").status_code == 405
