@@ -727,3 +727,56 @@ def test_a_tenant_reads_its_own_statements_and_nothing_of_another(
     assert [s["id"] for s in other["data"]] == [theirs.id]
     assert globex_client.get(f"/v1/organization/statements/{mine.id}").status_code == 404
     assert client.post("/v1/organization/statements").status_code == 405
+
+
+# --- real PostgreSQL: concurrent writers --------------------------------------------------
+
+
+def _race(n: int, work) -> list:
+    import threading
+
+    from django.db import connections
+
+    barrier = threading.Barrier(n)
+    outcomes: list = []
+
+    def worker():
+        try:
+            barrier.wait(timeout=10)
+            outcomes.append(work())
+        except Exception as exc:  # noqa: BLE001 - the test looks at what each got
+            outcomes.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return outcomes
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_closes_close_each_statement_once(january, acme):
+    from billing.statements import close_statements
+
+    outcomes = _race(4, lambda: close_statements(now=at(2, 1, 0, 5)))
+    assert not [o for o in outcomes if isinstance(o, Exception)], outcomes
+    january_statement = _statement(acme, at(1, 1))
+    assert sorted(pk for closed in outcomes for pk in closed) == [january_statement.id]
+    assert [_line_dict(line) for line in january_statement.lines.all()] == JANUARY_LINES
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_overlapping_prices_save_once(tiny):
+    from django.core.exceptions import ValidationError
+
+    outcomes = _race(
+        4, lambda: price(tiny, inp="1", cached="0.1", out="2", start=at(1, 1)) and "saved"
+    )
+    assert outcomes.count("saved") == 1
+    assert [type(o) for o in outcomes if o != "saved"] == [ValidationError] * 3
+    assert ModelPrice.objects.count() == 1
