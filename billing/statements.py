@@ -124,13 +124,32 @@ def rate_pending(*, now: datetime | None = None) -> int:
     return assigned
 
 
+def refresh_open(*, now: datetime | None = None, tenant: Tenant | None = None) -> int:
+    """Rebuild every open statement's lines (so a price added or corrected since shows up);
+    returns how many were rebuilt."""
+    now = now or timezone.now()
+    found = Statement.objects.filter(status=StatementStatus.OPEN)
+    if tenant is not None:
+        found = found.filter(tenant=tenant)
+    count = 0
+    for pk in list(found.values_list("pk", flat=True)):
+        with transaction.atomic():
+            statement = Statement.objects.select_for_update().get(pk=pk)
+            if statement.status == StatementStatus.OPEN:
+                _refresh_locked(statement, now)
+                count += 1
+    return count
+
+
 def close_statements(*, now: datetime | None = None) -> list[int]:
-    """Rate what is pending, then close every open statement whose period has ended.
+    """Rate what is pending and rebuild the open statements, then close every open statement
+    whose period has ended.
 
     Returns the ids closed by this call; a second call (or a retry) closes nothing more.
     """
     now = now or timezone.now()
     rate_pending(now=now)
+    refresh_open(now=now)
     closed = []
     due = Statement.objects.filter(status=StatementStatus.OPEN, period_end__lte=now)
     for pk in list(due.values_list("pk", flat=True)):

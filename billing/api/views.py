@@ -177,5 +177,8 @@ class StatementViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
     )
     @action(detail=False, methods=["post"])
     def rate(self, request):
-        """Assign the usage not yet on a statement now (the periodic task does it anyway)."""
-        return Response({"assigned": statements.rate_pending()})
+        """Assign the usage not yet on a statement and rebuild the open statements now (with
+        the current price book); the periodic task does the same every few minutes."""
+        assigned = statements.rate_pending()
+        statements.refresh_open()
+        return Response({"assigned": assigned})

@@ -780,3 +780,20 @@ def test_concurrent_overlapping_prices_save_once(tiny):
     assert outcomes.count("saved") == 1
     assert [type(o) for o in outcomes if o != "saved"] == [ValidationError] * 3
     assert ModelPrice.objects.count() == 1
+
+
+def test_a_price_added_later_reprices_the_open_statement_but_not_a_closed_one(tiny, acme):
+    from billing.statements import close_statements
+
+    usage(
+        "dec", acme, "baton-tiny", at(12, 20, year=2025), prompt=1_000_000, cached=0, completion=0
+    )
+    usage("jan", acme, "baton-tiny", at(1, 20), prompt=1_000_000, cached=0, completion=0)
+    close_statements(now=at(1, 21))  # December closes unpriced; January is open
+    december = _statement(acme, at(12, 1, year=2025))
+    assert [(line.price_id, line.amount) for line in december.lines.all()] == [(None, 0)]
+    price(tiny, inp="2.00", cached="0.20", out="4.00", start=at(1, 1, year=2025))
+    close_statements(now=at(1, 21, 0, 5))
+    (line,) = _statement(acme, at(1, 1)).lines.all()
+    assert (line.input_per_mtok, line.amount) == (Decimal("2"), Decimal("2.00"))
+    assert [(line.price_id, line.amount) for line in december.lines.all()] == [(None, 0)]

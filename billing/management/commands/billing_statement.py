@@ -63,6 +63,7 @@ class Command(BaseCommand):
                 raise CommandError(f"--month: {exc}") from exc
             period_end = period_end or statements.next_month(period_start)
             statements.rate_pending()
+            statements.refresh_open(tenant=found)
             statement = Statement.objects.filter(tenant=found, period_start=period_start).first()
             if statement is None:  # no usage that month: an empty statement, not stored
                 statement = statements.preview(tenant=found, start=period_start, end=period_end)
