@@ -98,6 +98,11 @@ class TelemetryCollector:
             "pdd_prompt_tokens", "Prompt tokens received.", value=totals.tokens.get("prompt", 0)
         )
         yield CounterMetricFamily(
+            "pdd_request_migrations",
+            "Requests moved to another decoder after theirs failed mid-stream.",
+            value=totals.tokens.get("migrations", 0),
+        )
+        yield CounterMetricFamily(
             "pdd_cached_prompt_tokens",
             "Prompt tokens served from a prefix cache.",
             value=totals.tokens.get("cached", 0),

@@ -51,6 +51,11 @@ class RequestRecord(models.Model):
         null=True, blank=True, help_text="Output index MD took over at."
     )
     handoff_batches = models.PositiveIntegerField(default=0)
+    migrations = models.PositiveIntegerField(
+        default=0,
+        help_text="Times the request moved to another decoder after its decoder failed "
+        "mid-stream (prompt plus the tokens already delivered re-sent).",
+    )
     prompt_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(
         default=0, help_text="Prompt tokens served from cache."

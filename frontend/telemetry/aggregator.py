@@ -86,6 +86,7 @@ def record_deltas(record: Any, sla: SLA) -> dict[str, int]:
         ("completion", "completion_tokens"),
         ("rld", "tokens_by_rld"),
         ("md", "tokens_by_md"),
+        ("migrations", "migrations"),
     ):
         value = int(_get(record, attr) or 0)
         if value:

@@ -41,6 +41,7 @@ class Outcome:
     handoff_bytes: int = 0
     handoff_at_token: int | None = None
     handoff_batches: int = 0
+    migrations: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -72,6 +73,7 @@ def record_request(
             handoff_mode=decision.handoff_mode if decision else "",
             handoff_at_token=outcome.handoff_at_token,
             handoff_batches=outcome.handoff_batches,
+            migrations=outcome.migrations,
             prompt_tokens=outcome.prompt_tokens,
             cached_tokens=min(outcome.cached_tokens, outcome.prompt_tokens),
             completion_tokens=outcome.completion_tokens,

@@ -94,6 +94,8 @@ suspects = SuspectInstances(
 )
 # Attempts on another path for a request that failed before its first token.
 MAX_RETRIES = 2
+# Moves of a request to another decoder after its decoder failed mid-stream.
+MAX_MIGRATIONS = 2
 policies = PolicyCache()
 _limiter: RateLimiter | None = None
 
@@ -182,6 +184,7 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
         first_token_early=policy.stream_first_token_early,
         received_at=received_at,
         attempt=0,
+        migrations=0,
         retried=[],
     )
     try:
@@ -258,15 +261,56 @@ def _route(p: Prepared) -> None:
     # The agents see each attempt as its own request (a retry must not meet the first one's
     # leftovers); the record keeps the gateway's id.
     agent_request_id = p.request_id if not p.attempt else f"{p.request_id}-r{p.attempt}"
+    # A migrated request continues from the prompt plus what the user already has.
+    ids = getattr(p, "continue_ids", None) or p.prompt_ids
+    max_tokens = getattr(p, "continue_max_tokens", None) or p.greq.max_tokens
     p.url, p.plan = build_plan(
         request_id=agent_request_id,
-        prompt_ids=p.prompt_ids,
-        sampling=Sampling(p.greq.max_tokens, p.greq.temperature, p.greq.top_p, p.greq.seed),
+        prompt_ids=ids,
+        sampling=Sampling(max_tokens, p.greq.temperature, p.greq.top_p, p.greq.seed),
         decision=decision,
         view=view,
         early_first_token=p.policy.stream_first_token_early,
     )
     p.decision = decision
+
+
+def _migrate(p: Prepared, exc: AgentRunError, delivered: list[int], remaining: int) -> bool:
+    """The decoder failed after `delivered` tokens went out: mark the implicated instances
+    suspect and route the prompt plus those tokens again for the `remaining` ones (its prefix
+    is cached where the KV is held, so MD's cache makes that cheap). False past the limit."""
+    if p.migrations >= MAX_MIGRATIONS or p.attempt >= MAX_RETRIES + MAX_MIGRATIONS:
+        return False
+    d = p.decision
+    implicated = [d.prefill_id] if exc.at_prefill else [i for i in (d.relay_id, d.main_id) if i]
+    suspects.mark(implicated)
+    ids = [*p.prompt_ids, *delivered]
+    p.continue_ids, p.continue_max_tokens = ids, remaining
+    p.info = RequestInfo(
+        prompt_tokens=len(ids),
+        max_tokens=remaining,
+        prefix_block_hashes=prefix_block_hashes(ids, p.model.kv_block_size),
+        block_tokens=p.model.kv_block_size,
+    )
+    p.retried.append(
+        {
+            "pipeline": d.pipeline,
+            "instances": implicated,
+            "error": str(exc)[:300],
+            "migrated_at_token": len(delivered),
+        }
+    )
+    p.attempt += 1
+    p.migrations += 1
+    try:
+        _route(p)
+    except NoHealthyPath:
+        return False
+    log.warning(
+        "request %s: %s failed after %d tokens (%s); migrated to %s",
+        p.request_id, implicated, len(delivered), exc, p.decision.pipeline,
+    )  # fmt: skip
+    return True
 
 
 def _retry_elsewhere(p: Prepared, exc: AgentRunError) -> bool:
@@ -318,18 +362,38 @@ class Run:
         self.status = "ok"
         self.error = ""
         self.recorded = False
+        self.token_ids: list[int] = []  # delivered so far, for a migration
+        self.offset = 0  # tokens delivered before the current attempt (its index 0)
+        self.migrations = 0
 
     async def deltas(self):
-        """Yield text pieces in order as tokens arrive; set finish_reason at the end. A failure
-        before the first token is retried on another path (``_retry_elsewhere``)."""
+        """Yield text pieces in order as tokens arrive; set finish_reason at the end.
+
+        A failure before the first token is retried on another path (``_retry_elsewhere``);
+        one after tokens went out migrates the request (``_migrate``): a healthy path gets the
+        prompt plus the tokens already delivered and continues from there, so the user's stream
+        has no gap and no duplicate, and greedy output equals ``single``'s."""
         while True:
             try:
                 async for piece in self._attempt():
                     yield piece
                 return
             except AgentRunError as exc:
-                if self.token_count or not await in_worker(_retry_elsewhere)(self.p, exc):
+                if not self.token_count:
+                    if not await in_worker(_retry_elsewhere)(self.p, exc):
+                        raise
+                    continue
+                remaining = self.p.greq.max_tokens - self.token_count
+                if remaining <= 0:  # every token is out; only the 'done' was lost
+                    self.finish_reason = "length"
+                    tail = self.text.flush()
+                    if tail:
+                        yield tail
+                    return
+                if not await in_worker(_migrate)(self.p, exc, list(self.token_ids), remaining):
                     raise
+                self.offset = self.token_count
+                self.migrations += 1
 
     async def _attempt(self):
         events = run_events(self.p.url, self.p.plan)
@@ -337,13 +401,14 @@ class Run:
             async for event in events:
                 kind = event.get("type")
                 if kind == "token":
-                    if event.get("index") != self.token_count:
+                    if event.get("index") != self.token_count - self.offset:
                         raise AgentRunError(
                             f"token stream out of order: got index {event.get('index')}, "
-                            f"expected {self.token_count}",
+                            f"expected {self.token_count - self.offset}",
                             at_prefill=False,
                         )
                     self.token_count += 1
+                    self.token_ids.append(int(event["token_id"]))
                     now = time.monotonic()
                     if self.first_at is None:
                         self.first_at = now
@@ -394,8 +459,14 @@ class Run:
             cached_tokens=int(s.get("cached_tokens", self.p.decision.cached_tokens) or 0),
             completion_tokens=self.token_count,
             # P's first token counts with the decode role that carries on from it.
-            tokens_by_rld=int(by_role.get("rld", self.by_role["rld"])),
-            tokens_by_md=int(by_role.get("md", self.by_role["md"])),
+            # After a migration the last attempt's stats cover only its part: count here.
+            tokens_by_rld=int(
+                self.by_role["rld"] if self.migrations else by_role.get("rld", self.by_role["rld"])
+            ),
+            tokens_by_md=int(
+                self.by_role["md"] if self.migrations else by_role.get("md", self.by_role["md"])
+            ),
+            migrations=self.migrations,
             ttft_s=ttft,
             prefill_s=_seconds(s.get("prefill_s")),
             kv_wait_s=_seconds(s.get("kv_wait_s")),

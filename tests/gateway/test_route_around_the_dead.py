@@ -142,3 +142,101 @@ def test_with_every_path_dead_the_request_fails_once_recorded(two_prefills, monk
     assert response.status_code == 502
     assert len(calls) == 2  # both P tried, then no healthy path left
     assert RequestRecord.objects.get().status == "error"
+
+
+@pytest.fixture
+def two_decoders(transactional_db, settings, monkeypatch):
+    """One P and two MDs; whichever MD a request goes to first dies after 3 tokens."""
+    settings.REDIS_URL = ""
+    fleet_live._memory.clear()
+    model = ServedModel.objects.create(
+        name="baton-tiny", source="baton-tiny", num_layers=4, kv_bytes_per_token=4096
+    )
+    dc = Datacenter.objects.create(name="dc-a", region="city-a")
+    gpu = GPUType.objects.create(
+        vendor="g",
+        model="gpu",
+        peak_bf16_tflops=989,
+        memory_gib=80,
+        memory_bandwidth_gbps=3350,
+        interconnect_gbps=400,
+    )
+    made = {}
+    for i, (name, role) in enumerate(
+        (("p", InstanceRole.PREFILL), ("md1", InstanceRole.MAIN_DECODE), ("md2", "main_decode"))
+    ):
+        node = Node.objects.create(
+            hostname=name,
+            datacenter=dc,
+            gpu_type=gpu,
+            gpu_count=8,
+            agent_endpoint=f"http://10.0.1.{i + 1}:9000",
+            agent_token_prefix=f"t-{name}",
+            status=NodeStatus.ONLINE,
+        )
+        inst = Instance.objects.create(role=role, node=node, served_model=model, gpu_count=8)
+        _publish(node, inst)
+        made[name] = inst
+    # The reference continuation: token k of the answer is ord("a") + k (a greedy "model").
+    plans: list[dict] = []
+
+    async def events(url, plan):
+        plans.append(plan)
+        start = len(plan["prompt_ids"]) - len(PROMPT)  # tokens the user already has
+        for i in range(plan["sampling"]["max_tokens"]):
+            if len(plans) == 1 and i == 3:
+                yield {"type": "error", "message": "downstream stream ended without done"}
+                return
+            yield {"type": "token", "index": i, "token_id": ord("a") + start + i, "role": "md"}
+        yield {"type": "done", "finish_reason": "length", "stats": {}}
+
+    monkeypatch.setattr(views, "run_events", events)
+    tenant = Tenant.objects.create(name="acme", requests_per_minute=100, tokens_per_minute=10**6)
+    _, raw = billing.api_key_create(tenant=tenant)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    yield client, made, plans
+    fleet_live._memory.clear()
+
+
+PROMPT = list(b"hello")  # baton-tiny's byte tokenizer
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_decoder_dying_mid_stream_migrates_the_request_without_gap_or_duplicate(
+    two_decoders, stream
+):
+    client, made, plans = two_decoders
+    response = client.post(
+        "/v1/completions",
+        {"model": "baton-tiny", "prompt": "hello", "max_tokens": 8, "stream": stream},
+        format="json",
+    )
+    assert response.status_code == 200
+    if stream:
+        import json
+
+        from asgiref.sync import async_to_sync
+
+        async def read() -> bytes:
+            return b"".join([chunk async for chunk in response.streaming_content])
+
+        text = ""
+        for line in async_to_sync(read)().decode().splitlines():
+            if line.startswith("data: {"):
+                choices = json.loads(line[6:])["choices"]
+                text += choices[0]["text"] if choices else ""
+    else:
+        text = response.json()["choices"][0]["text"]
+    assert text == "abcdefgh"  # 3 tokens, then the rest from the new decoder: no gap, no repeat
+    first, second = plans
+    assert second["prompt_ids"] == [*first["prompt_ids"], *b"abc"]
+    assert second["sampling"]["max_tokens"] == 5
+    assert second["main"]["instance"] != first["main"]["instance"]
+    assert second["request_id"].endswith("-r1")
+    record = RequestRecord.objects.get()
+    assert record.status == "ok"
+    assert record.migrations == 1
+    assert record.completion_tokens == 8
+    assert record.prompt_tokens == 5
+    assert record.decision.inputs["retried"][0]["migrated_at_token"] == 3
