@@ -20,5 +20,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("api-auth/", include("rest_framework.urls")),
+    path("", include("billing.tenant_urls")),  # /v1/organization/...: a tenant's own usage
     path("", include("frontend.urls")),
 ]
