@@ -287,6 +287,8 @@ CELERY_BEAT_SCHEDULE = {
     "fleet-health-check": {"task": "fleet.health_check", "schedule": BATON_HEARTBEAT_INTERVAL_S},
     "fleet-reconcile": {"task": "fleet.reconcile_fleet", "schedule": BATON_RECONCILE_INTERVAL_S},
     "billing-close-statements": {"task": "billing.close_statements", "schedule": 300.0},
+    # Requests a killed gateway process left half-done: recorded as "interrupted".
+    "routing-finish-interrupted": {"task": "routing.finish_interrupted", "schedule": 30.0},
 }
 
 # Roles: members of this group (or staff) may write; every other authenticated user reads.

@@ -25,3 +25,4 @@ class RequestStatus(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled by the client"
     ERROR = "error", "Failed"
     REJECTED = "rejected", "Rejected before running"
+    INTERRUPTED = "interrupted", "Interrupted: the gateway process died while it ran"

@@ -146,3 +146,37 @@ class RoutingDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pipeline}/{self.handoff_mode}: {self.reason[:60]}"
+
+
+class Admission(models.Model):
+    """A request the gateway accepted and has not recorded yet: written at admission, removed
+    in the transaction that writes its RequestRecord. One left behind by a gateway process that
+    died (SIGKILL, a crash) is finished by a later process as an ``interrupted`` record with the
+    tokens it had delivered (``routing.services.finish_interrupted``)."""
+
+    request_id = models.CharField(max_length=64, unique=True)
+    tenant = models.ForeignKey("billing.Tenant", on_delete=models.PROTECT, related_name="+")
+    api_key = models.ForeignKey(
+        "billing.ApiKey", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    model = models.CharField(max_length=128)
+    endpoint = models.CharField(max_length=32)
+    stream = models.BooleanField(default=False)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    decision = models.JSONField(default=dict, help_text="The routing decision, as a dict.")
+    decision_inputs = models.JSONField(default=dict)
+    policy_version = models.PositiveIntegerField(default=0)
+    owner = models.CharField(
+        max_length=128, help_text="host:pid of the gateway process serving the request."
+    )
+    delivered_tokens = models.PositiveIntegerField(
+        default=0, help_text="Tokens sent to the client so far (updated every few seconds)."
+    )
+    admitted_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True, db_index=True)
+
+    class Meta:
+        ordering = ["admitted_at"]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} ({self.owner})"

@@ -1,17 +1,23 @@
-"""What the gateway writes when a request ends: the request record, its decision, and the
-tenant's usage line, in one transaction and at most once per request id."""
+"""What the gateway writes about a request: an admission row when it is accepted, and when it
+ends the request record, its decision and the tenant's usage line, in one transaction, at most
+once per request id, removing the admission. Admissions a dead gateway process left behind are
+finished as ``interrupted`` records by a later process (``finish_interrupted``)."""
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from billing.models import ApiKey
 from billing.services import usage_record
-from routing.models import RequestRecord, RoutingDecision
+from routing.models import Admission, RequestRecord, RoutingDecision
 from routing.policy import Decision
 
 log = logging.getLogger(__name__)
@@ -106,7 +112,8 @@ def record_request(
                 reason=decision.reason,
                 inputs=decision_inputs,
             )
-        if outcome.status in ("ok", "cancelled") and outcome.prompt_tokens:
+        Admission.objects.filter(request_id=request_id).delete()
+        if outcome.status in ("ok", "cancelled", "interrupted") and outcome.prompt_tokens:
             usage_record(
                 request_id=request_id,
                 tenant=api_key.tenant,
@@ -126,3 +133,95 @@ def record_request(
 
         transaction.on_commit(notify)
     return record
+
+
+def this_process() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def admission_open(
+    *,
+    request_id: str,
+    api_key: ApiKey,
+    model: str,
+    endpoint: str,
+    stream: bool,
+    prompt_tokens: int,
+    decision: Decision,
+    policy_version: int,
+    decision_inputs: dict[str, Any],
+) -> None:
+    """The durable trace of an accepted request, written before any agent is called."""
+    Admission.objects.create(
+        request_id=request_id,
+        tenant=api_key.tenant,
+        api_key=api_key,
+        model=model,
+        endpoint=endpoint,
+        stream=stream,
+        prompt_tokens=prompt_tokens,
+        decision=decision.to_dict(),
+        decision_inputs=decision_inputs,
+        policy_version=policy_version,
+        owner=this_process(),
+    )
+
+
+def admission_progress(request_id: str, delivered_tokens: int) -> None:
+    Admission.objects.filter(request_id=request_id).update(
+        delivered_tokens=delivered_tokens, updated_at=timezone.now()
+    )
+
+
+def _owner_dead(owner: str, updated_at, now, stale_after_s: float) -> bool:
+    host, _, pid = owner.rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        if int(pid) == os.getpid():
+            return False
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass  # alive, another user's
+        # Alive, or its pid reused: fall back on staleness.
+    return now - updated_at > timedelta(seconds=stale_after_s)
+
+
+def finish_interrupted(*, stale_after_s: float = 120.0, now=None) -> list[str]:
+    """Record every admission whose gateway process is gone (dead pid on this host, or no
+    progress for `stale_after_s` from elsewhere) as ``interrupted``, with the tokens it had
+    delivered billed as usage. Idempotent: record_request writes each request once."""
+    now = now or timezone.now()
+    finished: list[str] = []
+    for admission in Admission.objects.select_related("api_key__tenant", "tenant"):
+        if not _owner_dead(admission.owner, admission.updated_at, now, stale_after_s):
+            continue
+        if admission.api_key is None:  # the key was deleted: nothing to bill it to
+            Admission.objects.filter(pk=admission.pk).delete()
+            continue
+        try:
+            decision = Decision(**admission.decision) if admission.decision else None
+        except TypeError:
+            decision = None
+        record_request(
+            request_id=admission.request_id,
+            api_key=admission.api_key,
+            model=admission.model,
+            endpoint=admission.endpoint,
+            stream=admission.stream,
+            decision=decision,
+            policy_version=admission.policy_version,
+            decision_inputs=admission.decision_inputs,
+            outcome=Outcome(
+                status="interrupted",
+                error=f"the gateway process {admission.owner} ended while the request ran",
+                prompt_tokens=admission.prompt_tokens,
+                completion_tokens=admission.delivered_tokens,
+            ),
+        )
+        Admission.objects.filter(pk=admission.pk).delete()
+        finished.append(admission.request_id)
+    if finished:
+        log.warning("recorded %d interrupted requests: %s", len(finished), finished[:10])
+    return finished

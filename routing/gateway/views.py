@@ -29,7 +29,12 @@ from routing.gateway.errors import (
     unauthorized,
     unavailable,
 )
-from routing.gateway.records import Outcome, record_request
+from routing.gateway.records import (
+    Outcome,
+    admission_open,
+    admission_progress,
+    record_request,
+)
 from routing.gateway.runner import AgentRunError, Sampling, build_plan, run_events
 from routing.gateway.stream import TextAssembler
 from routing.gateway.tokenizers import apply_chat_template, tokenizer_for
@@ -96,6 +101,8 @@ suspects = SuspectInstances(
 MAX_RETRIES = 2
 # Moves of a request to another decoder after its decoder failed mid-stream.
 MAX_MIGRATIONS = 2
+# How often a running request's delivered-token count is saved on its admission.
+PROGRESS_EVERY_S = 2.0
 policies = PolicyCache()
 _limiter: RateLimiter | None = None
 
@@ -204,6 +211,18 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
             ),
         )
         raise unavailable(f"No healthy path for model '{model.name}': {exc}") from exc
+    # Durable before any agent is called: if this process dies, a later one records it.
+    admission_open(
+        request_id=request_id,
+        api_key=key,
+        model=model.name,
+        endpoint=kind,
+        stream=greq.stream,
+        prompt_tokens=len(prompt_ids),
+        decision=p.decision,
+        policy_version=version,
+        decision_inputs=p.inputs,
+    )
     return p
 
 
@@ -362,6 +381,7 @@ class Run:
         self.status = "ok"
         self.error = ""
         self.recorded = False
+        self.progress_at = time.monotonic()  # last delivered-token count saved
         self.token_ids: list[int] = []  # delivered so far, for a migration
         self.offset = 0  # tokens delivered before the current attempt (its index 0)
         self.migrations = 0
@@ -410,6 +430,9 @@ class Run:
                     self.token_count += 1
                     self.token_ids.append(int(event["token_id"]))
                     now = time.monotonic()
+                    if now - self.progress_at >= PROGRESS_EVERY_S:
+                        self.progress_at = now
+                        self._save_progress()
                     if self.first_at is None:
                         self.first_at = now
                     else:
@@ -481,6 +504,14 @@ class Run:
             handoff_batches=int(handoff.get("batches", 0) or 0),
         )
 
+    def _save_progress(self) -> None:
+        """Save the delivered-token count on the admission, off the stream's path."""
+        task = asyncio.ensure_future(
+            in_worker(_quietly(admission_progress))(self.p.request_id, self.token_count)
+        )
+        pending_records.add(task)
+        task.add_done_callback(pending_records.discard)
+
     async def record(self) -> None:
         """Write the record and usage once, whatever the client does meanwhile: the write runs
         as its own task, so a disconnect (which cancels the response) cannot cancel it."""
@@ -511,6 +542,17 @@ class Run:
         task.add_done_callback(pending_records.discard)
         # A cancellation (the client went away) reaches the caller; the write carries on.
         await asyncio.shield(task)
+
+
+def _quietly(fn):
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception:  # progress is best effort: the final record is what counts
+            log.warning("could not save progress", exc_info=True)
+            return None
+
+    return run
 
 
 def _seconds(value: Any) -> float | None:

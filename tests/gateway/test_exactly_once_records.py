@@ -117,3 +117,98 @@ def test_a_stream_cancelled_mid_way_is_recorded_once_as_cancelled(prepared):
     asyncio.run(client())
     count, usage, status = _records("cmpl-mid")
     assert (count, usage, status) == (1, 1, "cancelled")
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_finished_request_removes_its_admission(prepared):
+    from routing.gateway.records import admission_open
+    from routing.models import Admission
+
+    p = prepared("cmpl-admitted")
+    admission_open(
+        request_id=p.request_id,
+        api_key=p.key,
+        model="baton-tiny",
+        endpoint="completions",
+        stream=True,
+        prompt_tokens=2,
+        decision=p.decision,
+        policy_version=1,
+        decision_inputs={},
+    )
+
+    async def client():
+        async for _ in views._stream(p):
+            pass
+
+    asyncio.run(client())
+    assert not Admission.objects.exists()
+    assert _records("cmpl-admitted") == (1, 1, "ok")
+
+
+def test_a_request_left_by_a_killed_gateway_is_recorded_interrupted_once(prepared):
+    import socket
+
+    from routing.gateway.records import admission_open, admission_progress, finish_interrupted
+    from routing.models import Admission
+
+    p = prepared("cmpl-killed")
+    admission_open(
+        request_id=p.request_id,
+        api_key=p.key,
+        model="baton-tiny",
+        endpoint="completions",
+        stream=True,
+        prompt_tokens=2,
+        decision=p.decision,
+        policy_version=1,
+        decision_inputs={"x": 1},
+    )
+    admission_progress(p.request_id, 3)
+    # Still owned by this (live) process: nothing happens.
+    assert finish_interrupted() == []
+    # Its process was SIGKILLed: a later process finishes it.
+    Admission.objects.update(owner=f"{socket.gethostname()}:{_dead_pid()}")
+    assert finish_interrupted() == ["cmpl-killed"]
+    assert finish_interrupted() == []
+    assert _records("cmpl-killed") == (1, 1, "interrupted")
+    record = RequestRecord.objects.get(request_id="cmpl-killed")
+    assert record.completion_tokens == 3 and record.prompt_tokens == 2
+    assert record.pipeline == "p-md"
+    usage = UsageEntry.objects.get(request_id="cmpl-killed")
+    assert (usage.prompt_tokens, usage.completion_tokens) == (2, 3)
+    assert not Admission.objects.exists()
+
+
+def test_an_admission_from_another_host_is_finished_only_when_stale(prepared):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from routing.gateway.records import admission_open, finish_interrupted
+    from routing.models import Admission
+
+    p = prepared("cmpl-elsewhere")
+    admission_open(
+        request_id=p.request_id,
+        api_key=p.key,
+        model="baton-tiny",
+        endpoint="completions",
+        stream=False,
+        prompt_tokens=2,
+        decision=p.decision,
+        policy_version=1,
+        decision_inputs={},
+    )
+    Admission.objects.update(owner="other-host:1234")
+    assert finish_interrupted() == []
+    later = timezone.now() + timedelta(seconds=121)
+    assert finish_interrupted(now=later) == ["cmpl-elsewhere"]
