@@ -107,4 +107,3 @@ class RateLimiter:
         if code == 2:
             return RateDecision(True, "", 0.0)
         return RateDecision(False, "requests" if code == 0 else "tokens", max(retry, 0.0))
-
