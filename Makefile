@@ -55,6 +55,11 @@ demo: setup
 bench: setup
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m bench.pdd $(BENCH_ARGS)
 
+# Faults against a real local fleet (agent SIGKILL/SIGSTOP, web SIGTERM/SIGKILL; <= 15 min);
+# writes bench/chaos/REPORT.md and summary.json, raw per-trial JSON under var/chaos/.
+chaos: setup
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m bench.chaos $(CHAOS_ARGS)
+
 # Refresh the vendored uPlot from package.json (pinned) into frontend/static.
 vendor: setup
 	npm ci --no-audit --no-fund

@@ -1,0 +1,75 @@
+"""REPORT.md from the chaos summary (pure: a dict in, markdown out)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _spread(x: dict | None) -> str:
+    if not x:
+        return "-"
+    if x["min"] == x["max"]:
+        return f"{x['min']:.2f}"
+    return f"{x['median']:.2f} ({x['min']:.2f}-{x['max']:.2f})"
+
+
+def render(summary: dict[str, Any]) -> str:
+    lines = [
+        "# Chaos: faults against a real local fleet",
+        "",
+        f"Reproduce: `{summary.get('command', 'make chaos')}`  ",
+        f"Date: {summary.get('date', '?')}, commit {summary.get('git_rev', '?')}, "
+        f"wall {summary.get('duration_s', 0):.0f} s, host: {summary.get('host', '?')}.",
+        "",
+        "Fleet: `bench/testbed.py` `start_cluster()` (uvicorn control plane on SQLite with the "
+        "in-process beat; agents P and RLD in dc-a, MD in dc-b over the shaped WAN, "
+        "1 Gbit/s / 5 ms). Requests: streamed `/v1/completions`, `temperature 0`, checked "
+        "token for token against the single-engine reference (MD's `/v1/generate` on the same "
+        "prompt, taken before any fault).",
+        "",
+        "## Scenario rule (fixed before the first run)",
+        "",
+        *summary.get("rule", []),
+        "",
+        "## Results",
+        "",
+        "Tokens are counted in the stream's UTF-8 bytes (baton-tiny's ids). *Lost*: reference "
+        "tokens missing from the stream; *duplicated*: stream tokens re-sending a stretch "
+        "already delivered; *wrong*: other extra tokens; *errors*: requests that ended in an "
+        "error (HTTP, SSE error event, broken connection); *missing / double records*: "
+        "requests with no / more than one `RequestRecord`; *recovery*: seconds from the fault "
+        "to the next request that succeeds, median (min-max) over trials; *gap*: the largest "
+        "gap between streamed pieces at the client.",
+        "",
+        "| fault | trials | requests | finished correct | lost tokens | duplicated tokens "
+        "| wrong tokens | errors | missing records | double records | migrations "
+        "| recovery s | max gap s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for f in summary.get("faults", []):
+        r = f["row"]
+        lines.append(
+            f"| {f['name']} | {r['trials']} | {r.get('requests', 0)} | {r['finished_correct']} "
+            f"| {r['lost_tokens']} | {r['duplicated_tokens']} | {r.get('wrong_tokens', 0)} "
+            f"| {r['errors']} | {r['missing_records']} | {r['double_records']} "
+            f"| {r.get('migrations', 0)} | {_spread(r.get('recovery_s'))} "
+            f"| {_spread(r.get('max_gap_s'))} |"
+        )
+    for f in summary.get("faults", []):
+        lines += ["", f"### {f['name']}: {f['title']}", "", f"Expected: {f['expect']}", ""]
+        for t in f.get("trial_lines", []):
+            lines.append(f"- {t}")
+        for n in f.get("notes", []):
+            lines.append(f"- **{n}**")
+    if summary.get("skipped"):
+        lines += ["", "## Not run", ""]
+        lines += [f"- {s}" for s in summary["skipped"]]
+    if summary.get("findings"):
+        lines += ["", "## Findings", ""]
+        lines += [f"- {s}" for s in summary["findings"]]
+    lines += [
+        "",
+        "Raw per-trial JSON: `var/chaos/` (git-ignored); the summary: `bench/chaos/summary.json`.",
+        "",
+    ]
+    return "\n".join(lines)
