@@ -123,14 +123,14 @@ def test_a_decode_stream_closed_before_it_started_still_caches_the_kv(monkeypatc
     MD must still take the KV P sent into its prefix cache, as when the stream closes later."""
     from types import SimpleNamespace
 
-    from agents.node import pipelines
+    from agents.node import decode, pipelines
 
     cached: list[str] = []
 
     async def fake_cache(agent, inst, req, queue):
         cached.append(req.request_id)
 
-    monkeypatch.setattr(pipelines, "_cache_late_kv", fake_cache)
+    monkeypatch.setattr(decode, "_cache_late_kv", fake_cache)
     inst = SimpleNamespace(instance_id="0")
 
     def req(rid: str):

@@ -1,0 +1,128 @@
+"""What the role pipelines (prefill.py, relay.py, decode.py, single.py) share: the NDJSON
+events (from wire.py), transfer ids and KV payloads, the peer stream pump, background tasks,
+remote and local cancels."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+
+from agents.node.agent import SEP, Agent, AgentError, Instance
+from agents.node.wire import Peer, error_event, sampling_json, token_event
+from agents.transfer.records import Transfer
+
+__all__ = [
+    "Events",
+    "OnClose",
+    "PeerFailed",
+    "cancel_local",
+    "cancel_remote",
+    "ensure_instance_worker",
+    "error_event",
+    "fire_and_forget",
+    "kv_payload",
+    "pump_stream",
+    "quiet",
+    "sampling_json",
+    "settle",
+    "token_event",
+    "transfer_id",
+]
+
+log = logging.getLogger(__name__)
+
+Events = AsyncIterator[dict[str, Any]]
+OnClose = Callable[[], Any]
+
+
+class PeerFailed(Exception):
+    """A peer agent answered with an error, or its stream broke."""
+
+
+def transfer_id(request_id: str, instance_id: str, what: str) -> str:
+    return SEP.join((request_id, instance_id, what))
+
+
+def kv_payload(transfer: Transfer) -> bytes:
+    return b"".join(bytes(chunk.payload) for chunk in transfer.chunks)
+
+
+async def pump_stream(
+    http: httpx.AsyncClient,
+    url: str,
+    body: dict,
+    on_event: Callable[[dict[str, Any]], None],
+    on_closed: Callable[[BaseException | None], None],
+) -> None:
+    """POST body to a peer's NDJSON endpoint; call on_event(event) for each line and finally
+    on_closed(None | exception). Both run on the loop and must not block (they queue)."""
+    try:
+        timeout = httpx.Timeout(30.0, read=None)
+        async with http.stream("POST", url, json=body, timeout=timeout) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")[:500]
+                raise PeerFailed(f"{url}: HTTP {response.status_code}: {text}")
+            async for line in response.aiter_lines():
+                if line.strip():
+                    on_event(json.loads(line))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure of the peer is reported, not raised
+        on_closed(exc)
+    else:
+        on_closed(None)
+
+
+def fire_and_forget(agent: Agent, coro) -> None:
+    task = asyncio.create_task(coro)
+    agent.background.add(task)
+    task.add_done_callback(agent.background.discard)
+
+
+async def settle(tasks: list[asyncio.Task], grace_s: float) -> None:
+    """Give tasks ``grace_s`` to finish, then cancel what is left."""
+    _, pending = await asyncio.wait(tasks, timeout=grace_s)
+    for task in pending:
+        task.cancel()
+
+
+async def quiet(future) -> Any:
+    """Await a cleanup step; a failure is logged, not raised."""
+    try:
+        return await future
+    except Exception as exc:  # noqa: BLE001
+        log.info("cleanup step failed: %r", exc)
+        return None
+
+
+async def cancel_remote(agent: Agent, peer: Peer | None, request_id: str) -> None:
+    if peer is None:
+        return
+    try:
+        await agent.http.post(
+            f"{peer.http}/v1/pdd/cancel", json={"request_id": request_id}, timeout=5.0
+        )
+    except Exception as exc:  # noqa: BLE001 - best effort: the peer may be gone
+        log.info("cancel of %s at %s failed: %r", request_id, peer.http, exc)
+
+
+async def cancel_local(agent: Agent, request_id: str) -> bool:
+    """Abort request_id on every instance of this agent and wake whoever waits for it, now
+    or later (a decode call that raced the cancel finds it in its inbox)."""
+    agent.cancel_inbox(request_id)
+    await agent.unreserve(request_id)
+    found = False
+    for inst in list(agent.instances.values()):
+        if inst.worker is not None:
+            found |= bool(await quiet(inst.worker.call(lambda e: e.abort(request_id))))
+    return found
+
+
+def ensure_instance_worker(inst: Instance) -> None:
+    if inst.worker is None:
+        raise AgentError(503, f"instance {inst.instance_id} is {inst.state}")

@@ -1,0 +1,321 @@
+"""P, the prefill: prefill while MD pins its cached prefix (DRC), ship the delta to MD (over
+the WAN, or intra-DC for an MD in P's datacenter) and, for p-rld-md / rld-only, the full KV
+intra-DC to RLD at the same time, and relay the decoding role's token stream to the caller."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from agents.engine import SamplingParams
+from agents.node.agent import Agent, Instance
+from agents.node.pipeline_common import (
+    Events,
+    PeerFailed,
+    cancel_remote,
+    error_event,
+    fire_and_forget,
+    pump_stream,
+    quiet,
+    sampling_json,
+    token_event,
+    transfer_id,
+)
+from agents.node.wire import HandoffPlan, Peer
+from agents.transfer.records import KVChunk
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PddRequest:
+    request_id: str
+    prompt: list[int]
+    sampling: SamplingParams
+    pipeline: str
+    plan: HandoffPlan
+    main: Peer | None  # None only for rld-only
+    relay: Peer | None
+    # Stream P's sampled token the moment prefill ends (the old behaviour, an explicit policy
+    # setting), instead of at the head of the decoding role's stream (the default).
+    early_first_token: bool = False
+
+
+@dataclass(slots=True)
+class Prefilled:
+    first_token: int
+    finished: bool
+    finish_reason: str | None
+    prefill_cached_tokens: int
+    main_cached_tokens: int | None  # None: MD's reservation failed (MD unreachable)
+    main_error: str | None
+    started: float
+    first_token_at: float
+
+
+async def reserve_remote(agent: Agent, main: Peer, request_id: str, prompt: list[int]) -> int:
+    response = await agent.http.post(
+        f"{main.http}/v1/pdd/reserve",
+        json={"request_id": request_id, "instance": main.instance, "prompt_ids": prompt},
+        timeout=10.0,
+    )
+    if response.status_code != 200:
+        raise PeerFailed(f"reserve at MD: HTTP {response.status_code}: {response.text[:300]}")
+    return int(response.json()["cached_tokens"])
+
+
+async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefilled:
+    """Prefill on P while MD pins its cached prefix; raises EngineFull / ValueError before any
+    streaming starts, so the caller can answer 503 / 400."""
+    started = time.monotonic()
+    reserve = (
+        asyncio.create_task(reserve_remote(agent, req.main, req.request_id, req.prompt))
+        if req.main is not None
+        else None
+    )
+    try:
+        result = await inst.worker.call(
+            lambda e: e.prefill(req.request_id, req.prompt, req.sampling)
+        )
+    except BaseException:
+        if reserve is not None:
+            reserve.cancel()
+            fire_and_forget(agent, cancel_remote(agent, req.main, req.request_id))
+        raise
+    first_at = time.monotonic()
+    agent.count_tokens(inst)
+    cached: int | None
+    try:
+        if reserve is None:
+            cached, error = None, "no main decode in this pipeline (rld-only)"
+        else:
+            cached, error = await reserve, None
+    except Exception as exc:  # noqa: BLE001 - MD unreachable: p-rld-md falls back to RLD alone
+        cached, error = None, f"{type(exc).__name__}: {exc}"
+    return Prefilled(
+        result.first_token,
+        result.finished,
+        result.finish_reason,
+        result.cached_tokens,
+        cached,
+        error,
+        started,
+        first_at,
+    )
+
+
+async def release_prefill(agent: Agent, inst: Instance, request_id: str) -> None:
+    await quiet(inst.worker.call(lambda e: e.release(request_id)))
+
+
+async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefilled) -> Events:
+    rid, worker = req.request_id, inst.worker
+    length = len(req.prompt)
+    bs = agent.settings.block_size
+    prefill_s = pre.first_token_at - pre.started
+    stats: dict[str, Any] = {
+        "pipeline": req.pipeline,
+        # Filled in when the user's first token leaves (see `first` below).
+        "ttft_s": None,
+        "prefill_s": prefill_s,
+        "kv_wait_s": None,
+        "max_gap_s": 0.0,
+        "first_token_early": req.early_first_token,
+        "prefill_cached_tokens": pre.prefill_cached_tokens,
+        "cached_tokens": 0,
+        "tokens_by_role": {"prefill": 1, "rld": 0, "md": 0},
+        "kv_bytes": {"intra_dc": 0, "wan": 0},
+        "kv_wire_bytes": {"intra_dc": 0, "wan": 0},
+        "handoff_bytes": 0,
+        "handoff": {"mode": "none", "at_token": None, "batches": 0},
+    }
+    downstream: Peer | None = None
+    done = False
+    sends: list[asyncio.Task] = []
+    pump: asyncio.Task | None = None
+    queue: asyncio.Queue = asyncio.Queue()
+    # TTFT as the user sees it: P's token leaves at the head of the stream of the role that
+    # carries on decoding (MD in p-md, RLD in p-rld-md / rld-only), so it counts the KV
+    # transfer and admission that role waited for. kv_wait_s is the time from P's token being
+    # ready to the decoding role's first token reaching P.
+    first_sent = False
+    last_at: float | None = None
+
+    def emit(event: dict[str, Any]) -> dict[str, Any]:
+        """Note a token event's send time (TTFT, largest gap) and return it."""
+        nonlocal last_at
+        now = time.monotonic()
+        if last_at is None:
+            stats["ttft_s"] = now - pre.started
+        else:
+            stats["max_gap_s"] = max(stats["max_gap_s"], now - last_at)
+        last_at = now
+        return event
+
+    def first() -> dict[str, Any]:
+        nonlocal first_sent
+        first_sent = True
+        return emit(token_event(0, pre.first_token, "prefill"))
+
+    def decoder_started() -> None:
+        if stats["kv_wait_s"] is None:
+            stats["kv_wait_s"] = time.monotonic() - pre.first_token_at
+
+    try:
+        if req.early_first_token or pre.finished:
+            # Early (a policy setting), or P's token is the whole answer: nothing to wait for.
+            yield first()
+        if pre.finished:
+            await release_prefill(agent, inst, rid)
+            fire_and_forget(agent, cancel_remote(agent, req.main, rid))
+            done = True
+            stats["kv_wait_s"] = 0.0
+            stats["e2e_s"] = time.monotonic() - pre.started
+            yield {"type": "done", "finish_reason": pre.finish_reason, "stats": stats}
+            return
+        main_ok = pre.main_cached_tokens is not None
+        if not main_ok and req.pipeline == "p-md":
+            await release_prefill(agent, inst, rid)
+            yield error_event(f"{rid}: MD unreachable: {pre.main_error}")
+            return
+        start = 0
+        if main_ok:
+            start = min(pre.main_cached_tokens, length)
+            start -= start % bs
+            stats["cached_tokens"] = start
+
+        def export(engine):
+            delta = engine.export_kv(rid, start, length) if main_ok else None
+            full = engine.export_kv(rid, 0, length) if req.relay is not None else None
+            engine.release(rid)  # P's KV stays in its prefix cache
+            return delta, full
+
+        delta, full = await worker.call(export)
+        end_block = -(-length // bs)
+
+        async def ship(peer: Peer, payload: bytes, fabric: str, lo: int) -> None:
+            client = agent.wan_client(peer.datacenter) if fabric == "wan" else agent.intra_client
+            host, port = peer.kv_address(fabric == "wan")
+            chunk = KVChunk(lo // bs, end_block, lo, length, payload)
+            # With a relay, RLD answers the user: the KV for MD is background WAN traffic and
+            # yields the connection queue to transfers a first token waits on.
+            background = fabric == "wan" and req.relay is not None
+            # Counted when committed: a relayed request's KV for MD may still be on its way when
+            # the user's stream ends (see "done" below).
+            stats["kv_bytes"][fabric] += len(payload)
+            try:
+                sent = await client.send(
+                    host,
+                    port,
+                    transfer_id(rid, peer.instance, "kv"),
+                    [chunk],
+                    background=background,
+                )
+            except Exception as exc:  # noqa: BLE001
+                if done:  # the stream has ended: nobody reads the queue any more
+                    log.warning("%s: KV send over %s to %s failed: %r", rid, fabric, peer.http, exc)
+                    fire_and_forget(agent, cancel_remote(agent, peer, rid))
+                else:
+                    queue.put_nowait(("send_failed", (peer, fabric, exc)))
+            else:
+                stats["kv_wire_bytes"][fabric] += sent.bytes_sent
+
+        if main_ok:
+            # An MD in P's own datacenter (in-DC PD) gets the delta over the intra-DC fabric.
+            same_dc = req.main.datacenter == agent.settings.datacenter
+            main_fabric = "intra_dc" if same_dc else "wan"
+            sends.append(asyncio.create_task(ship(req.main, delta, main_fabric, start)))
+        if req.pipeline == "p-md":
+            downstream = req.main
+            url = f"{req.main.http}/v1/pdd/decode"
+            body = {
+                "request_id": rid,
+                "instance": req.main.instance,
+                "prompt_ids": req.prompt,
+                "first_token": pre.first_token,
+                "sampling": sampling_json(req.sampling),
+                "start_token": start,
+                "hold": False,
+            }
+        else:
+            assert req.relay is not None
+            sends.append(asyncio.create_task(ship(req.relay, full, "intra_dc", 0)))
+            downstream = req.relay
+            url = f"{req.relay.http}/v1/pdd/relay"
+            body = {
+                "request_id": rid,
+                "instance": req.relay.instance,
+                "prompt_ids": req.prompt,
+                "first_token": pre.first_token,
+                "sampling": sampling_json(req.sampling),
+                "main": req.main.to_json() if main_ok else None,
+                "main_start_token": start,
+                **req.plan.to_json(),
+            }
+            if not main_ok and req.pipeline != "rld-only":
+                stats["main_error"] = f"MD unreachable: {pre.main_error}"
+        pump = asyncio.create_task(
+            pump_stream(
+                agent.http,
+                url,
+                body,
+                lambda event: queue.put_nowait(("down", event)),
+                lambda exc: queue.put_nowait(("down_closed", exc)),
+            )
+        )
+        while True:
+            tag, value = await queue.get()
+            if tag == "send_failed":
+                peer, fabric, exc = value
+                log.warning("%s: KV send over %s to %s failed: %r", rid, fabric, peer.http, exc)
+                # Wake the receiver so it gives up at once instead of at its KV timeout.
+                fire_and_forget(agent, cancel_remote(agent, peer, rid))
+                continue
+            if tag == "down_closed":
+                yield error_event(f"{rid}: downstream stream ended without done: {value!r}")
+                return
+            kind = value.get("type")
+            if kind == "token":
+                decoder_started()
+                if not first_sent:
+                    yield first()
+                role = value.get("role", "md")
+                stats["tokens_by_role"][role] = stats["tokens_by_role"].get(role, 0) + 1
+                yield emit(value)
+            elif kind == "done":
+                decoder_started()
+                if not first_sent:  # the decoding role stopped at once (EOS after P's token)
+                    yield first()
+                # RLD may have answered the whole request while P's KV for MD is still crossing
+                # the WAN (as background traffic): MD caches it when it lands, but the user's
+                # stream ends now rather than when the transfer does.
+                for task in sends:
+                    if not task.done():
+                        agent.background.add(task)
+                        task.add_done_callback(agent.background.discard)
+                sends.clear()  # so the finally below does not cancel them
+                sub = value.get("stats") or {}
+                if "handoff" in sub:
+                    stats["handoff"] = sub["handoff"]
+                    stats["handoff_bytes"] = sub.get("handoff_bytes", 0)
+                stats["e2e_s"] = time.monotonic() - pre.started
+                done = True
+                yield {"type": "done", "finish_reason": value.get("finish_reason"), "stats": stats}
+                return
+            elif kind == "error":
+                yield value
+                return
+    finally:
+        if pump is not None:
+            pump.cancel()
+        for task in sends:
+            if not task.done():
+                task.cancel()
+        if not done:
+            await release_prefill(agent, inst, rid)
+            for peer in (req.main, req.relay, downstream):
+                if peer is not None:
+                    fire_and_forget(agent, cancel_remote(agent, peer, rid))

@@ -1,0 +1,590 @@
+"""RLD, the relay decode, as an explicit state machine (`RelaySession`).
+
+RLD imports P's full KV, decodes at once and streams its tokens, opens MD's held `decode`
+stream itself, hands the request off to MD by token ids (one-shot or catch-up batches), and
+relays MD's continuation. If MD or the WAN fails before the handoff is acknowledged, RLD
+finishes the request itself with the same tokens. agents/PROTOCOL.md, "RLD's handoff", has
+the table of every event and failure in each phase.
+
+Everything the session reacts to arrives on the request's inbox queue as one typed item
+(`KvArrived`, `Cancelled`, `RldOutput`, `RldFailed`, `MdEvent`, `MdClosed`, `MdFailed`, or
+`Unexpected`); `RelaySession.dispatch` hands each to one `on_*` method. Phases change only
+through `RelaySession.to`, which checks the move against `TRANSITIONS`: an illegal move is a
+bug, logged and ended with an error event, never a silent overwrite.
+
+    WAIT_KV --kv imported--> RELAY --final batch sent--> FINAL --MD's token c--> MAIN
+                               |                           |
+                               +--MD / WAN failed----------+--> SOLO
+    every phase but DONE --last event (done / error)--> DONE
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.engine import EngineFull, PrefixMissing, SamplingParams, TokenOutput
+from agents.node.agent import Agent, Instance
+from agents.node.pipeline_common import (
+    Events,
+    cancel_remote,
+    error_event,
+    fire_and_forget,
+    kv_payload,
+    pump_stream,
+    quiet,
+    sampling_json,
+    settle,
+    token_event,
+    transfer_id,
+)
+from agents.node.wire import HandoffPlan, Peer
+from agents.transfer.records import TokenIds, Transfer, TransferStats
+
+log = logging.getLogger(__name__)
+
+# How long a finished relay lets its in-flight handoff batches (token IDs) reach MD.
+HANDOFF_SEND_GRACE_S = 5.0
+
+
+@dataclass(slots=True)
+class RelayRequest:
+    request_id: str
+    prompt: list[int]
+    first_token: int
+    sampling: SamplingParams
+    main: Peer | None
+    main_start_token: int
+    plan: HandoffPlan
+
+
+@dataclass
+class _Handoff:
+    mode: str
+    at_token: int | None = None  # index of the first token MD produced
+    batches: int = 0
+    completed: bool = False
+    failed: str | None = None
+    bytes: int = 0
+    tokens_handed: int = 0
+    inflight: bool = False
+    md_ready: bool = False
+    slot_wait_s: float = 0.0  # how long MD waited for a decode slot before it was ready
+    sent: list[asyncio.Task] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "at_token": self.at_token,
+            "batches": self.batches,
+            "completed": self.completed,
+            "failed": self.failed,
+            "tokens_handed": self.tokens_handed,
+            "slot_wait_s": self.slot_wait_s,
+        }
+
+
+# -- phases ------------------------------------------------------------------------------------
+
+
+class Phase(enum.StrEnum):
+    WAIT_KV = "wait_kv"  # MD's stream opened; waiting for P's full KV (other items kept)
+    RELAY = "relay"  # RLD decodes and streams; MD gets ready, catch-up batches may fly
+    FINAL = "final"  # final batch sent (cut at c): RLD's tokens buffered until MD's token c
+    MAIN = "main"  # handoff acknowledged: RLD's request released, MD's tokens relayed
+    SOLO = "solo"  # handoff abandoned (MD or the WAN failed): RLD finishes the request
+    DONE = "done"  # the last event (done or error) is out
+
+
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.WAIT_KV: frozenset({Phase.RELAY, Phase.DONE}),
+    Phase.RELAY: frozenset({Phase.FINAL, Phase.SOLO, Phase.DONE}),
+    Phase.FINAL: frozenset({Phase.MAIN, Phase.SOLO, Phase.DONE}),
+    Phase.MAIN: frozenset({Phase.DONE}),
+    Phase.SOLO: frozenset({Phase.DONE}),
+    Phase.DONE: frozenset(),
+}
+
+
+# -- queue items -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KvArrived:
+    """P's full KV landed in the inbox (transfer `<rid>|<instance>|kv`)."""
+
+    transfer: Transfer
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """A failure the agent put in the inbox: the request's cancel, a failed send (fail_inbox)
+    or a transfer cut mid-way."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class RldOutput:
+    """One engine step's output for the request on RLD."""
+
+    out: TokenOutput
+
+
+@dataclass(frozen=True, slots=True)
+class RldFailed:
+    """RLD's engine failed the request (a failed step, the instance stopping)."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class MdEvent:
+    """One NDJSON event of MD's held decode stream (ready, extended, token, done, error)."""
+
+    event: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class MdClosed:
+    """MD's stream ended: None when it closed cleanly, else the failure (unreachable, HTTP
+    error, broken stream)."""
+
+    error: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
+class MdFailed:
+    """The handoff failed on RLD's side: a batch's send failed, or no acknowledgement."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unexpected:
+    """Any other inbox item (a transfer RLD does not take): ignored."""
+
+    what: Any
+    value: Any = None
+
+
+RelayItem = (
+    KvArrived | Cancelled | RldOutput | RldFailed | MdEvent | MdClosed | MdFailed | Unexpected
+)
+_ITEM_TYPES = (KvArrived, Cancelled, RldOutput, RldFailed, MdEvent, MdClosed, MdFailed, Unexpected)
+
+
+def as_item(raw: Any) -> RelayItem:
+    """What the agent puts in an inbox (`(what, transfer)` tuples, exceptions) as a typed item;
+    the session's own items pass through."""
+    if isinstance(raw, _ITEM_TYPES):
+        return raw
+    if isinstance(raw, BaseException):
+        return Cancelled(raw)
+    if isinstance(raw, tuple) and len(raw) == 2:
+        what, value = raw
+        if what == "kv":
+            return KvArrived(value)
+        return Unexpected(what, value)
+    return Unexpected(raw)
+
+
+# -- the session -------------------------------------------------------------------------------
+
+
+class RelaySession:
+    """One relayed request on RLD: its state, one method per kind of item, and the outbox of
+    events for the caller. `events()` drives it; tests drive `dispatch` directly."""
+
+    def __init__(self, agent: Agent, inst: Instance, req: RelayRequest) -> None:
+        self.agent, self.inst, self.req = agent, inst, req
+        self.rid = req.request_id
+        self.worker = inst.worker
+        self.main = req.main
+        self.plan = req.plan
+        self.length = len(req.prompt)
+        self.queue: asyncio.Queue = agent.inbox(self.rid, inst.instance_id)
+        self.phase = Phase.WAIT_KV
+        self.handoff = _Handoff(req.plan.mode if req.main is not None else "none")
+        self.rld_tokens: list[int] = []  # every token RLD's engine produced
+        self.buffered: list[TokenOutput] = []  # RLD's outputs held back in FINAL
+        self.counts = {"rld": 0, "md": 0}
+        self.next_index = 1  # index 0 is P's first token
+        self.early: list[RelayItem] = []  # items that came before the KV, replayed after it
+        self.outbox: deque[dict[str, Any]] = deque()
+        self.md_task: asyncio.Task | None = None
+        self.deadline: asyncio.TimerHandle | None = None
+        self.engine_live = False  # RLD's engine holds the request: abort it at the end
+        self.md_done = False  # MD finished the request: nothing to cancel there
+        # RLD finished the request itself: MD is not cancelled, only its stream closed, so it
+        # still caches the KV P sent it (MD's prefix cache must not fall behind P's).
+        self.finished_here = False
+
+    # -- phase changes and events ----------------------------------------------------------
+
+    def to(self, phase: Phase) -> bool:
+        """Move to `phase` if TRANSITIONS allows it. An illegal move is a bug: it is logged,
+        the request ends with an error event, and False says the caller must stop."""
+        if phase in TRANSITIONS[self.phase]:
+            self.phase = phase
+            return True
+        message = f"{self.rid}: relay bug: illegal transition {self.phase} -> {phase}"
+        log.error(message)
+        if self.phase is not Phase.DONE:
+            self.outbox.append(error_event(message))
+            self.phase = Phase.DONE
+        return False
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if self.phase is Phase.DONE:
+            log.error("%s: relay bug: event after the end dropped: %r", self.rid, event)
+            return
+        self.outbox.append(event)
+
+    def finish(self, event: dict[str, Any]) -> None:
+        """Emit the last event (done or error) and end."""
+        self.emit(event)
+        self.to(Phase.DONE)
+
+    def fail(self, message: str) -> None:
+        self.finish(error_event(f"{self.rid}: {message}"))
+
+    def done_event(self, reason: str | None) -> dict[str, Any]:
+        return {
+            "type": "done",
+            "finish_reason": reason,
+            "stats": {
+                "tokens_by_role": dict(self.counts),
+                "handoff": self.handoff.to_json(),
+                "handoff_bytes": self.handoff.bytes,
+            },
+        }
+
+    def emit_rld(self, out: TokenOutput) -> bool:
+        """Stream one RLD output; True when it finished the request (done is out)."""
+        for tok in out.token_ids:
+            self.counts["rld"] += 1
+            self.agent.count_tokens(self.inst)
+            self.emit(token_event(self.next_index, tok, "rld"))
+            self.next_index += 1
+        if out.finished:
+            self.engine_live = False
+            self.finish(self.done_event(out.finish_reason))
+            return True
+        return False
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    async def dispatch(self, item: RelayItem) -> None:
+        if self.phase is Phase.DONE:
+            log.debug("%s: %r after the relay ended; dropped", self.rid, item)
+            return
+        if self.phase is Phase.WAIT_KV and not isinstance(item, KvArrived | Cancelled):
+            self.early.append(item)  # MD's stream may report before P's KV lands: keep it
+            return
+        match item:
+            case Cancelled():
+                self.on_cancel(item)
+            case KvArrived():
+                await self.on_kv(item)
+            case RldOutput():
+                self.on_rld_output(item)
+            case RldFailed():
+                self.on_rld_failed(item)
+            case MdEvent():
+                await self.on_md_event(item)
+            case MdClosed():
+                self.on_md_closed(item)
+            case MdFailed():
+                self.on_md_failed(item)
+            case _:
+                self.on_unexpected(item)
+
+    def on_kv_timeout(self) -> None:
+        """No KV from P within kv_timeout_s (WAIT_KV only)."""
+        if self.phase is Phase.WAIT_KV:
+            self.fail(f"no KV from P within {self.agent.settings.kv_timeout_s} s")
+
+    def on_cancel(self, item: Cancelled) -> None:
+        if self.phase is Phase.WAIT_KV:
+            self.fail(f"KV transfer failed: {item.error}")
+        else:
+            self.fail(f"{item.error}")
+
+    async def on_kv(self, item: KvArrived) -> None:
+        if self.phase is not Phase.WAIT_KV:
+            log.info("%s: a second KV transfer in phase %s; ignored", self.rid, self.phase)
+            return
+        payload = kv_payload(item.transfer)
+        req, rid, queue = self.req, self.rid, self.queue
+        self.worker.add_sink(
+            rid,
+            lambda out: queue.put_nowait(
+                RldFailed(out) if isinstance(out, BaseException) else RldOutput(out)
+            ),
+        )
+
+        def admit(engine):
+            engine.import_prefix(rid, req.prompt, 0, payload)
+            engine.start_decode(rid, req.prompt, req.first_token, req.sampling)
+
+        try:
+            await self.worker.call(admit)
+        except (EngineFull, PrefixMissing, ValueError, KeyError) as exc:
+            self.fail(f"cannot import KV: {type(exc).__name__}: {exc}")
+            return
+        self.engine_live = True
+        if not self.to(Phase.RELAY):
+            return
+        for early in self.early:  # after whatever reached the queue during the import
+            queue.put_nowait(early)
+        self.early.clear()
+
+    def on_rld_output(self, item: RldOutput) -> None:
+        if self.phase is Phase.MAIN:
+            return  # released at the handoff: a step already under way, nobody's tokens
+        if self.phase not in (Phase.RELAY, Phase.FINAL, Phase.SOLO):
+            log.error("%s: relay bug: RLD output in phase %s dropped", self.rid, self.phase)
+            return
+        out = item.out
+        self.rld_tokens.extend(out.token_ids)
+        if self.phase is Phase.FINAL:
+            self.buffered.append(out)  # MD's token c decides whose tokens the user gets
+            return
+        if self.emit_rld(out):
+            self.finished_here = self.handoff.failed is None
+            return
+        self.maybe_handoff()
+
+    def on_rld_failed(self, item: RldFailed) -> None:
+        if self.phase is Phase.MAIN:
+            return  # RLD no longer holds the request
+        self.fail(f"engine failed: {item.error}")
+
+    async def on_md_event(self, item: MdEvent) -> None:
+        value = item.event
+        kind = value.get("type")
+        if kind == "ready":
+            self.handoff.md_ready = True
+            self.handoff.slot_wait_s = float(value.get("slot_wait_s") or 0.0)
+            self.maybe_handoff()
+        elif kind == "extended":
+            self.handoff.inflight = False
+            self.maybe_handoff()
+        elif kind == "token":
+            index = value.get("index")
+            if self.phase is Phase.FINAL and index == self.handoff.at_token:
+                await self.complete_handoff()
+                if self.phase is not Phase.MAIN:
+                    return
+            if self.phase is not Phase.MAIN:
+                self.abandon(f"MD sent token {index} before the handoff")
+            elif index != self.next_index:
+                self.fail(f"MD sent index {index}, expected {self.next_index}")
+            else:
+                self.counts["md"] += 1
+                self.emit(token_event(self.next_index, value["token_id"], "md"))
+                self.next_index += 1
+        elif kind == "done":
+            if self.phase is Phase.MAIN:
+                self.md_done = True
+                self.finish(self.done_event(value.get("finish_reason")))
+            else:
+                self.abandon("MD finished before the handoff")
+        elif kind == "error":
+            if self.phase is Phase.MAIN:
+                self.fail(f"MD failed after the handoff: {value}")
+            else:
+                self.abandon(f"MD reported: {value.get('message')}")
+
+    def on_md_closed(self, item: MdClosed) -> None:
+        if self.phase is Phase.MAIN:
+            self.fail(f"MD stream ended after the handoff: {item.error!r}")
+        else:
+            self.abandon(f"MD stream closed: {item.error!r}")
+
+    def on_md_failed(self, item: MdFailed) -> None:
+        self.abandon(item.reason)
+
+    def on_unexpected(self, item: Unexpected) -> None:
+        log.info("%s: unexpected %r in phase %s; ignored", self.rid, item.what, self.phase)
+
+    # -- the handoff -----------------------------------------------------------------------
+
+    def maybe_handoff(self) -> None:
+        """In RELAY, once MD is ready and no batch is waiting for `extended`: send a catch-up
+        batch, or cut at the next index and send the final one (-> FINAL)."""
+        handoff, plan = self.handoff, self.plan
+        if (
+            self.phase is not Phase.RELAY
+            or self.main is None
+            or not handoff.md_ready
+            or handoff.inflight
+        ):
+            return
+        n = len(self.rld_tokens)
+        if n < plan.handoff_at:
+            return
+        pending = self.rld_tokens[handoff.tokens_handed :]
+        if (
+            plan.mode == "catch-up"
+            and len(pending) >= plan.catch_up_batch
+            and handoff.batches < plan.max_catch_up_batches
+        ):
+            handoff.inflight = True
+            self.send_batch(pending, final=False)
+            return
+        if not pending and handoff.batches > 0:
+            return  # after a batch, MD holds KV for everything: wait for one more token
+        if not self.to(Phase.FINAL):
+            return
+        handoff.at_token = n + 1
+        self.send_batch(pending, final=True)
+        ack_timeout_s = self.agent.handoff_ack_timeout_s(self.main.datacenter)
+        self.deadline = asyncio.get_running_loop().call_later(
+            ack_timeout_s,
+            self.queue.put_nowait,
+            MdFailed(f"no acknowledgement within {ack_timeout_s:.2f} s"),
+        )
+
+    def send_batch(self, ids: list[int], final: bool) -> None:
+        main, handoff, queue = self.main, self.handoff, self.queue
+        assert main is not None
+        name = f"h{handoff.batches}" + (".final" if final else "")
+        start = self.length + 1 + handoff.tokens_handed
+        handoff.batches += 1
+        handoff.tokens_handed += len(ids)
+        client = self.agent.wan_client(main.datacenter)
+        host, port = main.kv_address(True)
+        tid = transfer_id(self.rid, main.instance, name)
+
+        async def send() -> None:
+            try:
+                stats: TransferStats = await client.send(
+                    host, port, tid, [], tokens=TokenIds(start, tuple(ids))
+                )
+            except Exception as exc:  # noqa: BLE001 - the WAN failed: RLD finishes itself
+                queue.put_nowait(MdFailed(f"handoff send failed: {exc!r}"))
+            else:
+                handoff.bytes += stats.bytes_sent
+
+        handoff.sent.append(asyncio.create_task(send()))
+
+    async def complete_handoff(self) -> None:
+        """MD's token c arrived in FINAL: the handoff is acknowledged (-> MAIN)."""
+        if not self.to(Phase.MAIN):
+            return
+        self.handoff.completed = True
+        self.cancel_deadline()
+        self.worker.remove_sink(self.rid)
+        await quiet(self.worker.call(lambda e: e.release(self.rid)))
+        self.engine_live = False
+        self.buffered.clear()
+
+    def abandon(self, reason: str) -> None:
+        """MD or the WAN failed before the handoff completed (RELAY / FINAL): cancel MD, flush
+        RLD's buffered tokens and let RLD finish (-> SOLO). Elsewhere: nothing to abandon."""
+        if self.phase not in (Phase.RELAY, Phase.FINAL):
+            log.debug("%s: %s in phase %s; ignored", self.rid, reason, self.phase)
+            return
+        log.warning("%s: handoff abandoned, RLD finishes: %s", self.rid, reason)
+        self.handoff.failed = reason
+        if not self.to(Phase.SOLO):
+            return
+        self.cancel_deadline()
+        if self.md_task is not None:
+            self.md_task.cancel()
+        fire_and_forget(self.agent, cancel_remote(self.agent, self.main, self.rid))
+        buffered, self.buffered = self.buffered, []
+        for out in buffered:
+            if self.emit_rld(out):
+                return
+
+    def cancel_deadline(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+
+    # -- driving ---------------------------------------------------------------------------
+
+    def open_main(self) -> None:
+        """Open MD's held decode stream (its events and its end come as MdEvent / MdClosed)."""
+        main, req, queue = self.main, self.req, self.queue
+        if main is None:
+            return
+        body = {
+            "request_id": self.rid,
+            "instance": main.instance,
+            "prompt_ids": req.prompt,
+            "first_token": req.first_token,
+            "sampling": sampling_json(req.sampling),
+            "start_token": req.main_start_token,
+            "hold": True,
+        }
+        self.md_task = asyncio.create_task(
+            pump_stream(
+                self.agent.http,
+                f"{main.http}/v1/pdd/decode",
+                body,
+                lambda event: queue.put_nowait(MdEvent(event)),
+                lambda exc: queue.put_nowait(MdClosed(exc)),
+            )
+        )
+
+    async def events(self) -> Events:
+        """The relay's event stream: dispatch the inbox's items until the last event."""
+        try:
+            self.open_main()
+            kv_deadline = time.monotonic() + self.agent.settings.kv_timeout_s
+            while self.phase is not Phase.DONE:
+                if self.phase is Phase.WAIT_KV:
+                    try:
+                        raw = await asyncio.wait_for(
+                            self.queue.get(), kv_deadline - time.monotonic()
+                        )
+                    except TimeoutError:
+                        self.on_kv_timeout()
+                        raw = None
+                else:
+                    raw = await self.queue.get()
+                if raw is not None:
+                    await self.dispatch(as_item(raw))
+                while self.outbox:
+                    yield self.outbox.popleft()
+            while self.outbox:
+                yield self.outbox.popleft()
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Whatever ended the request: stop MD's stream and the timer, let batches on the wire
+        end, let RLD's engine go, and cancel MD unless it finished or RLD finished alone."""
+        self.cancel_deadline()
+        if self.md_task is not None:
+            self.md_task.cancel()
+        unsent = [task for task in self.handoff.sent if not task.done()]
+        if unsent:
+            # Let handoff batches already on the wire end (a few bytes of token IDs each)
+            # rather than cut them mid-stream, which MD would log as a failed transfer; MD
+            # drops them once the request is over there.
+            fire_and_forget(self.agent, settle(unsent, HANDOFF_SEND_GRACE_S))
+        self.worker.remove_sink(self.rid)
+        self.agent.drop_inbox(self.rid, self.inst.instance_id)
+        if self.engine_live:
+            await quiet(self.worker.call(lambda e: e.abort(self.rid)))
+        if self.main is not None and not self.md_done and not self.finished_here:
+            fire_and_forget(self.agent, cancel_remote(self.agent, self.main, self.rid))
+
+
+async def run_relay(agent: Agent, inst: Instance, req: RelayRequest) -> Events:
+    """RLD's pipeline for one request (POST /v1/pdd/relay): see RelaySession."""
+    events = RelaySession(agent, inst, req).events()
+    try:
+        async for event in events:
+            yield event
+    finally:
+        await events.aclose()  # the session's cleanup runs now, not when collected
