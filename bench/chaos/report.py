@@ -41,20 +41,13 @@ def render(summary: dict[str, Any]) -> str:
         "to the next request that succeeds, median (min-max) over trials; *gap*: the largest "
         "gap between streamed pieces at the client.",
         "",
-        "| fault | trials | requests | finished correct | lost tokens | duplicated tokens "
-        "| wrong tokens | errors | missing records | double records | migrations "
-        "| recovery s | max gap s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *_HEAD,
     ]
-    for f in summary.get("faults", []):
-        r = f["row"]
-        lines.append(
-            f"| {f['name']} | {r['trials']} | {r.get('requests', 0)} | {r['finished_correct']} "
-            f"| {r['lost_tokens']} | {r['duplicated_tokens']} | {r.get('wrong_tokens', 0)} "
-            f"| {r['errors']} | {r['missing_records']} | {r['double_records']} "
-            f"| {r.get('migrations', 0)} | {_spread(r.get('recovery_s'))} "
-            f"| {_spread(r.get('max_gap_s'))} |"
-        )
+    lines += _rows(summary.get("faults", []))
+    prev = summary.get("previous")
+    if prev:
+        lines += ["", f"Earlier, {prev['label']}, {prev.get('date', '?')}:", "", *_HEAD]
+        lines += _rows(prev.get("faults", []))
     for f in summary.get("faults", []):
         lines += ["", f"### {f['name']}: {f['title']}", "", f"Expected: {f['expect']}", ""]
         for t in f.get("trial_lines", []):
@@ -73,3 +66,25 @@ def render(summary: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+_HEAD = [
+    "| fault | trials | requests | finished correct | lost tokens | duplicated tokens "
+    "| wrong tokens | errors | missing records | double records | migrations "
+    "| recovery s | max gap s |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def _rows(faults: list[dict]) -> list[str]:
+    out = []
+    for f in faults:
+        r = f["row"]
+        out.append(
+            f"| {f['name']} | {r['trials']} | {r.get('requests', 0)} | {r['finished_correct']} "
+            f"| {r['lost_tokens']} | {r['duplicated_tokens']} | {r.get('wrong_tokens', 0)} "
+            f"| {r['errors']} | {r['missing_records']} | {r['double_records']} "
+            f"| {r.get('migrations', 0)} | {_spread(r.get('recovery_s'))} "
+            f"| {_spread(r.get('max_gap_s'))} |"
+        )
+    return out

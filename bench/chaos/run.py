@@ -105,15 +105,24 @@ RULE = [
     "1st piece; md-kill-after-handoff at max_tokens // 2 pieces; rld-kill-mid-relay at the "
     "2nd piece; md-freeze-handoff: SIGSTOP at the 1st piece, SIGCONT 10 s later; web faults "
     "once every one of the 8 streams has its 1st piece (or 15 s after they started).",
-    "- After each fault: probes (non-streamed, `max_tokens` 4) every 0.5 s until one "
-    "succeeds (recovery = fault -> that success); a killed agent is then restarted "
-    "(`cluster.start_agent`) and the harness waits until every instance is running and "
-    "every node online; the web process is restarted on its port and database.",
+    "- After each fault: probes (non-streamed, `max_tokens` 4, one at a time, each "
+    "retried 0.5 s after a failure) from the moment of the fault, alongside the faulted "
+    "stream, until one succeeds (recovery = fault -> that success; for the web faults the "
+    "probes start once the web process has exited and been restarted); a killed agent is "
+    "then restarted (`cluster.start_agent`) and the harness waits until every instance is "
+    "running and every node online; the web process is restarted on its port and database.",
     "- Records: `/api/v1/requests/?request_id=...` as the operator, polled up to 15 s after "
     "the trial (up to 75 s after the web SIGKILL's restart, beyond the 30 s "
     "`routing.finish_interrupted` period).",
     "- References: MD's `/v1/generate` for every planned request, all taken before the first "
     "fault.",
+    "- Two runs preceded the one reported here, the scenario above unchanged throughout: a "
+    "debugging run of the harness (md-kill-before-ack r0 and web-sigkill r0, discarded) and "
+    "a first full run whose agent-fault probes started only after the faulted stream ended "
+    "(and, for md-freeze-handoff, after the SIGCONT, so its recovery read >= 10 s by "
+    "construction). That measurement error was fixed (probes from the fault, as stated "
+    "above) and the whole scenario rerun; the first full run's table is given below for "
+    "comparison (its files: `var/chaos-run1/`).",
 ]
 
 
@@ -366,6 +375,13 @@ def agent_trial(cluster, fault, rep, refs, log_dir) -> dict:
             fired["timer"] = t
         else:
             os.killpg(agent.proc.pid, signal.SIGKILL)
+        # Probes start at the fault, alongside the faulted stream (and the freeze).
+        prober = threading.Thread(
+            target=lambda: fired.__setitem__("recovery", probe(cluster, fired["at"])),
+            daemon=True,
+        )
+        prober.start()
+        fired["prober"] = prober
 
     req = stream(cluster, prompt, max_tokens, on_piece)
     judge(req, refs[(fault, rep, 0)])
@@ -378,7 +394,8 @@ def agent_trial(cluster, fault, rep, refs, log_dir) -> dict:
     trial["fault_at"] = fired["at"]
     if "timer" in fired:
         fired["timer"].join()
-    trial["recovery_s"] = probe(cluster, fired["at"])
+    fired["prober"].join(100)
+    trial["recovery_s"] = fired.get("recovery")
     if fault != "md-freeze-handoff":
         restart_agent(cluster, host, log_dir)
     t0 = time.monotonic()
@@ -464,7 +481,9 @@ def trial_line(t: dict) -> str:
         if rec:
             bits.append(
                 f"record {rec.get('status')} {rec.get('pipeline')} "
-                f"migrations {rec.get('migrations')}"
+                f"migrations {rec.get('migrations')} completion_tokens "
+                f"{rec.get('completion_tokens')} (rld {rec.get('tokens_by_rld')}, md "
+                f"{rec.get('tokens_by_md')})"
             )
         if r.get("max_gap_s") is not None:
             bits.append(f"gap {r['max_gap_s']:.2f} s")
@@ -629,6 +648,16 @@ def main(argv: list[str] | None = None) -> int:
         + ["P kill with two P instances (task's optional trial 6): not in the scenario"],
         "findings": findings,
     }
+    previous = ROOT / "var" / "chaos-run1" / "summary.json"
+    if previous.exists():
+        try:
+            summary["previous"] = {
+                "label": "first full run (agent-fault probes after the stream; see the rule)",
+                "date": json.loads(previous.read_text())["date"],
+                "faults": json.loads(previous.read_text())["faults"],
+            }
+        except (ValueError, KeyError):
+            pass
     out = Path(args.out)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "REPORT.md").write_text(render(summary))
