@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+from decimal import Decimal
+
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.paginator import Paginator
 from django.http import HttpRequest, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse_lazy
+from django.utils import timezone
 from django.views import View
 from django.views.generic import TemplateView
 
@@ -169,4 +173,116 @@ class PlannerView(PageView):
         ctx["defaults"] = {
             k: ",".join(map(str, v)) for k, v in scenario_default_counts(DEFAULT_SCENARIO).items()
         }
+        return ctx
+
+
+class BillingView(PageView):
+    """Billing for operators and viewers: tenants' spend this period (their open statements),
+    spend and tokens per day, the period's statements with their lines, and cost vs revenue
+    and margin per model (billing.margin). ``?period=YYYY-MM``; default the current month."""
+
+    template_name = "frontend/billing.html"
+    section = "billing"
+
+    def get_context_data(self, **kwargs):
+        from billing import statements as billing_statements
+        from billing.margin import margin
+        from billing.models import Statement, StatementStatus
+
+        ctx = super().get_context_data(**kwargs)
+        now = timezone.now()
+        try:
+            start, end = billing_statements.parse_month(self.request.GET.get("period", ""))
+        except ValueError:
+            start = billing_statements.month_start(now)
+            end = billing_statements.next_month(start)
+        found = list(
+            Statement.objects.filter(period_start=start)
+            .select_related("tenant")
+            .prefetch_related("lines")
+            .order_by("tenant__name")
+        )
+        rows = []
+        for st in found:
+            lines = list(st.lines.all())
+            st.line_list = lines
+            st.total_list = billing_statements.totals(lines)
+            st.requests = sum(line.requests for line in lines)
+            st.tokens = sum(
+                line.input_tokens + line.cached_tokens + line.output_tokens for line in lines
+            )
+            if st.status == StatementStatus.OPEN or end <= now:
+                rows.append(st)  # this period's open ones; a past period's closed ones too
+        report = margin(start, end, now=now)
+        daily: dict[str, dict] = {}
+        for line in report.per_day:
+            day = daily.setdefault(
+                line["day"].isoformat(), {"spend": Decimal(0), "cost": Decimal(0), "tokens": 0}
+            )
+            day["spend"] += line["revenue"]
+            day["cost"] += line["cost"]
+            day["tokens"] += line["tokens"]
+        currencies = sorted({t["currency"] for t in report.totals})
+        ctx.update(
+            period=start.strftime("%Y-%m"),
+            period_start=start,
+            period_end=end,
+            previous_period=billing_statements.month_start(start - timedelta(days=1)).strftime(
+                "%Y-%m"
+            ),
+            next_period=end.strftime("%Y-%m"),
+            open_statements=rows,
+            open_count=sum(st.status == StatementStatus.OPEN for st in found),
+            statements=found,
+            margin=report,
+            cost_pools=report.cost.by_pool(),
+            cost_totals=report.cost.totals(report.cost.by_pool()),
+            chart_currency=",".join(currencies) or "USD",
+            chart_data={
+                "days": sorted(daily),
+                "spend": [float(daily[d]["spend"]) for d in sorted(daily)],
+                "cost": [float(daily[d]["cost"]) for d in sorted(daily)],
+                "tokens": [daily[d]["tokens"] for d in sorted(daily)],
+            },
+        )
+        return ctx
+
+
+class UsageDetailView(PageView):
+    """One request's ledger line, its price in force and what it adds to its statement line
+    (full precision: statement lines round once, per line, not per request)."""
+
+    template_name = "frontend/usage_detail.html"
+    section = "billing"
+
+    def get(self, request, *args, **kwargs):
+        ctx = self.get_context_data(**kwargs)
+        return self.render_to_response(ctx, status=200 if ctx["entry"] else 404)
+
+    def get_context_data(self, **kwargs):
+        from billing.models import ModelPrice, UsageEntry
+        from billing.rating import component, with_price
+
+        ctx = super().get_context_data(**kwargs)
+        ctx["request_id"] = kwargs["request_id"]
+        entry = (
+            with_price(UsageEntry.objects.filter(request_id=kwargs["request_id"]))
+            .select_related("tenant", "api_key", "statement")
+            .first()
+        )
+        ctx["entry"] = entry
+        if entry is not None:
+            price = ModelPrice.objects.filter(pk=entry.price_ref).first()
+            uncached = entry.prompt_tokens - entry.cached_tokens
+            parts = [
+                ("uncached input", uncached, price and price.input_per_mtok),
+                ("cached input", entry.cached_tokens, price and price.cached_input_per_mtok),
+                ("output", entry.completion_tokens, price and price.output_per_mtok),
+            ]
+            ctx["price"] = price
+            ctx["parts"] = [
+                {"what": what, "tokens": n, "per_mtok": p, "amount": component(n, p)}
+                for what, n, p in parts
+            ]
+            ctx["amount"] = sum((part["amount"] for part in ctx["parts"]), Decimal(0))
         return ctx

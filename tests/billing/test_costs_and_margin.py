@@ -325,3 +325,14 @@ def test_billing_page_for_a_viewer_shows_statements_margin_and_links(ledger):
     assert detail.status_code == 200
     assert "65.500000000000" in detail.content.decode()  # full precision, one request
     assert client.get("/billing/usage/nope/").status_code == 404
+
+
+def test_the_request_log_links_each_request_to_its_usage(fleet, client, django_user_model):
+    from frontend.synthetic import synthetic_records_create
+    from routing.models import RequestRecord
+
+    synthetic_records_create(count=3, seed=1)
+    client.force_login(django_user_model.objects.create_user(username="val", password="x-pw-123"))
+    html = client.get("/requests/").content.decode()
+    for record in RequestRecord.objects.all():
+        assert f'href="/billing/usage/{record.request_id}/"' in html
