@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils.functional import cached_property
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
@@ -13,6 +13,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.schema import ErrorDetailSerializer
 from fleet import agent_services, services
 from fleet.endpoints import check_agent_address, check_agent_endpoint, check_agent_port
 from fleet.models import Node
@@ -184,7 +185,12 @@ class AgentHeartbeatView(AgentView):
 
     @extend_schema(
         request=StateDocumentSerializer,
-        responses=inline_serializer("AgentHeartbeatAck", {"ok": serializers.BooleanField()}),
+        responses={
+            200: inline_serializer("AgentHeartbeatAck", {"ok": serializers.BooleanField()}),
+            404: OpenApiResponse(
+                ErrorDetailSerializer, description="The node has not registered yet."
+            ),
+        },
     )
     def post(self, request):
         body = StateDocumentSerializer(data=request.data)
