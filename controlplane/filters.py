@@ -1,5 +1,8 @@
 """Query-string filters that answer 400 for any value a database column cannot hold.
 
+Date-times are turned into UTC before they reach the database: Python accepts UTC offsets up
+to +-23:59, PostgreSQL only +-15:59 (``?until=0902-01-24T06:54:10-18:23`` was a 500 there).
+
 django-filter turns ``?datacenter=9223372036854775808`` into a query that SQLite cannot bind
 (``OverflowError``: a 500) and an integer filter's value into a ``Decimal`` (``1e400`` too).
 Here every integer and foreign-key filter takes integers in the 64-bit range only, and the
@@ -7,6 +10,8 @@ filter backend builds ``filterset_fields`` filter sets on the same base.
 """
 
 from __future__ import annotations
+
+from datetime import UTC
 
 import django_filters
 from django import forms
@@ -74,8 +79,34 @@ def _bounded_defaults(defaults: dict) -> dict:
     return found
 
 
+def _utc_field(base: type[forms.Field]) -> type[forms.Field]:
+    class UTCDateTimeField(base):
+        def to_python(self, value):
+            found = super().to_python(value)
+            if found is None or found.tzinfo is None:
+                return found
+            try:
+                return found.astimezone(UTC)
+            except (OverflowError, ValueError):
+                raise ValidationError(
+                    "Enter a date-time that lies between years 1 and 9999 in UTC.", code="invalid"
+                ) from None
+
+    UTCDateTimeField.__name__ = f"UTC{base.__name__}"
+    return UTCDateTimeField
+
+
 class BoundedFilterSet(RestFilterSet):
     FILTER_DEFAULTS = _bounded_defaults(RestFilterSet.FILTER_DEFAULTS)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for item in self.filters.values():
+            if isinstance(item, django_filters.DateTimeFilter) and not getattr(
+                item.field_class, "_utc", False
+            ):
+                item.field_class = _utc_field(item.field_class)
+                item.field_class._utc = True
 
 
 class BoundedFilterBackend(DjangoFilterBackend):

@@ -187,3 +187,18 @@ def test_a_report_with_too_many_instances_or_blocks_is_400(node_a):
     item = {"instance_id": "1", "state": "running", "cached_prefix_blocks": blocks}
     response = agent.post("/api/v1/agent/heartbeat", {"instances": [item]}, format="json")
     assert response.status_code == 400
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["until=0902-01-24T06:54:10-18:23", "since=1721-02-03T18:54:29.6%2B17:21"],
+)
+def test_date_time_filters_with_any_utc_offset_are_not_500(viewer, query):
+    # Python takes offsets up to +-23:59, PostgreSQL up to +-15:59: converted to UTC first.
+    assert viewer.get(f"/api/v1/requests/?{query}").status_code == 200
+
+
+def test_a_date_time_filter_beyond_year_1_in_utc_is_400(viewer):
+    response = viewer.get("/api/v1/requests/?since=0001-01-01T00:10:00%2B05:00")
+    assert response.status_code == 400
+    assert "since" in response.json()
