@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import time
 import uuid
 from typing import Any
@@ -47,7 +48,7 @@ from routing.live import (
     with_dispatches,
     without_suspects,
 )
-from routing.policy import NoHealthyPath, Pipeline, RequestInfo, decide
+from routing.policy import Decision, NoHealthyPath, Pipeline, RequestInfo, decide
 from routing.policy_cache import PolicyCache
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,9 @@ MAX_RETRIES = 2
 MAX_MIGRATIONS = 2
 # How often a running request's delivered-token count is saved on its admission.
 PROGRESS_EVERY_S = 2.0
+# A stream with tokens out that goes this long without one (or 10 x its median gap, if more)
+# has a frozen decoder: the request migrates. Above the final handoff's ack window (~1.7 s).
+STALL_FLOOR_S = 3.0
 policies = PolicyCache()
 _limiter: RateLimiter | None = None
 
@@ -294,6 +298,20 @@ def _route(p: Prepared) -> None:
     p.decision = decision
 
 
+def _implicated(decision: Decision, exc: AgentRunError) -> list[str]:
+    """The instances a failure points at. P itself when P could not be reached; MD when the
+    message names MD (RLD or P report MD's failures as "MD ..."); else P's next hop, the relay
+    where the pipeline has one. Marking both decoders would leave a one-RLD, one-MD fleet no
+    path to migrate to, although only one of them died."""
+    if exc.at_prefill:
+        return [decision.prefill_id]
+    message = str(exc)
+    if decision.main_id and (re.search(r"\bMD\b", message) or "main decode" in message.lower()):
+        return [decision.main_id]
+    hop = decision.relay_id or decision.main_id
+    return [hop] if hop else []
+
+
 def _migrate(p: Prepared, exc: AgentRunError, delivered: list[int], remaining: int) -> bool:
     """The decoder failed after `delivered` tokens went out: mark the implicated instances
     suspect and route the prompt plus those tokens again for the `remaining` ones (its prefix
@@ -301,7 +319,7 @@ def _migrate(p: Prepared, exc: AgentRunError, delivered: list[int], remaining: i
     if p.migrations >= MAX_MIGRATIONS or p.attempt >= MAX_RETRIES + MAX_MIGRATIONS:
         return False
     d = p.decision
-    implicated = [d.prefill_id] if exc.at_prefill else [i for i in (d.relay_id, d.main_id) if i]
+    implicated = _implicated(d, exc)
     suspects.mark(implicated)
     ids = [*p.prompt_ids, *delivered]
     p.continue_ids, p.continue_max_tokens = ids, remaining
@@ -323,7 +341,11 @@ def _migrate(p: Prepared, exc: AgentRunError, delivered: list[int], remaining: i
     p.migrations += 1
     try:
         _route(p)
-    except NoHealthyPath:
+    except NoHealthyPath as no_path:
+        log.warning(
+            "request %s: %s failed after %d tokens (%s); no path to migrate to: %s",
+            p.request_id, implicated, len(delivered), exc, no_path,
+        )  # fmt: skip
         return False
     log.warning(
         "request %s: %s failed after %d tokens (%s); migrated to %s",
@@ -339,7 +361,7 @@ def _retry_elsewhere(p: Prepared, exc: AgentRunError) -> bool:
     if p.attempt >= MAX_RETRIES:
         return False
     d = p.decision
-    implicated = [d.prefill_id] if exc.at_prefill else [i for i in (d.relay_id, d.main_id) if i]
+    implicated = _implicated(d, exc)
     suspects.mark(implicated)
     p.retried.append({"pipeline": d.pipeline, "instances": implicated, "error": str(exc)[:300]})
     p.attempt += 1
@@ -381,8 +403,10 @@ class Run:
         self.status = "ok"
         self.error = ""
         self.recorded = False
-        self.progress_at = time.monotonic()  # last delivered-token count saved
+        self.progress_at = -math.inf  # last delivered-token count saved (first token: at once)
         self.token_ids: list[int] = []  # delivered so far, for a migration
+        self.gaps: list[float] = []  # between consecutive tokens, for the stall limit
+        self.last_role = ""
         self.offset = 0  # tokens delivered before the current attempt (its index 0)
         self.migrations = 0
 
@@ -415,8 +439,41 @@ class Run:
                 self.offset = self.token_count
                 self.migrations += 1
 
-    async def _attempt(self):
+    def _stall_limit_s(self) -> float | None:
+        """How long the stream may go without an event once this attempt's first token is out:
+        STALL_FLOOR_S, or 10 x its median gap between tokens when that is longer."""
+        if self.token_count - self.offset < 1:
+            return None  # prefill and the KV wait have their own (agent-side) timeouts
+        gaps = self.gaps[-64:]
+        median = sorted(gaps)[len(gaps) // 2] if gaps else 0.0
+        return max(STALL_FLOOR_S, 10 * median)
+
+    async def _events(self):
+        """The agent's events; a decoder that falls silent mid-stream (frozen, or its link
+        black-holed) is a failure after the stall limit, so the request migrates."""
         events = run_events(self.p.url, self.p.plan)
+        try:
+            while True:
+                limit = self._stall_limit_s()
+                try:
+                    if limit is None:
+                        event = await events.__anext__()
+                    else:
+                        event = await asyncio.wait_for(events.__anext__(), limit)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    role = {"md": "MD", "rld": "RLD"}.get(self.last_role, self.last_role)
+                    raise AgentRunError(
+                        f"stream stalled: no token for {limit:.1f} s (the last one from {role})",
+                        at_prefill=False,
+                    ) from None
+                yield event
+        finally:
+            await events.aclose()
+
+    async def _attempt(self):
+        events = self._events()
         try:
             async for event in events:
                 kind = event.get("type")
@@ -437,8 +494,10 @@ class Run:
                         self.first_at = now
                     else:
                         self.max_gap_s = max(self.max_gap_s, now - self.last_at)
+                        self.gaps.append(now - self.last_at)
                     self.last_at = now
                     role = event.get("role", "")
+                    self.last_role = role
                     if role in self.by_role:
                         self.by_role[role] += 1
                     piece, stopped = self.text.push(int(event["token_id"]))

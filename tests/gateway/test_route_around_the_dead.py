@@ -240,3 +240,56 @@ def test_a_decoder_dying_mid_stream_migrates_the_request_without_gap_or_duplicat
     assert record.completion_tokens == 8
     assert record.prompt_tokens == 5
     assert record.decision.inputs["retried"][0]["migrated_at_token"] == 3
+
+
+def test_a_decoder_that_falls_silent_mid_stream_is_migrated(two_decoders, monkeypatch):
+    """A frozen MD (SIGSTOP, a black-holed link after the handoff) sends nothing more: after
+    the stall limit the request moves on, and the frozen MD is avoided from then on."""
+    import asyncio as aio
+
+    client, made, plans = two_decoders
+    monkeypatch.setattr(views, "STALL_FLOOR_S", 0.3)
+
+    async def events(url, plan):
+        plans.append(plan)
+        start = len(plan["prompt_ids"]) - len(PROMPT)
+        for i in range(plan["sampling"]["max_tokens"]):
+            if len(plans) == 1 and i == 3:
+                await aio.sleep(30)  # frozen
+            yield {"type": "token", "index": i, "token_id": ord("a") + start + i, "role": "md"}
+        yield {"type": "done", "finish_reason": "length", "stats": {}}
+
+    monkeypatch.setattr(views, "run_events", events)
+    started = time.monotonic()
+    response = client.post(
+        "/v1/completions",
+        {"model": "baton-tiny", "prompt": "hello", "max_tokens": 8},
+        format="json",
+    )
+    assert time.monotonic() - started < 10
+    assert response.json()["choices"][0]["text"] == "abcdefgh"
+    record = RequestRecord.objects.get()
+    assert record.migrations == 1
+    frozen = plans[0]["main"]["instance"]
+    assert record.decision.inputs["retried"][0]["instances"] == [frozen]
+    assert "stalled" in record.decision.inputs["retried"][0]["error"]
+
+
+@pytest.mark.parametrize(
+    ("message", "pipeline", "expected"),
+    [
+        ("r1: MD stream ended after the handoff: RemoteProtocolError(...)", "p-rld-md", "main"),
+        ("r1: downstream stream ended without done: RemoteProtocolError(...)", "p-rld-md", "relay"),
+        ("r1: downstream stream ended without done", "p-md", "main"),
+        ("stream stalled: no token for 3.0 s (the last one from MD)", "p-rld-md", "main"),
+        ("stream stalled: no token for 3.0 s (the last one from RLD)", "p-rld-md", "relay"),
+    ],
+)
+def test_a_failure_implicates_one_decoder_not_both(message, pipeline, expected):
+    from routing.policy import Decision
+
+    relay = "2" if pipeline == "p-rld-md" else None
+    decision = Decision(pipeline, "one-shot", "1", relay, "3", 0, 10, 0.1, "test")
+    got = views._implicated(decision, AgentRunError(message, at_prefill=False))
+    assert got == [{"main": "3", "relay": "2"}[expected]]
+    assert views._implicated(decision, AgentRunError("unreachable")) == ["1"]
