@@ -203,6 +203,20 @@ class _RedisFallback:
     _redis_down_until = 0.0
     _warned_at = 0.0
 
+    def _connect(self, redis_url: str) -> None:
+        """Redis with short timeouts when `redis_url` is set (a slow Redis must not hold a
+        request up), else none: this process's memory only. After a failure Redis is skipped
+        for a while (no timeout on every request while it is down)."""
+        self._redis = None
+        self._warned_at = 0.0
+        self._redis_down_until = 0.0
+        if redis_url:
+            import redis
+
+            self._redis = redis.Redis.from_url(
+                redis_url, socket_connect_timeout=0.5, socket_timeout=0.5
+            )
+
     def _use_redis(self) -> bool:
         return self._redis is not None and time.monotonic() >= self._redis_down_until
 
@@ -239,16 +253,7 @@ class DispatchLedger(_RedisFallback):
         self.prefix = prefix
         self._times: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
-        self._redis = None
-        self._warned_at = 0.0
-        self._redis_down_until = 0.0  # after a failure, skip Redis for a while (no timeouts
-        # on every request while it is down)
-        if redis_url:
-            import redis
-
-            self._redis = redis.Redis.from_url(
-                redis_url, socket_connect_timeout=0.5, socket_timeout=0.5
-            )
+        self._connect(redis_url)
 
     @property
     def shared(self) -> bool:
@@ -399,15 +404,7 @@ class DispatchedBlocks(_RedisFallback):
         # instance id -> block hash -> latest dispatch time, least recently dispatched first
         self._blocks: dict[str, OrderedDict[str, float]] = {}
         self._lock = threading.Lock()
-        self._redis = None
-        self._warned_at = 0.0
-        self._redis_down_until = 0.0
-        if redis_url:
-            import redis
-
-            self._redis = redis.Redis.from_url(
-                redis_url, socket_connect_timeout=0.5, socket_timeout=0.5
-            )
+        self._connect(redis_url)
 
     @property
     def shared(self) -> bool:
@@ -614,15 +611,7 @@ class SuspectInstances(_RedisFallback):
         self.prefix = prefix
         self._marks: dict[str, float] = {}
         self._lock = threading.Lock()
-        self._redis = None
-        self._warned_at = 0.0
-        self._redis_down_until = 0.0
-        if redis_url:
-            import redis
-
-            self._redis = redis.Redis.from_url(
-                redis_url, socket_connect_timeout=0.5, socket_timeout=0.5
-            )
+        self._connect(redis_url)
 
     def mark(self, instance_ids: Iterable[str | None], now: float | None = None) -> None:
         now = time.time() if now is None else now

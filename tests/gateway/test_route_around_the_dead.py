@@ -38,9 +38,8 @@ def _publish(node: Node, inst: Instance) -> None:
     )
 
 
-@pytest.fixture
-def two_prefills(transactional_db, settings, monkeypatch):
-    settings.REDIS_URL = ""
+def _one_dc_fleet(*specs: tuple[str, str]) -> dict[str, tuple[Node, Instance]]:
+    """One datacenter; a node with one running, reported instance per (hostname, role)."""
     fleet_live._memory.clear()
     model = ServedModel.objects.create(
         name="baton-tiny", source="baton-tiny", num_layers=4, kv_bytes_per_token=4096
@@ -55,23 +54,36 @@ def two_prefills(transactional_db, settings, monkeypatch):
         interconnect_gbps=400,
     )
     made = {}
-    for name, role in (
-        ("p1", InstanceRole.PREFILL),
-        ("p2", InstanceRole.PREFILL),
-        ("md", InstanceRole.MAIN_DECODE),
-    ):
+    for i, (name, role) in enumerate(specs):
         node = Node.objects.create(
             hostname=name,
             datacenter=dc,
             gpu_type=gpu,
             gpu_count=8,
-            agent_endpoint=f"http://10.0.0.{len(made) + 1}:9000",
+            agent_endpoint=f"http://10.0.0.{i + 1}:9000",
             agent_token_prefix=f"t-{name}",
             status=NodeStatus.ONLINE,
         )
         inst = Instance.objects.create(role=role, node=node, served_model=model, gpu_count=8)
         _publish(node, inst)
         made[name] = (node, inst)
+    return made
+
+
+def _tenant_client() -> APIClient:
+    tenant = Tenant.objects.create(name="acme", requests_per_minute=100, tokens_per_minute=10**6)
+    _, raw = billing.api_key_create(tenant=tenant)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return client
+
+
+@pytest.fixture
+def two_prefills(transactional_db, settings, monkeypatch):
+    settings.REDIS_URL = ""
+    made = _one_dc_fleet(
+        ("p1", InstanceRole.PREFILL), ("p2", InstanceRole.PREFILL), ("md", InstanceRole.MAIN_DECODE)
+    )
     dead_url = made["p1"][0].agent_endpoint
     calls: list[str] = []
 
@@ -84,11 +96,7 @@ def two_prefills(transactional_db, settings, monkeypatch):
         yield {"type": "done", "finish_reason": "length", "stats": {}}
 
     monkeypatch.setattr(views, "run_events", events)
-    tenant = Tenant.objects.create(name="acme", requests_per_minute=100, tokens_per_minute=10**6)
-    _, raw = billing.api_key_create(tenant=tenant)
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
-    yield client, made, calls, dead_url
+    yield _tenant_client(), made, calls, dead_url
     fleet_live._memory.clear()
 
 
@@ -148,35 +156,14 @@ def test_with_every_path_dead_the_request_fails_once_recorded(two_prefills, monk
 def two_decoders(transactional_db, settings, monkeypatch):
     """One P and two MDs; whichever MD a request goes to first dies after 3 tokens."""
     settings.REDIS_URL = ""
-    fleet_live._memory.clear()
-    model = ServedModel.objects.create(
-        name="baton-tiny", source="baton-tiny", num_layers=4, kv_bytes_per_token=4096
-    )
-    dc = Datacenter.objects.create(name="dc-a", region="city-a")
-    gpu = GPUType.objects.create(
-        vendor="g",
-        model="gpu",
-        peak_bf16_tflops=989,
-        memory_gib=80,
-        memory_bandwidth_gbps=3350,
-        interconnect_gbps=400,
-    )
-    made = {}
-    for i, (name, role) in enumerate(
-        (("p", InstanceRole.PREFILL), ("md1", InstanceRole.MAIN_DECODE), ("md2", "main_decode"))
-    ):
-        node = Node.objects.create(
-            hostname=name,
-            datacenter=dc,
-            gpu_type=gpu,
-            gpu_count=8,
-            agent_endpoint=f"http://10.0.1.{i + 1}:9000",
-            agent_token_prefix=f"t-{name}",
-            status=NodeStatus.ONLINE,
-        )
-        inst = Instance.objects.create(role=role, node=node, served_model=model, gpu_count=8)
-        _publish(node, inst)
-        made[name] = inst
+    made = {
+        name: inst
+        for name, (_, inst) in _one_dc_fleet(
+            ("p", InstanceRole.PREFILL),
+            ("md1", InstanceRole.MAIN_DECODE),
+            ("md2", InstanceRole.MAIN_DECODE),
+        ).items()
+    }
     # The reference continuation: token k of the answer is ord("a") + k (a greedy "model").
     plans: list[dict] = []
 
@@ -191,11 +178,7 @@ def two_decoders(transactional_db, settings, monkeypatch):
         yield {"type": "done", "finish_reason": "length", "stats": {}}
 
     monkeypatch.setattr(views, "run_events", events)
-    tenant = Tenant.objects.create(name="acme", requests_per_minute=100, tokens_per_minute=10**6)
-    _, raw = billing.api_key_create(tenant=tenant)
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
-    yield client, made, plans
+    yield _tenant_client(), made, plans
     fleet_live._memory.clear()
 
 
