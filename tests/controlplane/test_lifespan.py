@@ -11,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
+import asyncio
 import controlplane.asgi as entry
 from routing.gateway import views
 
