@@ -86,10 +86,15 @@ def main() -> int:
     logs = ROOT / "var" / "demo-logs"
     logs.mkdir(parents=True, exist_ok=True)
 
-    def spawn(name: str, argv: list[str]) -> subprocess.Popen:
+    def spawn(name: str, argv: list[str], extra_env: dict[str, str] | None = None):
         log = open(logs / f"{name}.log", "w")
         proc = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            cwd=ROOT,
+            env={**env, **(extra_env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         procs.append(proc)
         return proc
@@ -145,7 +150,14 @@ def main() -> int:
             )
             # The agents share this host's cores with each other and the web process: torch
             # threads = cores // agents (1 on 2 cores), and passive OpenMP waiting.
-            argv = shlex.split(line) + [
+            # The line is `BATON_AGENT_TOKEN=... python -m agents serve ...`: the token goes
+            # into the agent's environment, never its arguments.
+            words = shlex.split(line)
+            agent_env = {}
+            while words and "=" in words[0] and not words[0].startswith("-"):
+                name, _, value = words.pop(0).partition("=")
+                agent_env[name] = value
+            argv = words + [
                 "--kv-listen",
                 "127.0.0.1:0",
                 "--wan-port",
@@ -154,7 +166,7 @@ def main() -> int:
                 str(len(AGENT_PORTS)),
             ]
             say(f"starting agent {node} on port {port}")
-            spawn(f"agent-{node}", argv)
+            spawn(f"agent-{node}", argv, agent_env)
 
         def all_running() -> bool:
             rows = api.get("/api/v1/instances/").json()["results"]
