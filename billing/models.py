@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from fleet.choices import Currency
+from fleet.models.pricing import EffectivePeriodQuerySet, check_effective_period
 from fleet.validators import slug_name
 
 
@@ -158,21 +158,12 @@ class UsageEntry(models.Model):
         )
 
 
-class ModelPriceQuerySet(models.QuerySet):
+class ModelPriceQuerySet(EffectivePeriodQuerySet):
     def overlapping(self, *, served_model_id, tenant_id, effective_from, effective_to):
         """Prices for the same model and tenant (None: the list) that intersect [from, to)."""
         qs = self.filter(served_model_id=served_model_id)
         qs = qs.filter(tenant__isnull=True) if tenant_id is None else qs.filter(tenant_id=tenant_id)
-        if effective_to is not None:
-            qs = qs.filter(effective_from__lt=effective_to)
-        return qs.filter(
-            models.Q(effective_to__isnull=True) | models.Q(effective_to__gt=effective_from)
-        )
-
-    def effective_at(self, when):
-        return self.filter(effective_from__lte=when).filter(
-            models.Q(effective_to__isnull=True) | models.Q(effective_to__gt=when)
-        )
+        return qs.intersecting(effective_from, effective_to)
 
 
 def _price_field(what: str) -> models.DecimalField:
@@ -252,30 +243,22 @@ class ModelPrice(models.Model):
 
     def clean(self) -> None:
         super().clean()
-        if self.effective_to is not None and self.effective_from is not None:
-            if self.effective_to <= self.effective_from:
-                raise ValidationError({"effective_to": "Must be later than effective_from."})
-        if self.served_model_id and self.effective_from is not None:
-            clash = (
-                ModelPrice.objects.overlapping(
-                    served_model_id=self.served_model_id,
-                    tenant_id=self.tenant_id,
-                    effective_from=self.effective_from,
-                    effective_to=self.effective_to,
-                )
-                .exclude(pk=self.pk)
-                .first()
+        whose = "this tenant's contract" if self.tenant_id else "the list"
+        check_effective_period(
+            self,
+            ModelPrice.objects.overlapping(
+                served_model_id=self.served_model_id,
+                tenant_id=self.tenant_id,
+                effective_from=self.effective_from,
+                effective_to=self.effective_to,
             )
-            if clash is not None:
-                whose = "this tenant's contract" if self.tenant_id else "the list"
-                raise ValidationError(
-                    {
-                        "effective_from": (
-                            f"Overlaps the existing price #{clash.pk} of {whose} for this model; "
-                            "end that period first or pick a later start."
-                        )
-                    }
-                )
+            if self.served_model_id and self.effective_from is not None
+            else None,
+            lambda clash: (
+                f"Overlaps the existing price #{clash.pk} of {whose} for this model; "
+                "end that period first or pick a later start."
+            ),
+        )
 
 
 class StatementStatus(models.TextChoices):

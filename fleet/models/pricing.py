@@ -12,10 +12,13 @@ from fleet.choices import Currency
 from fleet.validators import GreaterThanValidator
 
 
-class UnitPriceQuerySet(models.QuerySet):
-    def overlapping(self, *, gpu_type_id, datacenter_id, effective_from, effective_to):
-        """Prices for the same pair whose effective range intersects [from, to)."""
-        qs = self.filter(gpu_type_id=gpu_type_id, datacenter_id=datacenter_id)
+class EffectivePeriodQuerySet(models.QuerySet):
+    """Rows in force over [effective_from, effective_to) (an empty end: open-ended), as unit
+    prices and the billing price book both are."""
+
+    def intersecting(self, effective_from, effective_to):
+        """Rows whose period intersects [effective_from, effective_to)."""
+        qs = self
         if effective_to is not None:
             qs = qs.filter(effective_from__lt=effective_to)
         return qs.filter(
@@ -25,6 +28,28 @@ class UnitPriceQuerySet(models.QuerySet):
     def effective_at(self, when):
         return self.filter(effective_from__lte=when).filter(
             models.Q(effective_to__isnull=True) | models.Q(effective_to__gt=when)
+        )
+
+
+def check_effective_period(row, overlapping: models.QuerySet | None, clash_message) -> None:
+    """A period row's clean(): its end after its start, and no other row of `overlapping`
+    (the rows that must not share any instant with it) in force at the same time;
+    `clash_message(clash)` says which row it overlaps and what to do."""
+    if row.effective_to is not None and row.effective_from is not None:
+        if row.effective_to <= row.effective_from:
+            raise ValidationError({"effective_to": "Must be later than effective_from."})
+    if overlapping is None:
+        return
+    clash = overlapping.exclude(pk=row.pk).first()
+    if clash is not None:
+        raise ValidationError({"effective_from": clash_message(clash)})
+
+
+class UnitPriceQuerySet(EffectivePeriodQuerySet):
+    def overlapping(self, *, gpu_type_id, datacenter_id, effective_from, effective_to):
+        """Prices for the same pair whose effective range intersects [from, to)."""
+        return self.filter(gpu_type_id=gpu_type_id, datacenter_id=datacenter_id).intersecting(
+            effective_from, effective_to
         )
 
 
@@ -88,26 +113,18 @@ class UnitPrice(models.Model):
 
     def clean(self) -> None:
         super().clean()
-        if self.effective_to is not None and self.effective_from is not None:
-            if self.effective_to <= self.effective_from:
-                raise ValidationError({"effective_to": "Must be later than effective_from."})
-        if self.gpu_type_id and self.datacenter_id and self.effective_from is not None:
-            clash = (
-                UnitPrice.objects.overlapping(
-                    gpu_type_id=self.gpu_type_id,
-                    datacenter_id=self.datacenter_id,
-                    effective_from=self.effective_from,
-                    effective_to=self.effective_to,
-                )
-                .exclude(pk=self.pk)
-                .first()
+        check_effective_period(
+            self,
+            UnitPrice.objects.overlapping(
+                gpu_type_id=self.gpu_type_id,
+                datacenter_id=self.datacenter_id,
+                effective_from=self.effective_from,
+                effective_to=self.effective_to,
             )
-            if clash is not None:
-                raise ValidationError(
-                    {
-                        "effective_from": (
-                            f"Overlaps the existing price #{clash.pk} for this GPU type and "
-                            "datacenter; end that period first or pick a later start."
-                        )
-                    }
-                )
+            if self.gpu_type_id and self.datacenter_id and self.effective_from is not None
+            else None,
+            lambda clash: (
+                f"Overlaps the existing price #{clash.pk} for this GPU type and "
+                "datacenter; end that period first or pick a later start."
+            ),
+        )
