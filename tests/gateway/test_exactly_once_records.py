@@ -119,6 +119,23 @@ def test_a_stream_cancelled_mid_way_is_recorded_once_as_cancelled(prepared):
     assert (count, usage, status) == (1, 1, "cancelled")
 
 
+def _admit(p: views.Prepared) -> None:
+    """The admission row the gateway writes for `p` before calling any agent."""
+    from routing.gateway.records import admission_open
+
+    admission_open(
+        request_id=p.request_id,
+        api_key=p.key,
+        model=p.model.name,
+        endpoint=p.kind,
+        stream=p.greq.stream,
+        prompt_tokens=len(p.prompt_ids),
+        decision=p.decision,
+        policy_version=p.version,
+        decision_inputs=p.inputs,
+    )
+
+
 def _dead_pid() -> int:
     import subprocess
     import sys
@@ -129,21 +146,10 @@ def _dead_pid() -> int:
 
 
 def test_a_finished_request_removes_its_admission(prepared):
-    from routing.gateway.records import admission_open
     from routing.models import Admission
 
     p = prepared("cmpl-admitted")
-    admission_open(
-        request_id=p.request_id,
-        api_key=p.key,
-        model="baton-tiny",
-        endpoint="completions",
-        stream=True,
-        prompt_tokens=2,
-        decision=p.decision,
-        policy_version=1,
-        decision_inputs={},
-    )
+    _admit(p)
 
     async def client():
         async for _ in views._stream(p):
@@ -157,21 +163,11 @@ def test_a_finished_request_removes_its_admission(prepared):
 def test_a_request_left_by_a_killed_gateway_is_recorded_interrupted_once(prepared):
     import socket
 
-    from routing.gateway.records import admission_open, admission_progress, finish_interrupted
+    from routing.gateway.records import admission_progress, finish_interrupted
     from routing.models import Admission
 
     p = prepared("cmpl-killed")
-    admission_open(
-        request_id=p.request_id,
-        api_key=p.key,
-        model="baton-tiny",
-        endpoint="completions",
-        stream=True,
-        prompt_tokens=2,
-        decision=p.decision,
-        policy_version=1,
-        decision_inputs={"x": 1},
-    )
+    _admit(p)
     admission_progress(p.request_id, 3)
     # Still owned by this (live) process: nothing happens.
     assert finish_interrupted() == []
@@ -193,21 +189,11 @@ def test_an_admission_from_another_host_is_finished_only_when_stale(prepared):
 
     from django.utils import timezone
 
-    from routing.gateway.records import admission_open, finish_interrupted
+    from routing.gateway.records import finish_interrupted
     from routing.models import Admission
 
-    p = prepared("cmpl-elsewhere")
-    admission_open(
-        request_id=p.request_id,
-        api_key=p.key,
-        model="baton-tiny",
-        endpoint="completions",
-        stream=False,
-        prompt_tokens=2,
-        decision=p.decision,
-        policy_version=1,
-        decision_inputs={},
-    )
+    p = prepared("cmpl-elsewhere", stream=False)
+    _admit(p)
     Admission.objects.update(owner="other-host:1234")
     assert finish_interrupted() == []
     later = timezone.now() + timedelta(seconds=121)
