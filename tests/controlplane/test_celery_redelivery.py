@@ -9,37 +9,10 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _worker(env: dict, queue: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "controlplane",
-            "worker",
-            "--pool=solo",
-            "--concurrency=1",
-            "-Q",
-            queue,
-            "--loglevel=WARNING",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ],  # fmt: skip
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+from tests.controlplane.celery_worker import ROOT, start_worker, stop_worker
 
 
 @pytest.mark.redis
@@ -59,7 +32,7 @@ def test_a_task_of_a_killed_worker_is_redelivered_and_completes_once(tmp_path):
         "CELERY_TASK_TIME_LIMIT": "10",
         "CELERY_VISIBILITY_TIMEOUT": "12",
     }
-    first = _worker(env, queue)
+    first = start_worker(env, queue)
     second = None
     try:
         send = (
@@ -78,7 +51,7 @@ def test_a_task_of_a_killed_worker_is_redelivered_and_completes_once(tmp_path):
         os.killpg(first.pid, signal.SIGKILL)  # mid-run: no ack was sent
         first.wait(30)
         assert client.get(f"{key}:done") is None
-        second = _worker(env, queue)
+        second = start_worker(env, queue)
         wait = (
             "import django; django.setup();"
             "from celery.result import AsyncResult;"
@@ -96,7 +69,5 @@ def test_a_task_of_a_killed_worker_is_redelivered_and_completes_once(tmp_path):
         assert int(client.get(f"{key}:done")) == 1  # and completed once
     finally:
         for worker in (first, second):
-            if worker is not None and worker.poll() is None:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait(30)
+            stop_worker(worker)
         client.delete(f"{key}:started", f"{key}:done")

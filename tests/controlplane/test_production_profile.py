@@ -83,8 +83,8 @@ def test_an_explicit_secret_key_wins_and_debug_alone_keeps_the_fixed_one(tmp_pat
 def test_production_turns_on_secure_cookies_hsts_and_closes_metrics_and_schema(tmp_path):
     got = _setting(
         tmp_path,
-        "[settings.SESSION_COOKIE_SECURE, settings.CSRF_COOKIE_SECURE, settings.SECURE_SSL_REDIRECT,"
-        " settings.SECURE_HSTS_SECONDS, settings.BATON_METRICS_OPEN,"
+        "[settings.SESSION_COOKIE_SECURE, settings.CSRF_COOKIE_SECURE,"
+        " settings.SECURE_SSL_REDIRECT, settings.SECURE_HSTS_SECONDS, settings.BATON_METRICS_OPEN,"
         " settings.SPECTACULAR_SETTINGS['SERVE_PERMISSIONS']]",
         BATON_PROFILE="production",
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from django.contrib.auth.models import User
 
 from controlplane.asgi import application
 from fleet.consumers import FleetConsumer
+from tests.controlplane.celery_worker import start_worker, stop_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,28 +123,7 @@ def test_celery_worker_consumes_tasks_from_redis(tmp_path):
         "BATON_VAR_DIR": str(tmp_path),
         "CELERY_TASK_ALWAYS_EAGER": "false",
     }
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "controlplane",
-            "worker",
-            "--pool=solo",
-            "--concurrency=1",
-            "-Q",
-            queue,
-            "--loglevel=WARNING",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    worker = start_worker(env, queue)
     try:
         code = (
             "import django; django.setup();"
@@ -162,9 +141,4 @@ def test_celery_worker_consumes_tasks_from_redis(tmp_path):
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == "via-redis"
     finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-    time.sleep(0)
+        stop_worker(worker)

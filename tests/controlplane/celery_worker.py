@@ -1,0 +1,50 @@
+"""A real Celery worker process for the tests that need one (Redis broker)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_worker(env: dict[str, str], queue: str) -> subprocess.Popen:
+    """One solo-pool worker consuming only `queue`, in its own process group."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "controlplane",
+            "worker",
+            "--pool=solo",
+            "--concurrency=1",
+            "-Q",
+            queue,
+            "--loglevel=WARNING",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def stop_worker(worker: subprocess.Popen | None) -> None:
+    """SIGTERM, then SIGKILL after 20 s; nothing if it already ended."""
+    if worker is None or worker.poll() is not None:
+        return
+    os.killpg(worker.pid, signal.SIGTERM)
+    try:
+        worker.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=20)
