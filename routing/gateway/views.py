@@ -312,15 +312,30 @@ def _implicated(decision: Decision, exc: AgentRunError) -> list[str]:
     return [hop] if hop else []
 
 
-def _migrate(p: Prepared, exc: AgentRunError, delivered: list[int], remaining: int) -> bool:
-    """The decoder failed after `delivered` tokens went out: mark the implicated instances
-    suspect and route the prompt plus those tokens again for the `remaining` ones (its prefix
-    is cached where the KV is held, so MD's cache makes that cheap). False past the limit."""
-    if p.migrations >= MAX_MIGRATIONS or p.attempt >= MAX_RETRIES + MAX_MIGRATIONS:
-        return False
+def _reroute(p: Prepared, exc: AgentRunError, record: dict[str, Any]) -> tuple[list[str], str]:
+    """Mark the instances `exc` implicates suspect, note the attempt (`record` added to its
+    entry in the decision inputs) and route `p` again. Returns the implicated ids and, when no
+    path is left, why (else "")."""
     d = p.decision
     implicated = _implicated(d, exc)
     suspects.mark(implicated)
+    p.retried.append(
+        {"pipeline": d.pipeline, "instances": implicated, "error": str(exc)[:300], **record}
+    )
+    p.attempt += 1
+    try:
+        _route(p)
+    except NoHealthyPath as no_path:
+        return implicated, str(no_path) or "no healthy path"
+    return implicated, ""
+
+
+def _migrate(p: Prepared, exc: AgentRunError, delivered: list[int], remaining: int) -> bool:
+    """The decoder failed after `delivered` tokens went out: route the prompt plus those
+    tokens again for the `remaining` ones (its prefix is cached where the KV is held, so MD's
+    cache makes that cheap). False past the limit or with no path left."""
+    if p.migrations >= MAX_MIGRATIONS or p.attempt >= MAX_RETRIES + MAX_MIGRATIONS:
+        return False
     ids = [*p.prompt_ids, *delivered]
     p.continue_ids, p.continue_max_tokens = ids, remaining
     p.info = RequestInfo(
@@ -329,24 +344,14 @@ def _migrate(p: Prepared, exc: AgentRunError, delivered: list[int], remaining: i
         prefix_block_hashes=prefix_block_hashes(ids, p.model.kv_block_size),
         block_tokens=p.model.kv_block_size,
     )
-    p.retried.append(
-        {
-            "pipeline": d.pipeline,
-            "instances": implicated,
-            "error": str(exc)[:300],
-            "migrated_at_token": len(delivered),
-        }
-    )
-    p.attempt += 1
-    p.migrations += 1
-    try:
-        _route(p)
-    except NoHealthyPath as no_path:
+    implicated, no_path = _reroute(p, exc, {"migrated_at_token": len(delivered)})
+    if no_path:
         log.warning(
             "request %s: %s failed after %d tokens (%s); no path to migrate to: %s",
             p.request_id, implicated, len(delivered), exc, no_path,
         )  # fmt: skip
         return False
+    p.migrations += 1
     log.warning(
         "request %s: %s failed after %d tokens (%s); migrated to %s",
         p.request_id, implicated, len(delivered), exc, p.decision.pipeline,
@@ -355,19 +360,12 @@ def _migrate(p: Prepared, exc: AgentRunError, delivered: list[int], remaining: i
 
 
 def _retry_elsewhere(p: Prepared, exc: AgentRunError) -> bool:
-    """After a failure before the user got any token: mark the instances it implicates
-    suspect (P when P could not be reached; the decode side when P's stream reported an error)
-    and route the request again. False when the retries are used up or no path is left."""
+    """After a failure before the user got any token: route the request again. False when
+    the retries are used up or no path is left."""
     if p.attempt >= MAX_RETRIES:
         return False
-    d = p.decision
-    implicated = _implicated(d, exc)
-    suspects.mark(implicated)
-    p.retried.append({"pipeline": d.pipeline, "instances": implicated, "error": str(exc)[:300]})
-    p.attempt += 1
-    try:
-        _route(p)
-    except NoHealthyPath:
+    implicated, no_path = _reroute(p, exc, {})
+    if no_path:
         return False
     log.warning(
         "request %s: %s failed before its first token (%s); retrying on %s",
@@ -408,7 +406,6 @@ class Run:
         self.gaps: list[float] = []  # between consecutive tokens, for the stall limit
         self.last_role = ""
         self.offset = 0  # tokens delivered before the current attempt (its index 0)
-        self.migrations = 0
 
     async def deltas(self):
         """Yield text pieces in order as tokens arrive; set finish_reason at the end.
@@ -437,7 +434,6 @@ class Run:
                 if not await in_worker(_migrate)(self.p, exc, list(self.token_ids), remaining):
                     raise
                 self.offset = self.token_count
-                self.migrations += 1
 
     def _stall_limit_s(self) -> float | None:
         """How long the stream may go without an event once this attempt's first token is out:
@@ -562,6 +558,11 @@ class Run:
             handoff_at_token=handoff.get("at_token"),
             handoff_batches=int(handoff.get("batches", 0) or 0),
         )
+
+    @property
+    def migrations(self) -> int:
+        """Times this request moved to another decoder (``_migrate`` counts them)."""
+        return getattr(self.p, "migrations", 0)
 
     def _save_progress(self) -> None:
         """Save the delivered-token count on the admission, off the stream's path."""
