@@ -99,14 +99,17 @@ def _utc_field(base: type[forms.Field]) -> type[forms.Field]:
 class BoundedFilterSet(RestFilterSet):
     FILTER_DEFAULTS = _bounded_defaults(RestFilterSet.FILTER_DEFAULTS)
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        for item in self.filters.values():
+    @classmethod
+    def get_filters(cls):
+        """The class's filters (built once, when the class is made), date-times in UTC."""
+        filters = super().get_filters()
+        for item in filters.values():
             if isinstance(item, django_filters.DateTimeFilter) and not getattr(
                 item.field_class, "_utc", False
             ):
                 item.field_class = _utc_field(item.field_class)
                 item.field_class._utc = True
+        return filters
 
 
 class BoundedFilterBackend(DjangoFilterBackend):
