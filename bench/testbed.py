@@ -56,6 +56,29 @@ print("SETUP " + json.dumps(out))
 """
 
 
+def start_web(*, port: int | str, env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """The control plane's web process (uvicorn on 127.0.0.1:`port`), in its own process group,
+    its output in `log_path`."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "controlplane.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],  # fmt: skip
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -250,26 +273,7 @@ def start_cluster() -> Cluster:
         out = cluster.shell(SETUP)
         cluster.setup = json.loads(out.split("SETUP ", 1)[1])
         cluster.operator_token = cluster.manage("baton_user", "ops", "--role", "operator").strip()
-        log = open(Path(tmp) / "web.log", "w")
-        cluster.processes.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "controlplane.asgi:application",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
+        cluster.processes.append(start_web(port=port, env=env, log_path=Path(tmp) / "web.log"))
         if redis_url:
             queue = env["CELERY_TASK_DEFAULT_QUEUE"]
             for name, args in (

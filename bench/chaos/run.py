@@ -13,7 +13,6 @@ import os
 import platform
 import signal
 import subprocess
-import sys
 import threading
 import time
 from datetime import UTC, datetime
@@ -24,7 +23,7 @@ import httpx
 from agents.engine.tokenizer import ByteTokenizer
 from bench.chaos.accounting import count_tokens, max_gap, record_counts, summarise_fault
 from bench.chaos.report import render
-from bench.testbed import ROOT, Cluster, start_cluster
+from bench.testbed import ROOT, Cluster, start_cluster, start_web
 
 REPORT_DIR = Path(__file__).resolve().parent
 RAW_DIR = ROOT / "var" / "chaos"
@@ -289,23 +288,8 @@ def web_proc(cluster: Cluster) -> subprocess.Popen:
 def restart_web(cluster: Cluster) -> None:
     """The testbed's uvicorn command again, on the same port, env and database."""
     port = cluster.url.rsplit(":", 1)[1]
-    log = open(Path(cluster.tmp) / f"web-{int(time.time())}.log", "w")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "controlplane.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            port,
-        ],
-        cwd=ROOT,
-        env=cluster.env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    proc = start_web(
+        port=port, env=cluster.env, log_path=Path(cluster.tmp) / f"web-{int(time.time())}.log"
     )
     cluster.processes[0] = proc
 

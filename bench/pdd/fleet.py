@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -23,7 +21,7 @@ import httpx
 from agents.node.launch import AgentProcess
 from bench.demo import DEMO_POLICY
 from bench.pdd import scaling
-from bench.testbed import ROOT, Cluster, _up, free_port
+from bench.testbed import Cluster, _up, free_port, start_web
 from routing.policy import PolicySettings
 
 AGENT_NUM_BLOCKS = 4096  # 64K tokens of KV per engine (256 MiB): a few dozen sessions cached
@@ -168,26 +166,7 @@ def start_control_plane(log_dir: Path) -> ControlPlane:
     try:
         cluster.manage("migrate", "--noinput", timeout=600)
         cluster.operator_token = cluster.manage("baton_user", "bench", "--role", "operator").strip()
-        log = open(log_dir / "web.log", "w")
-        cluster.processes.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "controlplane.asgi:application",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
+        cluster.processes.append(start_web(port=port, env=env, log_path=log_dir / "web.log"))
         cluster.wait_for(lambda: _up(cluster.url), 120, "the control plane to answer")
     except BaseException:
         cluster.stop()
