@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from rest_framework.test import APIClient
 
 # Importing the ASGI app must not start the in-process beat inside the test runner: tests
 # call tasks themselves, deterministically. (Server subprocesses started by tests keep it.)
@@ -59,3 +60,36 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if REQUIRE_SERVICES:
             pytest.fail(f"needs {marker} but {reason} (BATON_REQUIRE_SERVICES is set)")
         pytest.skip(reason)
+
+
+# --- REST API clients per role --------------------------------------------------------------
+
+
+def api_client(username: str, group: str | None) -> APIClient:
+    """An API client authenticated as a new user in `group` ("operator", "viewer" or None)."""
+    from django.contrib.auth.models import Group, User
+
+    from controlplane.models import ApiToken
+
+    user = User.objects.create_user(username=username)
+    if group:
+        user.groups.add(Group.objects.get(name=group))
+    _, key = ApiToken.objects.issue(user=user, name="test")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    return client
+
+
+@pytest.fixture
+def operator(db) -> APIClient:
+    return api_client("olivia", "operator")
+
+
+@pytest.fixture
+def viewer(db) -> APIClient:
+    return api_client("victor", "viewer")
+
+
+@pytest.fixture
+def anonymous(db) -> APIClient:
+    return APIClient()

@@ -6,23 +6,10 @@ import os
 import uuid
 
 import pytest
-from django.contrib.auth.models import Group, User
-from rest_framework.test import APIClient
 
 from billing import services
 from billing.models import ApiKey, Tenant, UsageEntry
 from billing.ratelimit import RateLimiter
-from controlplane.models import ApiToken
-
-
-@pytest.fixture
-def operator(db) -> APIClient:
-    user = User.objects.create_user("ops")
-    user.groups.add(Group.objects.get(name="operator"))
-    client = APIClient()
-    _, key = ApiToken.objects.issue(user=user)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
-    return client
 
 
 @pytest.fixture

@@ -26,11 +26,9 @@ from tests.billing.test_pricing_and_statements import (  # noqa: F401 (fixtures)
     at,
     big,
     globex,
-    operator,
     price,
     tiny,
     usage,
-    viewer,
 )
 
 D = Decimal

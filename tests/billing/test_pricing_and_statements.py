@@ -9,33 +9,12 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth.models import Group, User
 from django.urls import include, path
 from rest_framework.test import APIClient
 
 from billing import pricing, services
 from billing.models import ModelPrice, Tenant, UsageEntry
-from controlplane.models import ApiToken
 from fleet.models import ServedModel
-
-
-def _client_for(username: str, group: str) -> APIClient:
-    user = User.objects.create_user(username=username)
-    user.groups.add(Group.objects.get(name=group))
-    _, key = ApiToken.objects.issue(user=user, name="test")
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
-    return client
-
-
-@pytest.fixture
-def operator(db) -> APIClient:
-    return _client_for("olivia", "operator")
-
-
-@pytest.fixture
-def viewer(db) -> APIClient:
-    return _client_for("victor", "viewer")
 
 
 @pytest.fixture

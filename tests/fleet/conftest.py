@@ -1,4 +1,5 @@
-"""Fixtures for the fleet tests: API clients per role and a small two-datacenter fleet."""
+"""Fixtures for the fleet tests: a small two-datacenter fleet (API clients per role: the
+suite-wide operator, viewer and anonymous fixtures of tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,38 +7,10 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth.models import Group, User
-from rest_framework.test import APIClient
 
-from controlplane.models import ApiToken
 from fleet import services
 from fleet.choices import InstanceRole
 from fleet.models import Datacenter, GPUType, ServedModel, UnitPrice, WANLink
-
-
-def _client_for(username: str, group: str | None) -> APIClient:
-    user = User.objects.create_user(username=username)
-    if group:
-        user.groups.add(Group.objects.get(name=group))
-    _, key = ApiToken.objects.issue(user=user, name="test")
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
-    return client
-
-
-@pytest.fixture
-def operator(db) -> APIClient:
-    return _client_for("olivia", "operator")
-
-
-@pytest.fixture
-def viewer(db) -> APIClient:
-    return _client_for("victor", "viewer")
-
-
-@pytest.fixture
-def anonymous(db) -> APIClient:
-    return APIClient()
 
 
 @pytest.fixture

@@ -3,34 +3,23 @@
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Group, User
-from rest_framework.test import APIClient
 
 from billing.models import Tenant
-from controlplane.models import ApiToken
 from routing.models import RequestRecord, RoutingDecision
 from routing.policy import PolicySettings
+from tests.conftest import api_client
 
 pytestmark = pytest.mark.django_db
 
 
-def _client(username: str, group: str) -> APIClient:
-    user = User.objects.create_user(username)
-    user.groups.add(Group.objects.get(name=group))
-    client = APIClient()
-    _, key = ApiToken.objects.issue(user=user)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
-    return client
-
-
 @pytest.fixture
 def operator():
-    return _client("ops", "operator")
+    return api_client("ops", "operator")
 
 
 @pytest.fixture
 def viewer():
-    return _client("view", "viewer")
+    return api_client("view", "viewer")
 
 
 def test_policy_starts_at_the_defaults(viewer):
