@@ -152,7 +152,8 @@ class Admission(models.Model):
     """A request the gateway accepted and has not recorded yet: written at admission, removed
     in the transaction that writes its RequestRecord. One left behind by a gateway process that
     died (SIGKILL, a crash) is finished by a later process as an ``interrupted`` record with the
-    tokens it had delivered (``routing.services.finish_interrupted``)."""
+    tokens the prefill agent reports it streamed (``finish_interrupted`` in
+    routing/gateway/records.py)."""
 
     request_id = models.CharField(max_length=64, unique=True)
     tenant = models.ForeignKey("billing.Tenant", on_delete=models.PROTECT, related_name="+")
@@ -171,6 +172,16 @@ class Admission(models.Model):
     )
     delivered_tokens = models.PositiveIntegerField(
         default=0, help_text="Tokens sent to the client so far (updated every few seconds)."
+    )
+    # The attempt now running (a retry or a migration starts a new one on the agents).
+    attempt_request_id = models.CharField(
+        max_length=80, blank=True, help_text="The request id the agents know the attempt by."
+    )
+    prefill_url = models.CharField(
+        max_length=300, blank=True, help_text="The prefill agent the attempt streams from."
+    )
+    token_offset = models.PositiveIntegerField(
+        default=0, help_text="Tokens delivered before the attempt began (a migration's start)."
     )
     admitted_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True, db_index=True)

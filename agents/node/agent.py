@@ -22,6 +22,7 @@ from agents.dataplane import bearer_headers
 from agents.engine import Engine, EngineConfig, load_model
 from agents.engine.loader import LoadedModel
 from agents.node.inflight import block_prefix_len
+from agents.node.served import ServedLedger
 from agents.node.settings import ROLES, AgentSettings, split_host_port
 from agents.node.worker import EngineWorker
 from agents.prefix import prefix_block_hashes, tree_block_hashes
@@ -178,6 +179,9 @@ class Agent:
         self._idle = asyncio.Event()
         self._idle.set()
         self.background: set[asyncio.Task] = set()
+        # Tokens each recent request streamed to its caller (served.py), for a gateway that
+        # has to finish a dead process's requests.
+        self.served = ServedLedger()
         # Peer agents' data plane; no pooled-connection cap, streams can be long.
         self.http = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=32)

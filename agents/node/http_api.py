@@ -232,7 +232,9 @@ def build_app(agent: Agent) -> Starlette:
         queue = await admit(
             inst, lambda: pipelines.admit_single(agent, inst, rid, prompt, sampling)
         )
-        return stream(inst, pipelines.run_single(agent, inst, rid, queue, started))
+        return stream(
+            inst, agent.served.count(rid, pipelines.run_single(agent, inst, rid, queue, started))
+        )
 
     async def pdd_generate(request: Request) -> Response:
         body = await body_of(request)
@@ -262,7 +264,8 @@ def build_app(agent: Agent) -> Starlette:
             # Idempotent: a held prefill (never streamed) is released; otherwise a no-op.
             await pipelines.release_prefill(agent, inst, req.request_id)
 
-        return stream(inst, pipelines.run_prefill(agent, inst, req, pre), cleanup)
+        events = pipelines.run_prefill(agent, inst, req, pre)
+        return stream(inst, agent.served.count(req.request_id, events), cleanup)
 
     async def pdd_reserve(request: Request) -> Response:
         body = await body_of(request)
@@ -311,6 +314,14 @@ def build_app(agent: Agent) -> Starlette:
         agent.begin(inst)
         return stream(inst, pipelines.run_relay(agent, inst, req))
 
+    async def pdd_request(request: Request) -> Response:
+        """What this agent streamed for a recent request it served to its caller (served.py)."""
+        rid = request.path_params["request_id"]
+        entry = agent.served.get(rid)
+        if entry is None:
+            return error(404, f"no recent request {rid!r} on this agent", "request_id")
+        return JSONResponse(entry.to_json())
+
     async def pdd_cancel(request: Request) -> Response:
         body = await body_of(request)
         rid = get_str(body, "request_id")
@@ -330,5 +341,6 @@ def build_app(agent: Agent) -> Starlette:
         Route("/v1/pdd/decode", data(pdd_decode), methods=["POST"]),
         Route("/v1/pdd/relay", data(pdd_relay), methods=["POST"]),
         Route("/v1/pdd/cancel", data(pdd_cancel), methods=["POST"]),
+        Route("/v1/pdd/requests/{request_id}", data(pdd_request), methods=["GET"]),
     ]
     return Starlette(routes=routes)

@@ -12,11 +12,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import httpx
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from billing.models import ApiKey
 from billing.services import usage_record
+from fleet.endpoints import check_agent_endpoint
+from routing.gateway.runner import data_plane_headers
 from routing.models import Admission, RequestRecord, RoutingDecision
 from routing.policy import Decision
 
@@ -150,9 +154,13 @@ def admission_open(
     decision: Decision,
     policy_version: int,
     decision_inputs: dict[str, Any],
+    attempt_request_id: str = "",
+    prefill_url: str = "",
 ) -> None:
     """The durable trace of an accepted request, written before any agent is called."""
     Admission.objects.create(
+        attempt_request_id=attempt_request_id,
+        prefill_url=prefill_url,
         request_id=request_id,
         tenant=api_key.tenant,
         api_key=api_key,
@@ -173,6 +181,45 @@ def admission_progress(request_id: str, delivered_tokens: int) -> None:
     )
 
 
+def admission_attempt(
+    request_id: str, attempt_request_id: str, prefill_url: str, token_offset: int
+) -> None:
+    """A retry or a migration started a new attempt on the agents: note where it streams
+    from and how many tokens the user had before it, so a later process can ask P."""
+    Admission.objects.filter(request_id=request_id).update(
+        attempt_request_id=attempt_request_id,
+        prefill_url=prefill_url,
+        delivered_tokens=token_offset,
+        token_offset=token_offset,
+        updated_at=timezone.now(),
+    )
+
+
+def agent_reported_tokens(admission: Admission, timeout_s: float = 2.0) -> int | None:
+    """How many tokens the prefill agent says it streamed for the admission's attempt
+    (``GET /v1/pdd/requests/{id}``, agents/PROTOCOL.md); None when it cannot say (gone,
+    unknown request, not an allowed agent endpoint)."""
+    if not admission.prefill_url or not admission.attempt_request_id:
+        return None
+    try:
+        base = check_agent_endpoint(admission.prefill_url)
+    except ValidationError:
+        log.warning("admission %s: %r is not an allowed agent endpoint",
+                    admission.request_id, admission.prefill_url)  # fmt: skip
+        return None
+    url = f"{base}/v1/pdd/requests/{admission.attempt_request_id}"
+    try:
+        response = httpx.get(url, headers=data_plane_headers(), timeout=timeout_s)
+        if response.status_code != 200:
+            return None
+        tokens = response.json().get("tokens")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        return None
+    return tokens
+
+
 def _owner_dead(owner: str, updated_at, now, stale_after_s: float) -> bool:
     host, _, pid = owner.rpartition(":")
     if host == socket.gethostname() and pid.isdigit():
@@ -190,8 +237,9 @@ def _owner_dead(owner: str, updated_at, now, stale_after_s: float) -> bool:
 
 def finish_interrupted(*, stale_after_s: float = 120.0, now=None) -> list[str]:
     """Record every admission whose gateway process is gone (dead pid on this host, or no
-    progress for `stale_after_s` from elsewhere) as ``interrupted``, with the tokens it had
-    delivered billed as usage. Idempotent: record_request writes each request once."""
+    progress for `stale_after_s` from elsewhere) as ``interrupted``, billing the tokens the
+    prefill agent reports it streamed (or, when it cannot be asked, the count the process last
+    saved). Idempotent: record_request writes each request once."""
     now = now or timezone.now()
     finished: list[str] = []
     for admission in Admission.objects.select_related("api_key__tenant", "tenant"):
@@ -204,6 +252,10 @@ def finish_interrupted(*, stale_after_s: float = 120.0, now=None) -> list[str]:
             decision = Decision(**admission.decision) if admission.decision else None
         except TypeError:
             decision = None
+        delivered = admission.delivered_tokens
+        reported = agent_reported_tokens(admission)
+        if reported is not None:
+            delivered = max(delivered, admission.token_offset + reported)
         record_request(
             request_id=admission.request_id,
             api_key=admission.api_key,
@@ -215,9 +267,14 @@ def finish_interrupted(*, stale_after_s: float = 120.0, now=None) -> list[str]:
             decision_inputs=admission.decision_inputs,
             outcome=Outcome(
                 status="interrupted",
-                error=f"the gateway process {admission.owner} ended while the request ran",
+                error=f"the gateway process {admission.owner} ended while the request ran"
+                + (
+                    f"; the prefill agent had streamed {reported} tokens of its attempt"
+                    if reported is not None
+                    else "; the prefill agent could not be asked how many tokens it streamed"
+                ),
                 prompt_tokens=admission.prompt_tokens,
-                completion_tokens=admission.delivered_tokens,
+                completion_tokens=delivered,
             ),
         )
         Admission.objects.filter(pk=admission.pk).delete()

@@ -198,3 +198,75 @@ def test_an_admission_from_another_host_is_finished_only_when_stale(prepared):
     assert finish_interrupted() == []
     later = timezone.now() + timedelta(seconds=121)
     assert finish_interrupted(now=later) == ["cmpl-elsewhere"]
+
+
+def _stand_in_prefill_agent(answers: dict[str, dict]):
+    """A local HTTP server answering GET /v1/pdd/requests/{id} as a P agent does."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server hook
+            rid = self.path.rsplit("/", 1)[-1]
+            body = answers.get(rid)
+            payload = json.dumps(body or {"error": "unknown"}).encode()
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_an_interrupted_request_bills_the_tokens_the_prefill_agent_streamed(prepared):
+    """The dead process last saved 5 delivered tokens; P had streamed 9 of the migrated
+    attempt, which began after 4: the record says 13, and usage bills 13."""
+    import socket
+
+    from routing.gateway.records import admission_attempt, admission_progress, finish_interrupted
+    from routing.models import Admission
+
+    answers = {"cmpl-sigkill-r1": {"request_id": "cmpl-sigkill-r1", "tokens": 9}}
+    server = _stand_in_prefill_agent(answers)
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        p = prepared("cmpl-sigkill")
+        _admit(p)
+        admission_attempt(p.request_id, "cmpl-sigkill-r1", base, 4)
+        admission_progress(p.request_id, 5)
+        Admission.objects.update(owner=f"{socket.gethostname()}:{_dead_pid()}")
+        assert finish_interrupted() == ["cmpl-sigkill"]
+    finally:
+        server.shutdown()
+    record = RequestRecord.objects.get(request_id="cmpl-sigkill")
+    assert record.status == "interrupted" and record.completion_tokens == 13
+    assert "streamed 9 tokens" in record.error
+    assert UsageEntry.objects.get(request_id="cmpl-sigkill").completion_tokens == 13
+
+
+def test_an_interrupted_request_whose_prefill_agent_is_gone_bills_the_saved_count(prepared):
+    import socket
+
+    from routing.gateway.records import admission_attempt, admission_progress, finish_interrupted
+    from routing.models import Admission
+
+    server = _stand_in_prefill_agent({})
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()  # nothing listens there any more
+    p = prepared("cmpl-nobody")
+    _admit(p)
+    admission_attempt(p.request_id, "cmpl-nobody", base, 0)
+    admission_progress(p.request_id, 2)
+    Admission.objects.update(owner=f"{socket.gethostname()}:{_dead_pid()}")
+    assert finish_interrupted() == ["cmpl-nobody"]
+    record = RequestRecord.objects.get(request_id="cmpl-nobody")
+    assert record.completion_tokens == 2
+    assert "could not be asked" in record.error

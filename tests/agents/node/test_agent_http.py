@@ -54,6 +54,26 @@ def test_health_and_state_document(agent):
     assert set(state["fabrics"]) == {"intra_dc", "wan"}
 
 
+def test_the_agent_reports_what_it_streamed_for_a_recent_request(agent):
+    """A gateway that finishes a dead process's admissions asks P how many tokens it sent."""
+    events, _, _ = stream_events(
+        f"{agent.http}/v1/generate",
+        {
+            "request_id": "served-1",
+            "prompt_ids": make_prompt(24, 3),
+            "sampling": {"max_tokens": 5, "ignore_eos": True},
+        },
+    )
+    assert events[-1]["type"] == "done"
+    served = get(agent, "/v1/pdd/requests/served-1").json()
+    assert served["request_id"] == "served-1"
+    assert served["tokens"] == 5 and served["state"] == "done"
+    assert served["finish_reason"] == events[-1]["finish_reason"]
+    assert served["ended_at"] >= served["started_at"]
+    missing = get(agent, "/v1/pdd/requests/never-seen")
+    assert missing.status_code == 404 and missing.json()["field"] == "request_id"
+
+
 def test_instance_put_is_idempotent_conflicts_and_deletes(agent):
     url = f"{agent.http}/instances/7"
     spec = {"role": "relay_decode", "model": "baton-tiny", "source": "baton-tiny"}
