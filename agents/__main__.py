@@ -102,6 +102,12 @@ def _serve_parser(sub) -> None:
         help="final handoff: wait for MD's acknowledgement this long plus 4 x the link RTT "
         "(at most --handoff-timeout-s; default 1.5)",
     )
+    p.add_argument(
+        "--reserve-timeout-s",
+        type=float,
+        help="P waits this long for MD's prefix reservation (default 3); then p-rld-md goes on "
+        "with RLD alone and p-md fails over",
+    )
     p.add_argument("--log-level", default="WARNING")
 
 

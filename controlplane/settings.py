@@ -13,7 +13,14 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from agents.dataplane import check_data_token
-from controlplane.env import env_bool, env_int, env_list, env_str, generated_secret_key
+from controlplane.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+    generated_secret_key,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("BATON_VAR_DIR", str(BASE_DIR / "var")))
@@ -266,6 +273,13 @@ SPECTACULAR_SETTINGS = {
 BATON_HEARTBEAT_INTERVAL_S = float(env_str("BATON_HEARTBEAT_INTERVAL_S", "2.0"))
 BATON_HEARTBEAT_MISSES = env_int("BATON_HEARTBEAT_MISSES", 3)
 BATON_RECONCILE_INTERVAL_S = float(env_str("BATON_RECONCILE_INTERVAL_S", "5.0"))
+# Gateway fault limits (docs/faults.md). A stream with tokens out that goes this long without
+# one (or 10 x its median gap, if more) has a frozen decoder and migrates; an attempt with no
+# token yet fails over to another path after the first-token timeout.
+BATON_GATEWAY_STALL_S = env_float("BATON_GATEWAY_STALL_S", 1.6, minimum=0.05)
+BATON_GATEWAY_FIRST_TOKEN_TIMEOUT_S = env_float(
+    "BATON_GATEWAY_FIRST_TOKEN_TIMEOUT_S", 60.0, minimum=0.1
+)
 # Fleet-wide data-plane token: handed to agents at registration and sent by the gateway on
 # every call to an agent's data endpoints. Empty: the data plane is open (private network).
 BATON_DATA_TOKEN = env_str("BATON_DATA_TOKEN", "")

@@ -60,7 +60,7 @@ async def reserve_remote(agent: Agent, main: Peer, request_id: str, prompt: list
     response = await agent.http.post(
         f"{main.http}/v1/pdd/reserve",
         json={"request_id": request_id, "instance": main.instance, "prompt_ids": prompt},
-        timeout=10.0,
+        timeout=agent.settings.reserve_timeout_s,
     )
     if response.status_code != 200:
         raise PeerFailed(f"reserve at MD: HTTP {response.status_code}: {response.text[:300]}")

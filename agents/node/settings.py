@@ -69,6 +69,10 @@ class AgentSettings:
     handoff_timeout_s: float = 30.0
     handoff_ack_floor_s: float = 1.5
     reserve_ttl_s: float = 120.0  # an unused DRC reservation is dropped after this
+    # P waits this long for MD's reservation (the prefix pin, a small HTTP call running while P
+    # prefills). A frozen MD or a black-holed link then costs p-rld-md this much TTFT (RLD
+    # decodes alone) and makes p-md fail over at the gateway, instead of a 10 s wait.
+    reserve_timeout_s: float = 3.0
     # What the agent resolved and applied before torch loaded (the state document's "threads").
     thread_plan: ThreadPlan | None = field(default=None, repr=False)
 
@@ -90,6 +94,7 @@ class AgentSettings:
             "handoff_timeout_s",
             "handoff_ack_floor_s",
             "reserve_ttl_s",
+            "reserve_timeout_s",
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):

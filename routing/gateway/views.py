@@ -32,6 +32,7 @@ from routing.gateway.errors import (
 )
 from routing.gateway.records import (
     Outcome,
+    admission_attempt,
     admission_open,
     admission_progress,
     record_request,
@@ -105,8 +106,10 @@ MAX_MIGRATIONS = 2
 # How often a running request's delivered-token count is saved on its admission.
 PROGRESS_EVERY_S = 2.0
 # A stream with tokens out that goes this long without one (or 10 x its median gap, if more)
-# has a frozen decoder: the request migrates. Above the final handoff's ack window (~1.7 s).
-STALL_FLOOR_S = 3.0
+# has a frozen decoder: the request migrates (BATON_GATEWAY_STALL_S). An attempt that has not
+# sent its first token within FIRST_TOKEN_TIMEOUT_S fails over to another path.
+STALL_FLOOR_S = settings.BATON_GATEWAY_STALL_S
+FIRST_TOKEN_TIMEOUT_S = settings.BATON_GATEWAY_FIRST_TOKEN_TIMEOUT_S
 policies = PolicyCache()
 _limiter: RateLimiter | None = None
 
@@ -226,6 +229,8 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
         decision=p.decision,
         policy_version=version,
         decision_inputs=p.inputs,
+        attempt_request_id=p.plan["request_id"],
+        prefill_url=p.prefill_http,
     )
     return p
 
@@ -287,6 +292,7 @@ def _route(p: Prepared) -> None:
     # A migrated request continues from the prompt plus what the user already has.
     ids = getattr(p, "continue_ids", None) or p.prompt_ids
     max_tokens = getattr(p, "continue_max_tokens", None) or p.greq.max_tokens
+    p.prefill_http = view.endpoints[decision.prefill_id].http
     p.url, p.plan = build_plan(
         request_id=agent_request_id,
         prompt_ids=ids,
@@ -327,6 +333,9 @@ def _reroute(p: Prepared, exc: AgentRunError, record: dict[str, Any]) -> tuple[l
         _route(p)
     except NoHealthyPath as no_path:
         return implicated, str(no_path) or "no healthy path"
+    # Where the new attempt streams from, for a process that finishes this one's admissions.
+    offset = len(getattr(p, "continue_ids", None) or p.prompt_ids) - len(p.prompt_ids)
+    admission_attempt(p.request_id, p.plan["request_id"], p.prefill_http, offset)
     return implicated, ""
 
 
@@ -437,28 +446,34 @@ class Run:
 
     def _stall_limit_s(self) -> float | None:
         """How long the stream may go without an event once this attempt's first token is out:
-        STALL_FLOOR_S, or 10 x its median gap between tokens when that is longer."""
+        STALL_FLOOR_S, or 10 x its median gap between tokens when that is longer. None before
+        the attempt's first token (the first-token timeout applies)."""
         if self.token_count - self.offset < 1:
-            return None  # prefill and the KV wait have their own (agent-side) timeouts
+            return None
         gaps = self.gaps[-64:]
         median = sorted(gaps)[len(gaps) // 2] if gaps else 0.0
         return max(STALL_FLOOR_S, 10 * median)
 
     async def _events(self):
         """The agent's events; a decoder that falls silent mid-stream (frozen, or its link
-        black-holed) is a failure after the stall limit, so the request migrates."""
+        black-holed) is a failure after the stall limit, so the request migrates. An attempt
+        with no token after FIRST_TOKEN_TIMEOUT_S (a frozen P) fails over the same way."""
         events = run_events(self.p.url, self.p.plan)
         try:
             while True:
                 limit = self._stall_limit_s()
                 try:
-                    if limit is None:
-                        event = await events.__anext__()
-                    else:
-                        event = await asyncio.wait_for(events.__anext__(), limit)
+                    event = await asyncio.wait_for(
+                        events.__anext__(), FIRST_TOKEN_TIMEOUT_S if limit is None else limit
+                    )
                 except StopAsyncIteration:
                     return
                 except TimeoutError:
+                    if limit is None:
+                        raise AgentRunError(
+                            f"no first token from the prefill agent within "
+                            f"{FIRST_TOKEN_TIMEOUT_S:g} s"
+                        ) from None
                     role = {"md": "MD", "rld": "RLD"}.get(self.last_role, self.last_role)
                     raise AgentRunError(
                         f"stream stalled: no token for {limit:.1f} s (the last one from {role})",

@@ -276,3 +276,55 @@ def test_a_failure_implicates_one_decoder_not_both(message, pipeline, expected):
     got = views._implicated(decision, AgentRunError(message, at_prefill=False))
     assert got == [{"main": "3", "relay": "2"}[expected]]
     assert views._implicated(decision, AgentRunError("unreachable")) == ["1"]
+
+
+def test_a_prefill_that_sends_no_first_token_fails_over_after_the_timeout(
+    two_prefills, monkeypatch
+):
+    """A frozen P (SIGSTOP: it accepts the connection and says nothing) costs the request the
+    first-token timeout, then it runs on the other P; the frozen one is avoided after that."""
+    import asyncio as aio
+
+    client, made, calls, dead_url = two_prefills
+    monkeypatch.setattr(views, "FIRST_TOKEN_TIMEOUT_S", 0.3)
+
+    async def events(url, plan):
+        calls.append(url)
+        if url.startswith(dead_url):
+            await aio.sleep(30)  # frozen
+        for i, token in enumerate(b"ok!"):
+            yield {"type": "token", "index": i, "token_id": token, "role": "md"}
+        yield {"type": "done", "finish_reason": "length", "stats": {}}
+
+    monkeypatch.setattr(views, "run_events", events)
+    started = time.monotonic()
+    for _ in range(6):
+        response = _send(client)
+        assert response.status_code == 200, response.content
+        assert response.json()["choices"][0]["text"] == "ok!"
+        if any(u.startswith(dead_url) for u in calls):
+            break
+    assert time.monotonic() - started < 10
+    record = RequestRecord.objects.filter(decision__inputs__has_key="retried").get()
+    retried = record.decision.inputs["retried"][0]
+    assert retried["instances"] == [str(made["p1"][1].pk)]
+    assert "no first token" in retried["error"]
+    assert record.prefill_instance == str(made["p2"][1].pk)
+
+
+def test_a_migration_notes_the_new_attempt_on_the_admission(two_decoders, monkeypatch):
+    """So a process finishing this one's admission after a SIGKILL asks the right P about the
+    right attempt, and adds the tokens delivered before it."""
+    client, made, plans = two_decoders
+    noted = []
+    real = views.admission_attempt
+    monkeypatch.setattr(views, "admission_attempt", lambda *a: (noted.append(a), real(*a))[1])
+    response = client.post(
+        "/v1/completions",
+        {"model": "baton-tiny", "prompt": "hello", "max_tokens": 8},
+        format="json",
+    )
+    assert response.json()["choices"][0]["text"] == "abcdefgh"
+    ((request_id, attempt_id, prefill_url, offset),) = noted
+    assert attempt_id == plans[1]["request_id"] == f"{request_id}-r1"
+    assert prefill_url.startswith("http://10.0.0.1:9000") and offset == 3

@@ -64,3 +64,39 @@ def test_md_silent_after_the_final_batch_stalls_the_stream_about_two_seconds(clu
             pass
         md.kill()
         md.cleanup()
+
+
+def test_md_frozen_before_the_reservation_costs_the_reserve_timeout_not_ten_seconds(cluster):
+    """P asks MD to pin its cached prefix while it prefills; a frozen MD never answers. P
+    waits `reserve_timeout_s` (3 s), then RLD decodes the request alone: same greedy tokens."""
+    p, rld, single = cluster["p"], cluster["rld"], cluster["single"]
+    md = AgentProcess(
+        agent_args("main_decode", "dc-b", "--link", f"dc-a={FAST_LINK}"), "md-frozen-early"
+    ).start()
+    try:
+        prompt = make_prompt(80, 67)
+        max_tokens = 12
+        os.killpg(md.proc.pid, signal.SIGSTOP)
+        body = pdd_body("frozen-early", prompt, max_tokens, "p-rld-md", "one-shot", p, rld, md)
+        started = time.monotonic()
+        events: list[dict] = []
+        with httpx.Client(timeout=httpx.Timeout(30, read=120)) as http:
+            with http.stream("POST", f"{p.http}/v1/pdd/generate", json=body) as response:
+                assert response.status_code == 200
+                events = [json.loads(line) for line in response.iter_lines() if line.strip()]
+        elapsed = time.monotonic() - started
+        result = summarize(events)
+        assert result["error"] is None, result["error"]
+        assert (
+            result["output_token_ids"] == run_single(single, prompt, max_tokens)["output_token_ids"]
+        )
+        assert "MD unreachable" in result["stats"]["main_error"]
+        # 3 s of reserve timeout plus the request itself; it used to be 10 s.
+        assert elapsed < 8.0, elapsed
+    finally:
+        try:
+            os.killpg(md.proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        md.kill()
+        md.cleanup()
