@@ -1,6 +1,12 @@
 """The testbed: a real local fleet for end-to-end tests and benchmarks. The control plane
 (uvicorn, plus a Celery worker and beat when REDIS_URL is set) with its own database, and three
-agent processes that register with it: P and RLD in dc-a, MD in dc-b, joined by a shaped WAN."""
+agent processes that register with it: P and RLD in dc-a, MD in dc-b, joined by a shaped WAN.
+
+`start_cluster(wan_proxy=True)` (the chaos harness) puts fault-injecting TCP proxies
+(bench/chaos/proxy.py) on the dc-a <-> dc-b path: MD's HTTP API (`--advertise-url`) and its
+WAN KV fabric (the advertised `wan_port`, bench/chaos/advertise) are reached through them,
+`cluster.wan_link` switches them; off by default, so `make bench` and the tests are
+unchanged."""
 
 from __future__ import annotations
 
@@ -95,6 +101,10 @@ class Cluster:
     processes: list[subprocess.Popen] = field(default_factory=list)
     tmp: str = ""
     database: str = ""
+    # wan_proxy=True: the proxies in front of MD (bench.chaos.proxy.WanLink) and, per host,
+    # the fixed ports its agent listens on behind them (kept across restarts).
+    wan_link: object | None = None
+    behind_proxy: dict[str, dict[str, int]] = field(default_factory=dict)
 
     # -- helpers for tests -----------------------------------------------------------------
 
@@ -156,6 +166,17 @@ class Cluster:
 
     def start_agent(self, host: str) -> AgentProcess:
         node = self.setup["nodes"][host]
+        env = {"BATON_AGENT_TOKEN": node["token"]}
+        fixed = self.behind_proxy.get(host)
+        listen, wan_port, extra = f"127.0.0.1:{free_port()}", 0, []
+        if fixed:
+            listen, wan_port = f"127.0.0.1:{fixed['http']}", fixed["wan"]
+            extra = ["--advertise-url", f"http://127.0.0.1:{fixed['http_proxy']}"]
+            env["BATON_CHAOS_ADVERTISE_WAN_PORT"] = str(fixed["wan_proxy"])
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(ROOT / "bench" / "chaos" / "advertise"), str(ROOT)]
+                + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            )
         proc = AgentProcess(
             [
                 "--node",
@@ -163,11 +184,12 @@ class Cluster:
                 "--datacenter",
                 node["dc"],
                 "--listen",
-                f"127.0.0.1:{free_port()}",
+                listen,
+                *extra,
                 "--kv-listen",
                 "127.0.0.1:0",
                 "--wan-port",
-                "0",
+                str(wan_port),
                 "--control-plane",
                 self.url,
                 # One torch thread each and passive OpenMP waiting: the three agents share
@@ -182,11 +204,41 @@ class Cluster:
                 "1",
             ],
             host,
-        ).start(env={"BATON_AGENT_TOKEN": node["token"]})
+        ).start(env=env)
         self.agents[host] = proc
         return proc
 
+    def add_agent(self, host: str, datacenter: str, role: str) -> AgentProcess:
+        """A further node with one instance of `role` (e.g. a second P in dc-a), registered
+        in the control plane and its agent started; returns once the instance runs."""
+        code = f"""
+import json
+from fleet import services
+from fleet.models import Datacenter, GPUType, ServedModel
+node, token = services.node_create(hostname={host!r},
+    datacenter=Datacenter.objects.get(name={datacenter!r}), gpu_type=GPUType.objects.first(),
+    gpu_count=1)
+inst = services.instance_create(role={role!r}, node=node,
+    served_model=ServedModel.objects.get(name="baton-tiny"), gpu_count=1)
+print("ADDED " + json.dumps({{"id": node.pk, "token": token, "instance": inst.pk}}))
+"""
+        added = json.loads(self.shell(code).split("ADDED ", 1)[1])
+        self.setup["nodes"][host] = {"id": added["id"], "token": added["token"], "dc": datacenter}
+        self.setup.setdefault("extra_instances", {})[host] = added["instance"]
+        proc = self.start_agent(host)
+
+        def running() -> bool:
+            with self.api() as api:
+                rows = api.get("/api/v1/instances/").json()["results"]
+            return any(r.get("id") == added["instance"] and r["actual_state"] == "running"
+                       for r in rows)  # fmt: skip
+
+        self.wait_for(running, 180, f"{host}'s {role} instance to run")
+        return proc
+
     def stop(self) -> None:
+        if self.wan_link is not None:
+            self.wan_link.stop()
         for proc in self.agents.values():
             proc.kill()
             proc.cleanup()
@@ -229,7 +281,7 @@ def _drop_database(name: str) -> None:
         pass
 
 
-def start_cluster() -> Cluster:
+def start_cluster(*, wan_proxy: bool = False) -> Cluster:
     tmp = tempfile.mkdtemp(prefix="baton-e2e-")
     env = {
         **os.environ,
@@ -303,6 +355,8 @@ def start_cluster() -> Cluster:
                     )
                 )
         cluster.wait_for(lambda: _up(cluster.url), 120, "the control plane to answer")
+        if wan_proxy:
+            _put_wan_proxies(cluster, "b-md")
         for host in ("a-p", "a-rld", "b-md"):
             cluster.start_agent(host)
         cluster.wait_for(
@@ -314,6 +368,23 @@ def start_cluster() -> Cluster:
         cluster.stop()
         raise
     return cluster
+
+
+def _put_wan_proxies(cluster: Cluster, host: str) -> None:
+    """The dc-a <-> dc-b data-plane path through fault proxies: `host` (MD, the only agent in
+    dc-b) listens on fixed ports and is advertised at the proxies' (HTTP and WAN fabric)."""
+    from bench.chaos.proxy import FaultProxy, WanLink
+
+    http, wan = free_port(), free_port()
+    http_proxy = FaultProxy(("127.0.0.1", http), name="md-http").start()
+    wan_proxy = FaultProxy(("127.0.0.1", wan), name="md-wan").start()
+    cluster.wan_link = WanLink({"http": http_proxy, "wan": wan_proxy})
+    cluster.behind_proxy[host] = {
+        "http": http,
+        "wan": wan,
+        "http_proxy": http_proxy.port,
+        "wan_proxy": wan_proxy.port,
+    }
 
 
 def _up(url: str) -> bool:
