@@ -299,6 +299,11 @@ BATON_AGENT_NETWORKS = env_list(
 BATON_EMBEDDED_BEAT = env_bool("BATON_EMBEDDED_BEAT", default=True)
 CELERY_BEAT_SCHEDULE = {
     "fleet-health-check": {"task": "fleet.health_check", "schedule": BATON_HEARTBEAT_INTERVAL_S},
+    # Dead or frozen agents routed around within one heartbeat interval (routing/probes.py).
+    "routing-probe-agents": {
+        "task": "routing.probe_agents",
+        "schedule": BATON_HEARTBEAT_INTERVAL_S,
+    },
     "fleet-reconcile": {"task": "fleet.reconcile_fleet", "schedule": BATON_RECONCILE_INTERVAL_S},
     "billing-close-statements": {"task": "billing.close_statements", "schedule": 300.0},
     # Requests a killed gateway process left half-done: recorded as "interrupted".

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 from itertools import takewhile
 from typing import Any
 
+from django.conf import settings
+
 from fleet import live as fleet_live
 from fleet.choices import DesiredState, InstanceRole, NodeStatus
 from fleet.choices import LinkStatus as FleetLinkStatus
@@ -656,6 +658,22 @@ class SuspectInstances(_RedisFallback):
                 self._redis.delete(self.prefix)
             except Exception as exc:  # noqa: BLE001
                 self._redis_failed("clear", exc)
+
+
+_suspects: SuspectInstances | None = None
+_suspects_lock = threading.Lock()
+
+
+def suspect_ledger() -> SuspectInstances:
+    """This process's view of the suspect instances (shared through Redis when set): the
+    gateway marks what it saw failing, the agent probe (routing/probes.py) what it found dead."""
+    global _suspects
+    with _suspects_lock:
+        if _suspects is None:
+            _suspects = SuspectInstances(
+                redis_url=settings.REDIS_URL, prefix=f"{settings.REDIS_KEY_PREFIX}:suspect"
+            )
+        return _suspects
 
 
 def without_suspects(

@@ -44,7 +44,7 @@ from routing.live import (
     DispatchedBlocks,
     DispatchLedger,
     LiveViewCache,
-    SuspectInstances,
+    suspect_ledger,
     with_dispatched_blocks,
     with_dispatches,
     without_suspects,
@@ -96,9 +96,7 @@ dispatched_blocks = DispatchedBlocks(
     redis_url=settings.REDIS_URL, prefix=f"{settings.REDIS_KEY_PREFIX}:dispatched-blocks"
 )
 # Instances seen failing, avoided until their next report (shared through Redis when set).
-suspects = SuspectInstances(
-    redis_url=settings.REDIS_URL, prefix=f"{settings.REDIS_KEY_PREFIX}:suspect"
-)
+suspects = suspect_ledger()
 # Attempts on another path for a request that failed before its first token.
 MAX_RETRIES = 2
 # Moves of a request to another decoder after its decoder failed mid-stream.

@@ -1,0 +1,92 @@
+"""Finding dead agents within one heartbeat interval, without waiting for traffic to hit them.
+
+A node goes offline after ``BATON_HEARTBEAT_MISSES`` silent heartbeat intervals (6 s by
+default); a gateway that hits a dead instance marks it suspect at once, but only when a request
+tries it. This probe runs every heartbeat interval (``routing.probe_agents``): it asks each
+reporting node's agent for ``/health`` and marks the node's instances suspect (the gateway's
+ledger, shared through Redis when set) when
+
+- the connection is refused or reset: the agent process is gone (SIGKILL, a crash), or
+- it does not answer within the probe timeout and its last heartbeat is more than one interval
+  and a half old: the agent is frozen (SIGSTOP, a hung host) or its network is black-holed.
+
+A slow answer from an agent whose heartbeats still arrive marks nothing, so a loaded but live
+agent is not routed around. A suspect is cleared by the node's next report, as for a gateway's
+own marks."""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from django.conf import settings
+
+from fleet import live as fleet_live
+from routing.live import suspect_ledger
+
+log = logging.getLogger(__name__)
+
+DEAD = "dead"  # connection refused / reset
+SILENT = "silent"  # no answer in time, heartbeat overdue
+OK = "ok"
+
+
+@dataclass(slots=True, frozen=True)
+class ProbeResult:
+    hostname: str
+    endpoint: str
+    verdict: str
+    detail: str
+    instance_ids: tuple[str, ...]
+
+
+def _instance_ids(entry: dict[str, Any]) -> tuple[str, ...]:
+    items = (entry.get("report") or {}).get("instances") or []
+    return tuple(str(i["instance_id"]) for i in items if isinstance(i, dict) and "instance_id" in i)
+
+
+def _probe(client: httpx.Client, entry: dict[str, Any], now: float, interval_s: float):
+    endpoint = str(entry.get("endpoint") or "").rstrip("/")
+    hostname = str(entry.get("hostname") or entry.get("node_id"))
+    ids = _instance_ids(entry)
+    try:
+        response = client.get(f"{endpoint}/health")
+    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        return ProbeResult(hostname, endpoint, DEAD, f"{type(exc).__name__}: {exc}", ids)
+    except httpx.TimeoutException as exc:
+        overdue = now - float(entry.get("received_at") or 0.0) > 1.5 * interval_s
+        verdict = SILENT if overdue else OK
+        return ProbeResult(hostname, endpoint, verdict, f"no answer ({type(exc).__name__})", ids)
+    except httpx.HTTPError as exc:
+        return ProbeResult(hostname, endpoint, OK, f"{type(exc).__name__}: {exc}", ids)
+    return ProbeResult(hostname, endpoint, OK, f"HTTP {response.status_code}", ids)
+
+
+def probe_agents(*, timeout_s: float | None = None) -> list[ProbeResult]:
+    """Probe every node with a fresh report once, concurrently; mark the instances of dead or
+    silent ones suspect. Returns every node's result."""
+    interval_s = float(settings.BATON_HEARTBEAT_INTERVAL_S)
+    timeout_s = min(1.0, interval_s / 2) if timeout_s is None else timeout_s
+    entries = [e for e in fleet_live.read_reports() if e.get("endpoint")]
+    if not entries:
+        return []
+    now = time.time()
+    with (
+        httpx.Client(timeout=timeout_s) as client,
+        ThreadPoolExecutor(max_workers=min(16, len(entries))) as pool,
+    ):
+        results = list(pool.map(lambda e: _probe(client, e, now, interval_s), entries))
+    ledger = suspect_ledger()
+    for result in results:
+        if result.verdict != OK and result.instance_ids:
+            ledger.mark(result.instance_ids)
+            log.warning(
+                "agent of node %s (%s) is %s: %s; its instances %s are routed around",
+                result.hostname, result.endpoint, result.verdict, result.detail,
+                ", ".join(result.instance_ids),
+            )  # fmt: skip
+    return results

@@ -1,0 +1,85 @@
+"""The agent probe finds a dead or frozen agent within one heartbeat interval, before any
+request hits it, and leaves a slow agent whose heartbeats still arrive alone."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from fleet import live as fleet_live
+from routing.live import suspect_ledger
+from routing.probes import DEAD, OK, SILENT, probe_agents
+
+
+class _Health(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - the http.server hook
+        payload = b'{"status": "ok"}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def agents(settings):
+    """Four nodes' reports: a live agent, a dead one (nothing listens), and two that accept
+    connections but never answer (frozen), one with its heartbeat overdue."""
+    settings.REDIS_URL = ""
+    settings.BATON_HEARTBEAT_INTERVAL_S = 2.0
+    fleet_live._memory.clear()
+    live = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=live.serve_forever, daemon=True).start()
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    dead_port = dead.getsockname()[1]
+    dead.close()  # nothing listens there
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(8)  # the kernel completes the handshake; nobody reads
+    ports = {
+        "live": live.server_address[1],
+        "dead": dead_port,
+        "frozen-overdue": frozen.getsockname()[1],
+        "frozen-fresh": frozen.getsockname()[1],
+    }
+    for i, (host, port) in enumerate(ports.items(), start=1):
+        fleet_live.publish_report(
+            node_id=i,
+            hostname=host,
+            datacenter="dc-a",
+            endpoint=f"http://127.0.0.1:{port}",
+            report={"instances": [{"instance_id": str(10 + i), "role": "prefill"}]},
+        )
+    # The overdue one last reported 3.5 s ago (more than 1.5 intervals).
+    entry = json.loads(fleet_live._memory["3"])
+    entry["received_at"] = time.time() - 3.5
+    fleet_live._memory["3"] = json.dumps(entry)
+    yield
+    live.shutdown()
+    frozen.close()
+    fleet_live._memory.clear()
+
+
+def test_dead_and_frozen_agents_are_marked_suspect_and_a_live_one_is_not(agents):
+    verdicts = {r.hostname: r.verdict for r in probe_agents(timeout_s=0.3)}
+    assert verdicts == {
+        "live": OK,
+        "dead": DEAD,
+        "frozen-overdue": SILENT,
+        "frozen-fresh": OK,  # its heartbeats still arrive: slow, not dead
+    }
+    assert set(suspect_ledger().marks()) == {"12", "13"}
+
+
+def test_no_reports_means_nothing_to_probe(settings):
+    settings.REDIS_URL = ""
+    fleet_live._memory.clear()
+    assert probe_agents() == []
