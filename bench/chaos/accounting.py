@@ -134,7 +134,7 @@ def summarise_fault(trials: list[dict]) -> dict:
     out = {c: 0 for c in COLUMNS}
     out["trials"] = len(trials)
     out["requests"] = 0
-    recov, gaps, migrations = [], [], 0
+    recov, gaps, stalls, migrations = [], [], [], 0
     for trial in trials:
         for r in trial.get("requests", []):
             out["requests"] += 1
@@ -147,6 +147,8 @@ def summarise_fault(trials: list[dict]) -> dict:
             migrations += int((r.get("record") or {}).get("migrations") or 0)
             if r.get("max_gap_s") is not None:
                 gaps.append(float(r["max_gap_s"]))
+            if r.get("stall_s") is not None:
+                stalls.append(float(r["stall_s"]))
         out["missing_records"] += int(trial.get("missing_records", 0))
         out["double_records"] += int(trial.get("double_records", 0))
         if trial.get("recovery_s") is not None:
@@ -154,6 +156,8 @@ def summarise_fault(trials: list[dict]) -> dict:
     out["migrations"] = migrations
     out["recovery_s"] = _spread(recov)
     out["max_gap_s"] = _spread(gaps)
+    if stalls:
+        out["stall_s"] = _spread(stalls)
     return out
 
 

@@ -23,7 +23,9 @@ def render(summary: dict[str, Any]) -> str:
         "",
         "Fleet: `bench/testbed.py` `start_cluster()` (uvicorn control plane on SQLite with the "
         "in-process beat; agents P and RLD in dc-a, MD in dc-b over the shaped WAN, "
-        "1 Gbit/s / 5 ms). Requests: streamed `/v1/completions`, `temperature 0`, checked "
+        "1 Gbit/s / 5 ms, MD reached through the harness's fault-injecting TCP proxies "
+        "(`wan_proxy=True`, bench/chaos/proxy.py); a second P in dc-a for p-kill-two-p). "
+        "Requests: streamed `/v1/completions`, `temperature 0`, checked "
         "token for token against the single-engine reference (MD's `/v1/generate` on the same "
         "prompt, taken before any fault).",
         "",
@@ -50,6 +52,12 @@ def render(summary: dict[str, Any]) -> str:
         lines += _rows(prev.get("faults", []))
     for f in summary.get("faults", []):
         lines += ["", f"### {f['name']}: {f['title']}", "", f"Expected: {f['expect']}", ""]
+        if f["row"].get("stall_s"):
+            lines += [
+                "Stall after the fault (fault -> next piece, or the largest gap after it), "
+                f"median (min-max): {_spread(f['row']['stall_s'])} s.",
+                "",
+            ]
         for t in f.get("trial_lines", []):
             lines.append(f"- {t}")
         for n in f.get("notes", []):
