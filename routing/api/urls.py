@@ -9,5 +9,6 @@ router.register("decisions", views.RoutingDecisionViewSet, basename="decision")
 
 urlpatterns = [
     path("routing-policy/", views.RoutingPolicyView.as_view(), name="routing-policy"),
+    path("suspect-instances/", views.SuspectInstancesView.as_view(), name="suspect-instances"),
     *router.urls,
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import django_filters
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -11,8 +13,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.filters import BoundedFilterSet
+from fleet import live as fleet_live
 from routing import analysis, services
 from routing.api import serializers as s
+from routing.live import suspect_ledger
 from routing.models import RequestRecord, RoutingDecision
 
 
@@ -107,3 +111,34 @@ class RoutingPolicyView(APIView):
         return Response(s.RoutingPolicySerializer(config).data)
 
     put = patch
+
+
+class SuspectInstanceSerializer(serializers.Serializer):
+    instance = serializers.CharField(help_text="Instance id.")
+    marked_at = serializers.DateTimeField(help_text="When it was last seen failing.")
+    routed_around = serializers.BooleanField(
+        help_text="True until its node reports after marked_at."
+    )
+
+
+class SuspectInstancesView(APIView):
+    """Instances seen failing in the last minute, by a gateway or by the agent probe, newest
+    first; `routed_around` while their node has not reported since (docs/faults.md)."""
+
+    @extend_schema(responses=SuspectInstanceSerializer(many=True))
+    def get(self, request):
+        reported: dict[str, float] = {}
+        for entry in fleet_live.read_reports():
+            for item in (entry.get("report") or {}).get("instances") or []:
+                if isinstance(item, dict) and "instance_id" in item:
+                    reported[str(item["instance_id"])] = float(entry.get("received_at") or 0)
+        marks = sorted(suspect_ledger().marks().items(), key=lambda kv: -kv[1])
+        rows = [
+            {
+                "instance": instance,
+                "marked_at": datetime.fromtimestamp(at, UTC),
+                "routed_around": at >= reported.get(instance, 0.0),
+            }
+            for instance, at in marks
+        ]
+        return Response(SuspectInstanceSerializer(rows, many=True).data)

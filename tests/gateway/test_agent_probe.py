@@ -83,3 +83,23 @@ def test_no_reports_means_nothing_to_probe(settings):
     settings.REDIS_URL = ""
     fleet_live._memory.clear()
     assert probe_agents() == []
+
+
+def test_the_api_lists_what_is_routed_around(agents, operator, viewer, anonymous):
+    probe_agents(timeout_s=0.3)
+    listed = viewer.get("/api/v1/suspect-instances/")
+    assert listed.status_code == 200
+    rows = {row["instance"]: row for row in listed.json()}
+    assert set(rows) == {"12", "13"}
+    assert all(row["routed_around"] for row in rows.values())
+    # The dead node reports again: still listed for the minute, no longer routed around.
+    fleet_live.publish_report(
+        node_id=2,
+        hostname="dead",
+        datacenter="dc-a",
+        endpoint="http://127.0.0.1:1",
+        report={"instances": [{"instance_id": "12", "role": "prefill"}]},
+    )
+    rows = {row["instance"]: row for row in viewer.get("/api/v1/suspect-instances/").json()}
+    assert rows["12"]["routed_around"] is False and rows["13"]["routed_around"] is True
+    assert anonymous.get("/api/v1/suspect-instances/").status_code in (401, 403)
