@@ -2,9 +2,9 @@
 
 Revenue is the rated usage: the ledger entries made in [start, end), each priced with the
 price in force when it was made (contract, else list), as on the statements
-(billing.rating.with_price and billing.rating.component). The database groups the entries by
-model, UTC day and price in force and sums their tokens (one query, whatever the number of
-entries). Cost is billing.costs.fleet_cost over the same period, per model and day.
+(billing.rating.PriceBook and billing.rating.component). The database groups the entries by
+tenant, model, UTC day and price bucket and sums their tokens (one query, whatever the number
+of entries). Cost is billing.costs.fleet_cost over the same period, per model and day.
 
 **Rounding rule.** Per (model, day, currency) and per (model, currency), revenue is the sum of
 the component amounts at full precision rounded once to 0.01 half-even (like a statement
@@ -25,12 +25,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from django.db.models import Count, Sum
 from django.db.models.functions import TruncDate
 
 from billing.costs import FleetCost, fleet_cost
 from billing.models import ModelPrice, UsageEntry
-from billing.rating import component, round_amount, with_price
+from billing.rating import PriceBook, component, grouped_sums, round_amount
 
 BCR_EXPONENT = Decimal("1e-4")
 
@@ -64,22 +63,36 @@ class Revenue:
 
 
 def revenue_rows(start: datetime, end: datetime, *, model: str | None = None) -> list[dict]:
-    """The ledger of [start, end) grouped in SQL by model, UTC day and price in force."""
+    """The ledger of [start, end) grouped in SQL by tenant, model, UTC day and price bucket
+    (billing.rating.PriceBook: no subquery per entry), then merged here per model, day and
+    price in force. Two queries: the price book, then the grouped sums."""
     entries = UsageEntry.objects.filter(created_at__gte=start, created_at__lt=end)
     if model is not None:
         entries = entries.filter(model=model)
-    rows = (
-        with_price(entries.order_by())
-        .annotate(day=TruncDate("created_at", tzinfo=UTC))
-        .values("model", "day", "price_ref")
-        .annotate(
-            requests=Count("pk"),
-            prompt=Sum("prompt_tokens"),
-            cached=Sum("cached_tokens"),
-            completion=Sum("completion_tokens"),
-        )
+    book = PriceBook()
+    grouped = grouped_sums(
+        entries.order_by()
+        .annotate(day=TruncDate("created_at", tzinfo=UTC), bucket=book.bucket())
+        .values("tenant_id", "model", "day", "bucket")
     )
-    return list(rows)
+    merged: dict[tuple, dict] = {}
+    for r in grouped:
+        price = book.price(r["tenant_id"], r["model"], r["bucket"])
+        key = (r["model"], _day(r["day"]), price.pk if price else None)
+        row = merged.get(key)
+        if row is None:
+            row = merged[key] = {
+                "model": key[0],
+                "day": key[1],
+                "price_ref": key[2],
+                "requests": 0,
+                "prompt": 0,
+                "cached": 0,
+                "completion": 0,
+            }
+        for name in ("requests", "prompt", "cached", "completion"):
+            row[name] += r[name]
+    return [merged[k] for k in sorted(merged, key=lambda k: (k[1], k[0], k[2] or 0))]
 
 
 def bcr(revenue: Decimal, cost: Decimal) -> Decimal | None:

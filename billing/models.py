@@ -97,6 +97,16 @@ class ApiKey(models.Model):
         return self.revoked_at is None and self.tenant.active
 
 
+class UsageEntryQuerySet(models.QuerySet):
+    def select_related(self, *fields):
+        # "statement" used to be a foreign key; it is a computed property now (see
+        # UsageEntry.statement). Accept it here so callers written for the key keep working.
+        fields = tuple(f for f in fields if f != "statement")
+        if not fields:
+            return self._chain()
+        return super().select_related(*fields)
+
+
 class UsageEntry(models.Model):
     """One line of the ledger per request; the request id makes writing it idempotent."""
 
@@ -129,18 +139,8 @@ class UsageEntry(models.Model):
     )
     completion_tokens = models.PositiveIntegerField(help_text="Output tokens.")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-    statement = models.ForeignKey(
-        "billing.Statement",
-        on_delete=models.PROTECT,
-        null=True,
-        blank=True,
-        editable=False,
-        related_name="entries",
-        help_text=(
-            "The statement that bills this request (empty until rated). One request is on one "
-            "statement only, so rating again or replaying a request never counts it twice."
-        ),
-    )
+
+    objects = UsageEntryQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at"]
@@ -151,11 +151,33 @@ class UsageEntry(models.Model):
                 name="usage_cached_within_prompt",
             ),
         ]
+        indexes = [
+            # Statement membership and rating: one tenant's entries over a time range.
+            models.Index(fields=["tenant", "created_at"], name="usage_tenant_created"),
+            # Late usage: one tenant's entries written after a statement's close watermark.
+            models.Index(fields=["tenant", "id"], name="usage_tenant_id"),
+        ]
 
     def __str__(self) -> str:
         return (
             f"{self.request_id}: {self.tenant.name} {self.prompt_tokens}+{self.completion_tokens}"
         )
+
+    # Which statement bills an entry is not stored on the entry (that took an UPDATE of every
+    # row of the month): it follows from the tenant's statements, see billing/statements.py.
+    @property
+    def statement(self) -> Statement | None:
+        """The statement that bills this entry, or None while no statement covers it yet."""
+        if not hasattr(self, "_statement_cache"):
+            from billing.statements import statement_of
+
+            self._statement_cache = statement_of(self)
+        return self._statement_cache
+
+    @property
+    def statement_id(self) -> int | None:
+        statement = self.statement
+        return statement.pk if statement is not None else None
 
 
 class ModelPriceQuerySet(EffectivePeriodQuerySet):
@@ -212,6 +234,9 @@ class ModelPrice(models.Model):
         help_text="End of the period (exclusive); empty means open-ended.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(
+        auto_now=True, help_text="Last change; open statements are re-rated when the book changes."
+    )
 
     objects = ModelPriceQuerySet.as_manager()
 
@@ -269,9 +294,11 @@ class StatementStatus(models.TextChoices):
 class Statement(models.Model):
     """A tenant's bill for one calendar month (UTC), [period_start, period_end).
 
-    Open statements are re-rated from their usage; a closed one never changes again. Usage that
-    reaches the ledger after its month's statement closed is billed on the tenant's next open
-    statement, as adjustment lines.
+    Open statements are re-rated from their usage; a closed one never changes again. Which
+    entries a statement bills follows from the tenant's chain of statements and, once closed,
+    ``last_entry_id`` (billing/statements.py). Usage that reaches the ledger after its
+    month's statement closed is billed on the tenant's next open statement, as adjustment
+    lines.
     """
 
     tenant = models.ForeignKey(
@@ -292,6 +319,27 @@ class Statement(models.Model):
         null=True, blank=True, help_text="When the lines were last worked out."
     )
     closed_at = models.DateTimeField(null=True, blank=True, help_text="When it was closed.")
+    last_entry_id = models.BigIntegerField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=(
+            "Set when closed: the ledger's highest entry id at the close. The statement bills "
+            "entries up to it; one of its period written later is late usage, billed on the "
+            "tenant's next open statement."
+        ),
+    )
+    entry_count = models.PositiveBigIntegerField(
+        default=0,
+        editable=False,
+        help_text="How many entries the lines count (at the last rating).",
+    )
+    price_book = models.CharField(
+        max_length=96,
+        blank=True,
+        editable=False,
+        help_text="Version of the price book at the last rating (re-rated when it changes).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -1,30 +1,61 @@
-"""Statements: usage assigned to monthly statements, re-rated while open, frozen once closed.
+"""Statements: the ledger billed per tenant and calendar month, re-rated while open, frozen once
+closed.
 
-Every ledger entry is assigned to exactly one statement (``UsageEntry.statement``), in one
-``UPDATE`` per tenant and month: that is what makes rating idempotent per request id. An entry
-goes to its own month's statement while that is open; once that one is closed it goes to the
-tenant's next open statement, where it is an adjustment line. A statement row is locked
-(``select_for_update``) while entries are assigned to it, its lines are rebuilt, or it is closed,
-so no entry can be added to a statement that is closing or closed. Closing is idempotent: an
-already closed statement is skipped, and (tenant, period_start) is unique.
+Which statement bills an entry is **not stored on the entry**: it follows from the entry's
+tenant, ``created_at`` and id, and the tenant's chain of statements (ordered by period). A
+closed statement records ``last_entry_id``, the highest ledger id when it closed (taken while
+no insert into the ledger is in flight, see :func:`ledger_watermark`), so the set of entries
+it bills is fixed forever. The rule, for an entry *e* of a tenant:
+
+    e is billed by the first statement S of its tenant's chain (by period) with
+    created_at(e) < S.period_end and (S is open or id(e) <= S.last_entry_id).
+
+So an entry goes to its own month's statement, or, when that one closed before the entry
+was written (late usage), to the next statement still open then: there it is an
+*adjustment* (``created_at`` before the period). Statements are only ever created after the
+tenant's last closed one and closed in period order, so the closed ones are a prefix of the
+chain and their watermarks grow along it; the rule then reduces, for a statement S with
+predecessor P, to two index ranges (:func:`membership`):
+
+    created_at in [P.period_end, S.period_end)                      (its own period)
+    created_at < P.period_end and id > P.last_entry_id  (P closed)  (late usage)
+
+each capped at ``id <= S.last_entry_id`` once S is closed. Rating is one grouped query for
+any number of statements (billing/rating.py, price buckets instead of a subquery per
+entry); an open statement is re-rated only when its entry count or the price book changed
+since its last rating. Statement creation, rating and closing lock the tenant row
+(``SELECT ... FOR NO KEY UPDATE``, which does not block usage inserts), so they serialise
+per tenant; closing an already closed statement is a no-op, which makes the close idempotent
+and safe to retry, and (tenant, period_start) is unique.
 """
 
 from __future__ import annotations
 
+import operator
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import reduce
 
-from django.db import transaction
+from django.db import connection, models, transaction
+from django.db.models import Case, Count, Max, Q, Value, When
 from django.db.models.functions import TruncMonth
 from django.utils import timezone
 
-from billing.models import Statement, StatementLine, StatementStatus, Tenant, UsageEntry
-from billing.rating import RatedLine, rate
+from billing.models import (
+    ModelPrice,
+    Statement,
+    StatementLine,
+    StatementStatus,
+    Tenant,
+    UsageEntry,
+)
+from billing.rating import PriceBook, RatedLine, grouped_sums, lines_from_rows, rate
 
 MONTH_RE = re.compile(r"^(?P<year>(19|2\d)\d\d)-(?P<month>0[1-9]|1[0-2])$")
+BATCH = 64  # statements rated per query
 
 
 def month_start(when: datetime) -> datetime:
@@ -47,7 +78,7 @@ def parse_month(text: str) -> tuple[datetime, datetime]:
     return start, next_month(start)
 
 
-def _line_row(statement: Statement, line: RatedLine) -> StatementLine:
+def _line_row(statement: Statement | None, line: RatedLine) -> StatementLine:
     price = line.price
     return StatementLine(
         statement=statement,
@@ -67,107 +98,325 @@ def _line_row(statement: Statement, line: RatedLine) -> StatementLine:
     )
 
 
-def _refresh_locked(statement: Statement, now: datetime) -> None:
-    """Rebuild an open, locked statement's lines from the entries assigned to it."""
+# --- membership ------------------------------------------------------------------------------
+
+
+def _is_closed(statement: Statement) -> bool:
+    return statement.status == StatementStatus.CLOSED
+
+
+def membership(
+    statement: Statement, previous: Statement | None, *, cap: int | None = None
+) -> Q:
+    """The entries `statement` bills, given the statement before it in its tenant's chain.
+
+    `cap`: the highest entry id it may bill (its ``last_entry_id`` once closed; the watermark
+    being set while it closes); None: no cap (open)."""
+    if cap is None and _is_closed(statement):
+        cap = statement.last_entry_id
+    capped = Q(id__lte=cap) if cap is not None else Q()
+    own = Q(tenant_id=statement.tenant_id, created_at__lt=statement.period_end) & capped
+    if previous is None:
+        return own
+    parts = own & Q(created_at__gte=previous.period_end)
+    if _is_closed(previous):
+        late = Q(
+            tenant_id=statement.tenant_id,
+            created_at__lt=previous.period_end,
+            id__gt=previous.last_entry_id,
+        )
+        parts |= late & capped
+    return parts
+
+
+def _chains(tenant_ids=None) -> dict[int, list[Statement]]:
+    """Each tenant's statements in period order."""
+    found = Statement.objects.order_by("tenant_id", "period_start")
+    if tenant_ids is not None:
+        found = found.filter(tenant_id__in=list(tenant_ids))
+    chains: dict[int, list[Statement]] = defaultdict(list)
+    for statement in found:
+        chains[statement.tenant_id].append(statement)
+    return chains
+
+
+def _with_previous(chain: list[Statement]):
+    return zip(chain, [None, *chain[:-1]], strict=True)
+
+
+def _lock_tenants(tenant_ids) -> None:
+    """Serialise statement creation, rating and closing per tenant (FOR NO KEY UPDATE does
+    not conflict with the key-share lock a usage insert takes on its tenant)."""
+    ids = sorted(set(tenant_ids))
+    if ids:
+        list(
+            Tenant.objects.select_for_update(no_key=True)
+            .filter(pk__in=ids)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+
+
+def statement_of(entry: UsageEntry) -> Statement | None:
+    """The statement that bills `entry` (the rule in the module docstring), or None."""
+    return (
+        Statement.objects.filter(tenant_id=entry.tenant_id, period_end__gt=entry.created_at)
+        .filter(Q(status=StatementStatus.OPEN) | Q(last_entry_id__gte=entry.pk))
+        .order_by("period_start")
+        .first()
+    )
+
+
+def entries_of(statement: Statement) -> models.QuerySet[UsageEntry]:
+    """The ledger entries a stored statement bills."""
+    previous = (
+        Statement.objects.filter(
+            tenant_id=statement.tenant_id, period_start__lt=statement.period_start
+        )
+        .order_by("-period_start")
+        .first()
+    )
+    return UsageEntry.objects.filter(membership(statement, previous))
+
+
+def ledger_watermark() -> int:
+    """The ledger's highest entry id, such that no entry with a lower id can still appear.
+
+    On PostgreSQL ids are handed out at insert but commit in any order, so the table is
+    locked in SHARE mode for the instant of the read: that waits for the inserts in flight
+    and holds new ones back until it commits (milliseconds). SQLite has one writer at a time,
+    so a plain read is enough there."""
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '10s'")
+                cursor.execute(f'LOCK TABLE "{UsageEntry._meta.db_table}" IN SHARE MODE')
+        return UsageEntry.objects.aggregate(top=Max("id"))["top"] or 0
+
+
+def price_book_version() -> str:
+    """Changes whenever a price is added, changed or removed (open statements re-rate)."""
+    found = ModelPrice.objects.aggregate(n=Count("id"), top=Max("id"), changed=Max("updated_at"))
+    changed = found["changed"].isoformat() if found["changed"] else ""
+    return f"{found['n']}:{found['top'] or 0}:{changed}"
+
+
+# --- rating statements -----------------------------------------------------------------------
+
+
+def _rate_many(
+    items: list[tuple[Statement, Q]], book: PriceBook | None = None
+) -> dict[int, list[RatedLine]]:
+    """Lines per statement for (statement, membership) pairs: one grouped query a batch."""
+    out: dict[int, list[RatedLine]] = {statement.pk: [] for statement, _ in items}
+    if book is None:
+        book = PriceBook(cuts={statement.period_start for statement, _ in items})
+    for i in range(0, len(items), BATCH):
+        batch = items[i : i + BATCH]
+        which = Case(
+            *(When(q, then=Value(statement.pk)) for statement, q in batch),
+            output_field=models.BigIntegerField(),
+        )
+        entries = UsageEntry.objects.filter(reduce(operator.or_, (q for _, q in batch)))
+        rows = grouped_sums(
+            entries.order_by()
+            .annotate(stmt=which, bucket=book.bucket())
+            .values("stmt", "tenant_id", "model", "bucket")
+        )
+        by_statement: dict[int, list[dict]] = defaultdict(list)
+        for row in rows:
+            by_statement[row["stmt"]].append(row)
+        for statement, _ in batch:
+            out[statement.pk] = lines_from_rows(
+                by_statement.get(statement.pk, ()), book, late_before=statement.period_start
+            )
+    return out
+
+
+def _store_lines(statement: Statement, lines: list[RatedLine], now: datetime, version: str):
     assert statement.status == StatementStatus.OPEN, "a closed statement never changes"
-    lines = rate(statement.entries.all(), adjustments_before=statement.period_start)
     statement.lines.all().delete()
     StatementLine.objects.bulk_create([_line_row(statement, line) for line in lines])
     statement.rated_at = now
-    statement.save(update_fields=["rated_at"])
+    statement.entry_count = sum(line.requests for line in lines)
+    statement.price_book = version
 
 
-def _open_statement_locked(tenant_id: int, start: datetime) -> Statement:
-    """The tenant's first open statement from the month at `start` on, locked; created as
-    needed (the current month's is always open: only ended periods are closed)."""
-    while True:
-        Statement.objects.get_or_create(
-            tenant_id=tenant_id,
-            period_start=start,
-            defaults={"period_end": next_month(start)},
+def _create_statements(now: datetime) -> list[int]:
+    """Create the statements that usage not billed by any statement yet needs; returns the
+    ids created. Only ever after a tenant's last closed statement."""
+    chains = _chains()
+    want: dict[int, set[datetime]] = defaultdict(set)
+    needs_open: set[int] = set()
+    unseen = list(Tenant.objects.filter(statements__isnull=True).values_list("pk", flat=True))
+    beyond: dict[datetime, list[int]] = defaultdict(list)  # chain end -> tenants
+    late = []
+    for tenant_id, chain in chains.items():
+        last = chain[-1]
+        beyond[last.period_end].append(tenant_id)
+        if _is_closed(last):
+            late.append(
+                Q(tenant_id=tenant_id, created_at__lt=last.period_end, id__gt=last.last_entry_id)
+            )
+    ranges = [Q(tenant_id__in=ids, created_at__gte=end) for end, ids in beyond.items()]
+    if unseen:
+        ranges.append(Q(tenant_id__in=unseen))
+    if ranges:
+        months = (
+            UsageEntry.objects.filter(reduce(operator.or_, ranges))
+            .annotate(month=TruncMonth("created_at", tzinfo=UTC))
+            .order_by()
+            .values_list("tenant_id", "month")
+            .distinct()
         )
-        statement = Statement.objects.select_for_update().get(
-            tenant_id=tenant_id, period_start=start
-        )
-        if statement.status == StatementStatus.OPEN:
-            return statement
-        start = statement.period_end
+        for tenant_id, month in months:
+            want[tenant_id].add(month_start(month))
+    if late:
+        found = UsageEntry.objects.filter(reduce(operator.or_, late)).order_by()
+        needs_open.update(found.values_list("tenant_id", flat=True).distinct())
+    created = []
+    for tenant_id in sorted(set(want) | needs_open):
+        with transaction.atomic():
+            _lock_tenants([tenant_id])
+            chain = _chains([tenant_id]).get(tenant_id, [])
+            closed = [st.period_start for st in chain if _is_closed(st)]
+            after = max(closed) if closed else None
+            months = {m for m in want.get(tenant_id, ()) if after is None or m > after}
+            if tenant_id in needs_open and not any(
+                st.status == StatementStatus.OPEN and (after is None or st.period_start > after)
+                for st in chain
+            ):
+                # Late usage and every statement closed: the tenant's next open period.
+                target = month_start(now)
+                months.add(target if after is None or target > after else next_month(after))
+            for month in sorted(months):
+                statement, was_created = Statement.objects.get_or_create(
+                    tenant_id=tenant_id,
+                    period_start=month,
+                    defaults={"period_end": next_month(month)},
+                )
+                if was_created:
+                    created.append(statement.pk)
+    return created
+
+
+def _stale(now: datetime, *, tenant: Tenant | None, force: bool, version: str) -> list[int]:
+    """Ids of the open statements whose lines are out of date: never rated, the price book
+    changed, or the number of entries they bill is not the number their lines count."""
+    chains = _chains([tenant.pk] if tenant is not None else None)
+    stale = []
+    for chain in chains.values():
+        for statement, previous in _with_previous(chain):
+            if statement.status != StatementStatus.OPEN:
+                continue
+            if force or statement.rated_at is None or statement.price_book != version:
+                stale.append(statement.pk)
+                continue
+            count = UsageEntry.objects.filter(membership(statement, previous)).count()
+            if count != statement.entry_count:
+                stale.append(statement.pk)
+    return stale
+
+
+def _rebuild(ids: list[int], now: datetime, version: str) -> tuple[int, int]:
+    """Re-rate the open statements `ids` (under their tenants' locks); returns how many were
+    rebuilt and how many entries joined them (new count minus old)."""
+    rebuilt = joined = 0
+    tenants = sorted(set(Statement.objects.filter(pk__in=ids).values_list("tenant_id", flat=True)))
+    wanted = set(ids)
+    for i in range(0, len(tenants), BATCH):
+        group = tenants[i : i + BATCH]
+        with transaction.atomic():
+            _lock_tenants(group)
+            items = []
+            for chain in _chains(group).values():
+                for statement, previous in _with_previous(chain):
+                    if statement.pk in wanted and statement.status == StatementStatus.OPEN:
+                        items.append((statement, membership(statement, previous)))
+            lines = _rate_many(items)
+            for statement, _ in items:
+                before = statement.entry_count
+                _store_lines(statement, lines[statement.pk], now, version)
+                statement.save(update_fields=["rated_at", "entry_count", "price_book"])
+                rebuilt += 1
+                joined += statement.entry_count - before
+    return rebuilt, joined
 
 
 def rate_pending(*, now: datetime | None = None) -> int:
-    """Assign every entry not yet on a statement to one and rebuild the statements touched.
+    """Create the statements new usage needs and re-rate the open statements it joined.
 
-    Returns how many entries were assigned. Running it again assigns nothing new.
-    """
+    Returns how many entries joined statements (0 when nothing new arrived: a replayed
+    request id is not a new entry, so it changes nothing)."""
     now = now or timezone.now()
-    groups = (
-        UsageEntry.objects.filter(statement__isnull=True)
-        .annotate(month=TruncMonth("created_at", tzinfo=UTC))
-        .values_list("tenant_id", "month")
-        .order_by("tenant_id", "month")
-        .distinct()
-    )
-    assigned = 0
-    for tenant_id, month in list(groups):
-        start = month_start(month)
-        with transaction.atomic():
-            statement = _open_statement_locked(tenant_id, start)
-            count = UsageEntry.objects.filter(
-                statement__isnull=True,
-                tenant_id=tenant_id,
-                created_at__gte=start,
-                created_at__lt=next_month(start),
-            ).update(statement=statement)
-            if count:
-                _refresh_locked(statement, now)
-            assigned += count
-    return assigned
+    _create_statements(now)
+    version = price_book_version()
+    _, joined = _rebuild(_stale(now, tenant=None, force=False, version=version), now, version)
+    return joined
 
 
-def refresh_open(*, now: datetime | None = None, tenant: Tenant | None = None) -> int:
-    """Rebuild every open statement's lines (so a price added or corrected since shows up);
-    returns how many were rebuilt."""
+def refresh_open(
+    *, now: datetime | None = None, tenant: Tenant | None = None, force: bool = False
+) -> int:
+    """Re-rate the open statements that are out of date (all of them with `force`), e.g.
+    after a price was added or corrected; returns how many were rebuilt."""
     now = now or timezone.now()
-    found = Statement.objects.filter(status=StatementStatus.OPEN)
-    if tenant is not None:
-        found = found.filter(tenant=tenant)
-    count = 0
-    for pk in list(found.values_list("pk", flat=True)):
-        with transaction.atomic():
-            statement = Statement.objects.select_for_update().get(pk=pk)
-            if statement.status == StatementStatus.OPEN:
-                _refresh_locked(statement, now)
-                count += 1
-    return count
+    version = price_book_version()
+    rebuilt, _ = _rebuild(_stale(now, tenant=tenant, force=force, version=version), now, version)
+    return rebuilt
 
 
 def close_statements(*, now: datetime | None = None) -> list[int]:
-    """Rate what is pending and rebuild the open statements, then close every open statement
-    whose period has ended.
+    """Rate what is pending, then close every open statement whose period has ended, in
+    period order per tenant, each with its final lines and the ledger watermark.
 
-    Returns the ids closed by this call; a second call (or a retry) closes nothing more.
-    """
+    Returns the ids closed by this call; a second call (or a retry) closes nothing more."""
     now = now or timezone.now()
     rate_pending(now=now)
-    refresh_open(now=now)
+    due = (
+        Statement.objects.filter(status=StatementStatus.OPEN, period_end__lte=now)
+        .values_list("tenant_id", flat=True)
+        .distinct()
+    )
+    tenants = sorted(set(due))
+    if not tenants:
+        return []
+    watermark = ledger_watermark()
+    version = price_book_version()
     closed = []
-    due = Statement.objects.filter(status=StatementStatus.OPEN, period_end__lte=now)
-    for pk in list(due.values_list("pk", flat=True)):
+    successors = []
+    for tenant_id in tenants:
         with transaction.atomic():
-            statement = Statement.objects.select_for_update().get(pk=pk)
-            if statement.status != StatementStatus.OPEN:
-                continue  # a concurrent run closed it first
-            UsageEntry.objects.filter(
-                statement__isnull=True,
-                tenant_id=statement.tenant_id,
-                created_at__gte=statement.period_start,
-                created_at__lt=statement.period_end,
-            ).update(statement=statement)
-            _refresh_locked(statement, now)
-            statement.status = StatementStatus.CLOSED
-            statement.closed_at = now
-            statement.save(update_fields=["status", "closed_at"])
-            closed.append(pk)
+            _lock_tenants([tenant_id])
+            chain = _chains([tenant_id]).get(tenant_id, [])
+            for statement, previous in _with_previous(chain):
+                if statement.status != StatementStatus.OPEN:
+                    continue  # closed before (or by a concurrent run first)
+                if statement.period_end > now:
+                    break  # later ones are not due either
+                # Watermarks grow along the chain (a concurrent run may have used a later one).
+                cap = max(watermark, (previous.last_entry_id or 0) if previous else 0)
+                lines = _rate_many([(statement, membership(statement, previous, cap=cap))])
+                _store_lines(statement, lines[statement.pk], now, version)
+                statement.status = StatementStatus.CLOSED
+                statement.closed_at = now
+                statement.last_entry_id = cap
+                statement.save(
+                    update_fields=[
+                        "rated_at",
+                        "entry_count",
+                        "price_book",
+                        "status",
+                        "closed_at",
+                        "last_entry_id",
+                    ]
+                )
+                closed.append(statement.pk)
+            later = [st for st in chain if st.period_start > statement.period_start]
+            if closed and later and later[0].status == StatementStatus.OPEN:
+                successors.append(later[0].pk)  # late usage of the closed one moves there
+    if successors:
+        _rebuild(successors, now, version)
     return closed
 
 
