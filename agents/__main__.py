@@ -65,6 +65,12 @@ def _serve_parser(sub) -> None:
         "(default: $BATON_DATA_TOKEN; a control plane may hand it out at registration)",
     )
     p.add_argument("--advertise-url", help="HTTP URL peers reach this agent at")
+    p.add_argument(
+        "--advertise-wan-port",
+        type=int,
+        help="WAN fabric port peers in other datacenters reach (NAT, a port forward, a proxy); "
+        "default: the port bound",
+    )
     p.add_argument("--heartbeat-interval-s", type=float)
     p.add_argument("--drain-grace-s", type=float, help="SIGTERM: wait this long for requests")
     p.add_argument(

@@ -4,7 +4,7 @@ agent processes that register with it: P and RLD in dc-a, MD in dc-b, joined by 
 
 `start_cluster(wan_proxy=True)` (the chaos harness) puts fault-injecting TCP proxies
 (bench/chaos/proxy.py) on the dc-a <-> dc-b path: MD's HTTP API (`--advertise-url`) and its
-WAN KV fabric (the advertised `wan_port`, bench/chaos/advertise) are reached through them,
+WAN KV fabric (`--advertise-wan-port`) are reached through them,
 `cluster.wan_link` switches them; off by default, so `make bench` and the tests are
 unchanged."""
 
@@ -171,12 +171,12 @@ class Cluster:
         listen, wan_port, extra = f"127.0.0.1:{free_port()}", 0, []
         if fixed:
             listen, wan_port = f"127.0.0.1:{fixed['http']}", fixed["wan"]
-            extra = ["--advertise-url", f"http://127.0.0.1:{fixed['http_proxy']}"]
-            env["BATON_CHAOS_ADVERTISE_WAN_PORT"] = str(fixed["wan_proxy"])
-            env["PYTHONPATH"] = os.pathsep.join(
-                [str(ROOT / "bench" / "chaos" / "advertise"), str(ROOT)]
-                + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-            )
+            extra = [
+                "--advertise-url",
+                f"http://127.0.0.1:{fixed['http_proxy']}",
+                "--advertise-wan-port",
+                str(fixed["wan_proxy"]),
+            ]
         proc = AgentProcess(
             [
                 "--node",

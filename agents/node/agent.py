@@ -691,7 +691,7 @@ class Agent:
         return {
             "host": self.intra_server.host,
             "port": self.intra_server.port,
-            "wan_port": self.wan_server.port,
+            "wan_port": self.settings.advertise_wan_port or self.wan_server.port,
         }
 
     async def report(self, *, link_use: bool = True) -> dict[str, Any]:

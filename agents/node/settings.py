@@ -44,6 +44,9 @@ class AgentSettings:
     # plane with BATON_DATA_TOKEN hands it out at registration as well.
     data_token: str | None = None
     advertise_url: str | None = None
+    # The WAN fabric port peers in other datacenters reach (behind NAT, a port forward or a
+    # proxy); None: the port the WAN server bound.
+    advertise_wan_port: int | None = None
     heartbeat_interval_s: float = 2.0
     drain_grace_s: float = 30.0
     # torch / OpenMP threads of this agent's engines; None: the host's cores // agents_per_host
@@ -107,6 +110,14 @@ class AgentSettings:
             raise ValueError(
                 f"omp_wait_policy must be one of {'|'.join(WAIT_POLICIES)}, "
                 f"got {self.omp_wait_policy!r}"
+            )
+        if self.advertise_wan_port is not None and (
+            isinstance(self.advertise_wan_port, bool)
+            or not isinstance(self.advertise_wan_port, int)
+            or not 1 <= self.advertise_wan_port <= 65535
+        ):
+            raise ValueError(
+                f"advertise_wan_port must be a port 1-65535, got {self.advertise_wan_port!r}"
             )
         for name in ("threads", "agents_per_host", "num_blocks", "block_size", "max_running"):
             value = getattr(self, name)
