@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import takewhile
 from typing import Any
@@ -20,7 +20,13 @@ from fleet import live as fleet_live
 from fleet.choices import DesiredState, InstanceRole, NodeStatus
 from fleet.choices import LinkStatus as FleetLinkStatus
 from fleet.models import Instance, WANLink
-from routing.policy import ClusterSnapshot, InstanceState, LinkStatus, WanLinkState
+from routing.policy import (
+    ClusterSnapshot,
+    InstanceState,
+    LinkStatus,
+    WanLinkState,
+    leading_run,
+)
 
 log = logging.getLogger(__name__)
 
@@ -507,14 +513,6 @@ def _run(flags: Iterable[bool]) -> int:
     return n
 
 
-def _leading_run(block_hashes: Sequence[str], held: Collection[str]) -> int:
-    """How many of ``block_hashes``, from the first, ``held`` has."""
-    n = 0
-    while n < len(block_hashes) and block_hashes[n] in held:
-        n += 1
-    return n
-
-
 def with_dispatched_blocks(
     view: LiveView,
     snapshot: ClusterSnapshot,
@@ -535,7 +533,7 @@ def with_dispatched_blocks(
     for st in snapshot.main_decode:
         if not st.healthy:
             continue
-        k = _leading_run(block_hashes, st.cached_prefix_blocks)
+        k = leading_run(block_hashes, st.cached_prefix_blocks)
         if k == len(block_hashes):
             continue
         reported_at = view.reported.get(st.id, (0.0, 0.0))[0]
@@ -552,7 +550,7 @@ def with_dispatched_blocks(
             k = held_from[st.id]
             cached, end = st.cached_prefix_blocks, k + run
             # Past the dispatched run, MD's report may hold more (a deeper cached block).
-            end += _leading_run(block_hashes[end:], cached)
+            end += leading_run(block_hashes[end:], cached)
             added[st.id] = end - k
             st = replace(st, cached_prefix_blocks=cached.union(block_hashes[k:end]))
         main.append(st)

@@ -9,7 +9,7 @@ says why in a human-readable reason.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -339,16 +339,31 @@ class Decision:
 # ---------------------------------------------------------------------------------------------
 
 
+def leading_run(block_hashes: Sequence[str], held: Collection[str]) -> int:
+    """How many of ``block_hashes``, from the first, ``held`` has, in O(log n) lookups.
+
+    ``block_hashes`` are chain hashes (block k's hash covers every token before it) and
+    ``held`` is prefix-closed: a radix cache holds a block only with every block before it,
+    and the KV in flight to an MD is whole prompt prefixes. So "block k is held" is true up to
+    the run's end and false after it, and a binary search over k finds the end."""
+    n = len(block_hashes)
+    if not n or not held:
+        return 0
+    if block_hashes[n - 1] in held:  # the whole prompt is held: one lookup
+        return n
+    lo, hi = 0, n - 1  # the first lo blocks are held; block hi is not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2  # is block mid - 1 held (so the first mid are)?
+        if block_hashes[mid - 1] in held:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def prefix_hit_tokens(request: RequestInfo, instance: InstanceState) -> int:
     """Prompt tokens covered by the longest leading run of the request's blocks the cache holds."""
-    cached = instance.cached_prefix_blocks
-    if not cached:
-        return 0
-    hit_blocks = 0
-    for block_hash in request.prefix_block_hashes:
-        if block_hash not in cached:
-            break
-        hit_blocks += 1
+    hit_blocks = leading_run(request.prefix_block_hashes, instance.cached_prefix_blocks)
     return min(hit_blocks * request.block_tokens, request.prompt_tokens)
 
 

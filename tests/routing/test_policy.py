@@ -227,8 +227,9 @@ def test_catch_up_decision_carries_the_batch_size() -> None:
 
 def test_delta_and_cached_tokens_follow_the_leading_prefix_run() -> None:
     md = main_decode("m1", hit=0.5)
-    # A hole at block 10 cuts the hit there even though later blocks are cached.
-    md.cached_prefix_blocks = md.cached_prefix_blocks - {"h10"}
+    # The cache holds the first 10 blocks (a radix cache of chain hashes is prefix-closed:
+    # evicting block 10 evicts every block after it, so there are no holes to walk past).
+    md.cached_prefix_blocks = frozenset(f"h{k}" for k in range(10))
     d = decide(request(), snapshot(main=(md,)), SETTINGS)
     assert (d.cached_tokens, d.delta_tokens) == (10 * BLOCK, (PROMPT_BLOCKS - 10) * BLOCK)
     assert d.hit_rate == pytest.approx(0.01)

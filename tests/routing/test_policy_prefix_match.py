@@ -1,0 +1,45 @@
+"""The longest cached prefix by binary search over chain hashes equals the block-by-block walk
+on every prefix-closed cache (what a radix cache of chain hashes is)."""
+
+from __future__ import annotations
+
+import random
+
+from routing.policy import InstanceState, RequestInfo, leading_run, prefix_hit_tokens
+
+
+def _walk(hashes, held) -> int:
+    n = 0
+    while n < len(hashes) and hashes[n] in held:
+        n += 1
+    return n
+
+
+def test_binary_search_equals_the_walk_on_prefix_closed_caches():
+    rng = random.Random(7)
+    for _ in range(2000):
+        sessions = [[f"s{s}-b{b}" for b in range(rng.randint(0, 40))] for s in range(3)]
+        held = set()
+        for blocks in sessions:  # each session cached up to some depth: prefix-closed
+            held.update(blocks[: rng.randint(0, len(blocks))])
+        request = rng.choice(sessions)
+        if request and rng.random() < 0.3:  # a request that diverges from its session
+            cut = rng.randint(0, len(request))
+            request = request[:cut] + [f"new-{k}" for k in range(rng.randint(1, 5))]
+        assert leading_run(request, held) == _walk(request, held)
+
+
+def test_edges():
+    assert leading_run([], {"a"}) == 0
+    assert leading_run(["a", "b"], set()) == 0
+    assert leading_run(["a", "b"], {"a", "b"}) == 2
+    assert leading_run(["a", "b", "c"], {"a"}) == 1
+    assert leading_run(["x"], {"a"}) == 0
+
+
+def test_hit_tokens_count_whole_blocks_within_the_prompt():
+    md = InstanceState("md", "main_decode", cached_prefix_blocks=frozenset({"h0", "h1"}))
+    request = RequestInfo(prompt_tokens=150, max_tokens=8, prefix_block_hashes=("h0", "h1", "h2"))
+    assert prefix_hit_tokens(request, md) == 128
+    short = RequestInfo(prompt_tokens=100, max_tokens=8, prefix_block_hashes=("h0", "h1"))
+    assert prefix_hit_tokens(short, md) == 100
