@@ -867,6 +867,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, KeyError):
             pass
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "REPORT.md").write_text(render(summary))
     say(f"done in {duration:.0f} s: {out / 'REPORT.md'}")
