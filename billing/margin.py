@@ -20,12 +20,16 @@ per hour now (frontend/telemetry).
 
 from __future__ import annotations
 
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 
+from django.conf import settings
+from django.core.cache import cache
 from django.db.models.functions import TruncDate
+from django.utils import timezone
 
 from billing.costs import FleetCost, fleet_cost
 from billing.models import ModelPrice, UsageEntry
@@ -116,9 +120,47 @@ class MarginReport:
     unpriced_requests: int
 
 
+CACHE_PREFIX = "billing:margin"
+LIVE_SKEW = timedelta(seconds=5)  # a `now` this close to the clock is "now"
+
+
+def cache_seconds() -> float:
+    return float(getattr(settings, "BILLING_MARGIN_CACHE_SECONDS", 30))
+
+
+def _cache_key(start: datetime, end: datetime, model: str | None) -> str:
+    generation = cache.get_or_set(f"{CACHE_PREFIX}:generation", lambda: uuid.uuid4().hex)
+    return f"{CACHE_PREFIX}:{generation}:{start.isoformat()}:{end.isoformat()}:{model or ''}"
+
+
+def clear_cache() -> None:
+    """Forget every cached report (a new generation: old keys are never read again)."""
+    cache.set(f"{CACHE_PREFIX}:generation", uuid.uuid4().hex, None)
+
+
 def margin(
     start: datetime, end: datetime, *, model: str | None = None, now: datetime | None = None
 ) -> MarginReport:
+    """The margin report of [start, end). Reports "as of now" (`now` omitted or within a few
+    seconds of the clock, as the Billing page and the API ask) are cached for
+    ``BILLING_MARGIN_CACHE_SECONDS`` (default 30 s; 0: off) per (start, end, model), so
+    reloading the page does not aggregate the ledger again; a report for an explicit past
+    `now` is always worked out afresh."""
+    clock = timezone.now()
+    live = now is None or abs(now - clock) <= LIVE_SKEW
+    ttl = cache_seconds()
+    if not live or ttl <= 0:
+        return _margin(start, end, model=model, now=now or clock)
+    key = _cache_key(start, end, model)
+    found = cache.get(key)
+    if found is not None:
+        return found
+    report = _margin(start, end, model=model, now=now or clock)
+    cache.set(key, report, ttl)
+    return report
+
+
+def _margin(start: datetime, end: datetime, *, model: str | None, now: datetime) -> MarginReport:
     rows = revenue_rows(start, end, model=model)
     prices = ModelPrice.objects.in_bulk({r["price_ref"] for r in rows if r["price_ref"]})
     by_day: dict[tuple[str, date, str], Revenue] = defaultdict(Revenue)
