@@ -6,6 +6,8 @@ sk-baton-...``), shaped like OpenAI's organization usage API; a key only ever se
     GET /v1/organization/statements[?status=open|closed][&period=YYYY-MM]
     GET /v1/organization/statements/<id>          (JSON with lines)
     GET /v1/organization/statements/<id>/csv      (text/csv)
+    GET /v1/organization/statements/range?start_time=<unix s>[&end_time=]   (any range, JSON)
+    GET /v1/organization/statements/range/csv?start_time=...[&end_time=]    (the same, CSV)
 
 Usage buckets are UTC days. As in OpenAI's API, ``input_tokens`` counts every prompt token,
 cached ones included, and ``input_cached_tokens`` is the cached part of it. Errors use the
@@ -218,4 +220,31 @@ def statement_csv_view(request: HttpRequest, key: ApiKey, statement_id: int) -> 
     """One of the tenant's statements as CSV."""
     statement = _own_statement(key, statement_id)
     body = statement_csv(StatementSerializer(statement).data)
+    return HttpResponse(body, content_type="text/csv; charset=utf-8")
+
+
+MAX_RANGE = timedelta(days=366)
+
+
+def _own_range(request: HttpRequest, key: ApiKey) -> statements.Preview:
+    start = _unix(request, "start_time")
+    end = _unix(request, "end_time", default=timezone.now())
+    if end <= start:
+        raise bad_request("'end_time' must be later than 'start_time'.", param="end_time")
+    if end - start > MAX_RANGE:
+        raise bad_request("The range may span at most 366 days.", param="end_time")
+    return statements.preview(tenant=key.tenant, start=start, end=end)
+
+
+@_handled
+def statement_range(request: HttpRequest, key: ApiKey) -> JsonResponse:
+    """The tenant's statement for any [start_time, end_time): lines and totals worked out
+    from its usage by request time (status ``preview``, no id)."""
+    return JsonResponse(StatementSerializer(_own_range(request, key)).data)
+
+
+@_handled
+def statement_range_csv(request: HttpRequest, key: ApiKey) -> HttpResponse:
+    """The same as CSV."""
+    body = statement_csv(StatementSerializer(_own_range(request, key)).data)
     return HttpResponse(body, content_type="text/csv; charset=utf-8")

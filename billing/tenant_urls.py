@@ -13,6 +13,16 @@ urlpatterns = [
     ),
     path("v1/organization/statements", tenant_api.statement_list, name="tenant-statements"),
     path(
+        "v1/organization/statements/range",
+        tenant_api.statement_range,
+        name="tenant-statement-range",
+    ),
+    path(
+        "v1/organization/statements/range/csv",
+        tenant_api.statement_range_csv,
+        name="tenant-statement-range-csv",
+    ),
+    path(
         "v1/organization/statements/<int:statement_id>",
         tenant_api.statement_detail,
         name="tenant-statement",

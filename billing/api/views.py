@@ -8,7 +8,12 @@ from django import forms
 from django.core.validators import RegexValidator
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    inline_serializer,
+)
 from rest_framework import mixins, viewsets
 from rest_framework import serializers as rf
 from rest_framework.decorators import action
@@ -17,7 +22,7 @@ from rest_framework.response import Response
 from billing import services, statements
 from billing.api import serializers as s
 from billing.models import ApiKey, ModelPrice, Statement, Tenant, UsageEntry
-from controlplane.filters import BoundedFilterSet
+from controlplane.filters import INT64_MAX, BoundedFilterSet
 
 
 class TenantViewSet(viewsets.ModelViewSet):
@@ -84,8 +89,35 @@ class UsageEntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
     ordering_fields = ["created_at"]
 
 
+class StrictBooleanField(forms.NullBooleanField):
+    """true/false/1/0 (any case) or empty; anything else is an error naming the parameter
+    (forms.NullBooleanField reads an unknown word as "not given" and filters nothing)."""
+
+    TRUE, FALSE = {"true", "1"}, {"false", "0"}
+    widget = forms.TextInput  # the raw text (NullBooleanSelect maps unknown words to None)
+
+    def to_python(self, value):
+        if value in (None, ""):
+            return None
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in self.TRUE:
+            return True
+        if text in self.FALSE:
+            return False
+        raise forms.ValidationError("Use true or false.", code="invalid")
+
+    def validate(self, value):
+        pass
+
+
+class StrictBooleanFilter(django_filters.BooleanFilter):
+    field_class = StrictBooleanField
+
+
 class ModelPriceFilterSet(BoundedFilterSet):
-    list_prices = django_filters.BooleanFilter(
+    list_prices = StrictBooleanFilter(
         field_name="tenant", lookup_expr="isnull", label="Only list prices (no tenant)."
     )
     effective_at = django_filters.IsoDateTimeFilter(
@@ -171,14 +203,82 @@ class StatementViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
         response["Content-Disposition"] = f'attachment; filename="{name}"'
         return response
 
+    def _range(self, request) -> statements.Preview:
+        from rest_framework.exceptions import ValidationError
+
+        from billing.api.finance import period
+
+        raw = request.query_params.get("tenant", "")
+        tenant = None
+        if raw.isdigit() and int(raw) <= INT64_MAX:
+            tenant = Tenant.objects.filter(pk=int(raw)).first()
+        if tenant is None:
+            raise ValidationError({"tenant": ["Give the id of an existing tenant."]})
+        start, end = period(request)
+        return statements.preview(tenant=tenant, start=start, end=end)
+
+    RANGE_PARAMS = [
+        OpenApiParameter("tenant", OpenApiTypes.INT, required=True, description="Tenant id."),
+        OpenApiParameter(
+            "start",
+            OpenApiTypes.DATETIME,
+            description="Start (inclusive), ISO 8601 date or date-time; default: this month's.",
+        ),
+        OpenApiParameter(
+            "end",
+            OpenApiTypes.DATETIME,
+            description="End (exclusive); default: the first of the month after start.",
+        ),
+    ]
+
+    @extend_schema(
+        parameters=RANGE_PARAMS,
+        responses={
+            200: s.StatementSerializer,
+            400: OpenApiResponse(OpenApiTypes.OBJECT, description="Parameter -> messages."),
+        },
+    )
+    @action(detail=False, methods=["get"], url_path="range", filter_backends=[])
+    def range(self, request):
+        """A tenant's statement for any [start, end) (at most 366 days), worked out from the
+        ledger by request time: the same lines, unit prices, amounts and totals as a monthly
+        statement, with status ``preview`` and no id (not stored, never closed)."""
+        return Response(s.StatementSerializer(self._range(request)).data)
+
+    @extend_schema(
+        parameters=RANGE_PARAMS,
+        responses={
+            (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="CSV"),
+            400: OpenApiResponse(OpenApiTypes.OBJECT, description="Parameter -> messages."),
+        },
+    )
+    @action(
+        detail=False,
+        methods=["get"],
+        url_path="range/csv",
+        url_name="range-csv",
+        filter_backends=[],
+    )
+    def range_csv(self, request):
+        """The statement of `range` as CSV (an attachment)."""
+        statement = self._range(request)
+        body = s.statement_csv(s.StatementSerializer(statement).data)
+        response = HttpResponse(body, content_type="text/csv; charset=utf-8")
+        name = (
+            f"statement-{statement.tenant.name}-{statement.period_start:%Y%m%dT%H%M}-"
+            f"{statement.period_end:%Y%m%dT%H%M}.csv"
+        )
+        response["Content-Disposition"] = f'attachment; filename="{name}"'
+        return response
+
     @extend_schema(
         request=None,
         responses=inline_serializer("RatePendingResult", {"assigned": rf.IntegerField()}),
     )
     @action(detail=False, methods=["post"])
     def rate(self, request):
-        """Assign the usage not yet on a statement and rebuild the open statements now (with
-        the current price book); the periodic task does the same every few minutes."""
+        """Create the statements new usage needs and re-rate the open statements that changed
+        (new usage or a price change) now; the periodic task does the same every few minutes.
+        ``assigned``: how many entries joined statements."""
         assigned = statements.rate_pending()
-        statements.refresh_open()
         return Response({"assigned": assigned})
