@@ -7,6 +7,9 @@ was to ``running`` counts from ``start``; one still running counts up to ``min(e
 An instance with no ``instance.state`` event at all (rows seeded or imported without going
 through an agent) that is ``running`` now counts from its ``state_changed_at`` (else its
 ``created_at``). ``draining`` is a change away from ``running`` and is not costed.
+Deleting an instance unlinks its events, so just before the delete its running intervals are
+kept in ``billing.DeletedInstanceRun`` (with its model, GPU type, datacenter and GPU count)
+and costed from there: the cost of the past does not change when an instance is deleted.
 
 Each interval costs ``GPU-hours x gpu_count x price_per_gpu_hour`` with the ``fleet.UnitPrice``
 in force for the node's (GPU type, datacenter); an interval is split wherever a price starts or
@@ -160,14 +163,18 @@ def _micros(delta: timedelta) -> int:
 
 
 def running_intervals(
-    start: datetime, end: datetime, *, model: str | None = None
+    start: datetime,
+    end: datetime,
+    *,
+    model: str | None = None,
+    instances=None,
 ) -> dict[int, list[tuple[datetime, datetime]]]:
     """Per instance id, its running intervals clipped to [start, end), from the state events.
 
     Two queries for the events (the last change before `start` per instance, then the
-    changes inside the period), however long the history.
+    changes inside the period), however long the history. `instances`: only these.
     """
-    instances = Instance.objects.all()
+    instances = Instance.objects.all() if instances is None else instances
     if model is not None:
         instances = instances.filter(served_model__name=model)
     events = FleetEvent.objects.filter(kind=STATE_EVENT, instance__in=instances)
@@ -213,6 +220,42 @@ def running_intervals(
     return dict(intervals)
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def keep_runs_of_deleted_instance(sender, instance: Instance, **kwargs) -> None:
+    """pre_delete of fleet.Instance: copy its running intervals to DeletedInstanceRun, so
+    the fleet's cost of the past does not shrink when an instance is deleted."""
+    from billing.models import DeletedInstanceRun
+
+    if instance.pk is None:
+        return
+    now = timezone.now()
+    intervals = running_intervals(
+        EPOCH, now, instances=Instance.objects.filter(pk=instance.pk)
+    ).get(instance.pk, [])
+    if not intervals:
+        return
+    node = instance.node
+    DeletedInstanceRun.objects.bulk_create(
+        [
+            DeletedInstanceRun(
+                instance_id=instance.pk,
+                model=instance.served_model.name,
+                datacenter=node.datacenter.name,
+                datacenter_ref=node.datacenter_id,
+                gpu_type=node.gpu_type.model,
+                gpu_type_ref=node.gpu_type_id,
+                gpu_count=instance.gpu_count,
+                started_at=a,
+                ended_at=b,
+            )
+            for a, b in intervals
+            if b > a
+        ]
+    )
+
+
 def _cut_points(start: datetime, end: datetime, prices: list[UnitPrice]) -> list[datetime]:
     points = {start, end}
     for p in prices:
@@ -250,12 +293,47 @@ def fleet_cost(
     until = max(start, min(end, now))
     pieces: list[Piece] = []
     intervals = running_intervals(start, until, model=model) if until > start else {}
-    if not intervals:
-        return FleetCost(start=start, end=end, until=until, pieces=pieces)
     instances = Instance.objects.select_related(
         "node", "node__datacenter", "node__gpu_type", "served_model"
     ).in_bulk(list(intervals))
-    pairs = {(i.node.gpu_type_id, i.node.datacenter_id) for i in instances.values()}
+    # (instance id, model, datacenter, GPU type, gpu_count, price key, [intervals])
+    runs: list[tuple] = []
+    for instance_id in sorted(intervals):
+        inst = instances.get(instance_id)
+        if inst is None:
+            continue
+        runs.append(
+            (
+                inst.pk,
+                inst.served_model.name,
+                inst.node.datacenter.name,
+                inst.node.gpu_type.model,
+                inst.gpu_count,
+                (inst.node.gpu_type_id, inst.node.datacenter_id),
+                intervals[instance_id],
+            )
+        )
+    if until > start:
+        from billing.models import DeletedInstanceRun
+
+        gone = DeletedInstanceRun.objects.filter(started_at__lt=until, ended_at__gt=start)
+        if model is not None:
+            gone = gone.filter(model=model)
+        for run in gone.order_by("instance_id", "started_at"):
+            runs.append(
+                (
+                    run.instance_id,
+                    run.model,
+                    run.datacenter,
+                    run.gpu_type,
+                    run.gpu_count,
+                    (run.gpu_type_ref, run.datacenter_ref),
+                    [(max(run.started_at, start), min(run.ended_at, until))],
+                )
+            )
+    if not runs:
+        return FleetCost(start=start, end=end, until=until, pieces=pieces)
+    pairs = {r[5] for r in runs}
     prices: dict[tuple[int, int], list[UnitPrice]] = defaultdict(list)
     pair_q = Q()
     for gpu_type_id, datacenter_id in pairs:
@@ -265,25 +343,24 @@ def fleet_cost(
     )
     for p in in_period:
         prices[(p.gpu_type_id, p.datacenter_id)].append(p)
-    for instance_id in sorted(intervals):
-        inst = instances.get(instance_id)
-        if inst is None:
-            continue
-        own = prices.get((inst.node.gpu_type_id, inst.node.datacenter_id), [])
-        for a, b in intervals[instance_id]:
+    for instance_id, model_name, datacenter, gpu_type, gpu_count, pair, spans in runs:
+        own = prices.get(pair, [])
+        for a, b in spans:
+            if b <= a:
+                continue
             cuts = _cut_points(a, b, own)
             for lo, hi in zip(cuts, cuts[1:], strict=False):
                 pieces.append(
                     Piece(
-                        instance_id=inst.pk,
-                        model=inst.served_model.name,
-                        datacenter=inst.node.datacenter.name,
-                        gpu_type=inst.node.gpu_type.model,
+                        instance_id=instance_id,
+                        model=model_name,
+                        datacenter=datacenter,
+                        gpu_type=gpu_type,
                         price=_price_at(own, lo),
                         day=lo.astimezone(UTC).date(),
                         start=lo,
                         end=hi,
-                        gpu_us=inst.gpu_count * _micros(hi - lo),
+                        gpu_us=gpu_count * _micros(hi - lo),
                     )
                 )
     return FleetCost(start=start, end=end, until=until, pieces=pieces)

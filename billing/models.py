@@ -418,3 +418,36 @@ class StatementLine(models.Model):
         from billing.rating import component
 
         return component(self.output_tokens, self.output_per_mtok)
+
+
+class DeletedInstanceRun(models.Model):
+    """A running interval of a fleet instance that has since been deleted.
+
+    The provider cost (billing/costs.py) comes from instances' state events; deleting an
+    instance unlinks its events (``FleetEvent.instance`` is SET_NULL), so just before an
+    instance is deleted its running intervals are copied here with what prices them (GPU
+    type and datacenter) and what the reports group by (model, names, GPU count)."""
+
+    instance_id = models.BigIntegerField(db_index=True, help_text="The deleted instance's id.")
+    model = models.CharField(max_length=128, help_text="Served model name.")
+    datacenter = models.CharField(max_length=64, help_text="Datacenter name.")
+    datacenter_ref = models.BigIntegerField(help_text="Datacenter id (to match unit prices).")
+    gpu_type = models.CharField(max_length=128, help_text="GPU type (model name).")
+    gpu_type_ref = models.BigIntegerField(help_text="GPU type id (to match unit prices).")
+    gpu_count = models.PositiveIntegerField()
+    started_at = models.DateTimeField(help_text="Start of the running interval.")
+    ended_at = models.DateTimeField(help_text="End (the deletion, if it was still running).")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["started_at", "instance_id"]
+        indexes = [models.Index(fields=["started_at", "ended_at"], name="deletedrun_span")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(ended_at__gt=models.F("started_at")),
+                name="deletedrun_not_empty",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"instance {self.instance_id} ({self.model}) {self.started_at} - {self.ended_at}"
