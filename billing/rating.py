@@ -146,10 +146,7 @@ class PriceBook:
         if not self.cuts:
             return Value(0, output_field=models.IntegerField())
         return Case(
-            *(
-                When(**{f"{field}__lt": cut}, then=Value(i))
-                for i, cut in enumerate(self.cuts)
-            ),
+            *(When(**{f"{field}__lt": cut}, then=Value(i)) for i, cut in enumerate(self.cuts)),
             default=Value(len(self.cuts)),
             output_field=models.IntegerField(),
         )

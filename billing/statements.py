@@ -105,9 +105,7 @@ def _is_closed(statement: Statement) -> bool:
     return statement.status == StatementStatus.CLOSED
 
 
-def membership(
-    statement: Statement, previous: Statement | None, *, cap: int | None = None
-) -> Q:
+def membership(statement: Statement, previous: Statement | None, *, cap: int | None = None) -> Q:
     """The entries `statement` bills, given the statement before it in its tenant's chain.
 
     `cap`: the highest entry id it may bill (its ``last_entry_id`` once closed; the watermark

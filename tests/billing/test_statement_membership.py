@@ -15,13 +15,8 @@ from billing.models import Statement, UsageEntry
 from tests.billing.test_pricing_and_statements import (  # noqa: F401 (fixtures)
     _snapshot,
     _statement,
-    acme,
     at,
-    big,
-    globex,
-    january,
     price,
-    tiny,
     usage,
 )
 
@@ -49,7 +44,13 @@ def _reference_lines(entries):
             + component(cached, p and p.cached_input_per_mtok)
             + component(outp, p and p.output_per_mtok)
         )
-        out[(tenant_id, model, ref)] = (n, inp, cached, outp, round_amount(full, p.currency if p else ""))
+        out[(tenant_id, model, ref)] = (
+            n,
+            inp,
+            cached,
+            outp,
+            round_amount(full, p.currency if p else ""),
+        )
     return out
 
 
@@ -107,8 +108,8 @@ def test_revenue_rows_match_rating_each_entry(busy):
     assert sum(r["requests"] for r in rows) == UsageEntry.objects.count()
     by_price: dict = {}
     for r in rows:
-        by_price[(r["model"], r["price_ref"])] = by_price.get((r["model"], r["price_ref"]), 0) + (
-            r["requests"]
+        by_price[(r["model"], r["price_ref"])] = (
+            by_price.get((r["model"], r["price_ref"]), 0) + (r["requests"])
         )
     reference: dict = {}
     for (_, model, ref), line in _reference_lines(UsageEntry.objects.all()).items():
@@ -147,12 +148,18 @@ def test_every_entry_is_billed_once_through_closes_and_late_usage(busy):
         # Late usage: dated in any month so far, some of them closed.
         for _ in range(5):
             n += 1
-            when = at(1, 1) + timedelta(seconds=rng.randrange(int((now - at(1, 1)).total_seconds())))
-            usage(f"late{n}", busy_tenant(n), "baton-tiny", when, prompt=1000, cached=0, completion=1)
+            when = at(1, 1) + timedelta(
+                seconds=rng.randrange(int((now - at(1, 1)).total_seconds()))
+            )
+            usage(
+                f"late{n}", busy_tenant(n), "baton-tiny", when, prompt=1000, cached=0, completion=1
+            )
     close_statements(now=at(4, 3))
     billed = _every_entry_billed_once()
     assert len(billed) == UsageEntry.objects.count()
-    adjustments = [line for st in Statement.objects.all() for line in st.lines.all() if line.adjustment]
+    adjustments = [
+        line for st in Statement.objects.all() for line in st.lines.all() if line.adjustment
+    ]
     assert adjustments and all(line.statement.period_start > at(1, 1) for line in adjustments)
 
 
