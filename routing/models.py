@@ -34,6 +34,12 @@ class RequestRecord(models.Model):
         unique=True,
         help_text="Gateway request id (also the OpenAI response id).",
     )
+    client_request_id = models.CharField(
+        max_length=128,
+        blank=True,
+        db_index=True,
+        help_text="The X-Request-Id the client sent (echoed on the answer), if valid.",
+    )
     tenant = models.ForeignKey(
         "billing.Tenant",
         on_delete=models.PROTECT,
@@ -156,6 +162,9 @@ class Admission(models.Model):
     routing/gateway/records.py)."""
 
     request_id = models.CharField(max_length=64, unique=True)
+    client_request_id = models.CharField(
+        max_length=128, blank=True, help_text="The client's X-Request-Id, for its record."
+    )
     tenant = models.ForeignKey("billing.Tenant", on_delete=models.PROTECT, related_name="+")
     api_key = models.ForeignKey(
         "billing.ApiKey", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"

@@ -27,7 +27,16 @@ class RequestFilterSet(BoundedFilterSet):
 
     class Meta:
         model = RequestRecord
-        fields = ["tenant", "model", "pipeline", "handoff_mode", "status", "stream", "request_id"]
+        fields = [
+            "tenant",
+            "model",
+            "pipeline",
+            "handoff_mode",
+            "status",
+            "stream",
+            "request_id",
+            "client_request_id",
+        ]
 
 
 class DecisionFilterSet(BoundedFilterSet):

@@ -8,6 +8,7 @@ from typing import Any
 
 from controlplane import jsonsafety
 from routing.gateway.errors import bad_request
+from routing.gateway.openai_fields import check_fields, logprobs_count
 
 DEFAULT_COMPLETIONS_MAX_TOKENS = 16  # the OpenAI API's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 256
@@ -26,6 +27,9 @@ class GatewayRequest:
     seed: int | None
     stop: list[str] = field(default_factory=list)
     user: str = ""
+    # Alternatives per token to return with logprobs: None = none asked, 0 = the sampled
+    # token's logprob only, k = it plus the top k (openai_fields.logprobs_count).
+    logprobs: int | None = None
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -72,11 +76,12 @@ def _stop(body: dict) -> list[str]:
 
 
 def _common(body: dict, endpoint: str, prompt_text: str, default_max: int) -> GatewayRequest:
+    check_fields(body, endpoint)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required.", "model")
     n = body.get("n", 1)
-    if n != 1:
+    if n is not None and n != 1:
         raise bad_request("Only n=1 is supported.", "n")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
@@ -99,6 +104,7 @@ def _common(body: dict, endpoint: str, prompt_text: str, default_max: int) -> Ga
         seed=seed,
         stop=_stop(body),
         user=str(body.get("user", ""))[:128],
+        logprobs=logprobs_count(body, endpoint),
     )
 
 

@@ -66,6 +66,7 @@ def record_request(
     policy_version: int,
     decision_inputs: dict[str, Any],
     outcome: Outcome,
+    client_request_id: str = "",
 ) -> RequestRecord:
     existing = RequestRecord.objects.filter(request_id=request_id).first()
     if existing is not None:
@@ -73,6 +74,7 @@ def record_request(
     with transaction.atomic():
         record = RequestRecord.objects.create(
             request_id=request_id,
+            client_request_id=client_request_id,
             tenant=api_key.tenant,
             model=model,
             endpoint=endpoint,
@@ -156,12 +158,14 @@ def admission_open(
     decision_inputs: dict[str, Any],
     attempt_request_id: str = "",
     prefill_url: str = "",
+    client_request_id: str = "",
 ) -> None:
     """The durable trace of an accepted request, written before any agent is called."""
     Admission.objects.create(
         attempt_request_id=attempt_request_id,
         prefill_url=prefill_url,
         request_id=request_id,
+        client_request_id=client_request_id,
         tenant=api_key.tenant,
         api_key=api_key,
         model=model,
@@ -265,6 +269,7 @@ def finish_interrupted(*, stale_after_s: float = 120.0, now=None) -> list[str]:
             decision=decision,
             policy_version=admission.policy_version,
             decision_inputs=admission.decision_inputs,
+            client_request_id=admission.client_request_id,
             outcome=Outcome(
                 status="interrupted",
                 error=f"the gateway process {admission.owner} ended while the request ran"

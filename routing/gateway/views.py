@@ -8,7 +8,6 @@ import logging
 import math
 import re
 import time
-import uuid
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -37,6 +36,7 @@ from routing.gateway.records import (
     admission_progress,
     record_request,
 )
+from routing.gateway.request_ids import gateway_request_id, with_request_id
 from routing.gateway.runner import AgentRunError, Sampling, build_plan, run_events
 from routing.gateway.stream import TextAssembler
 from routing.gateway.tokenizers import apply_chat_template, tokenizer_for
@@ -174,7 +174,8 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
     )
     if not verdict.allowed:
         raise rate_limited(verdict.limit, verdict.retry_after_s)
-    request_id = f"{'chatcmpl' if kind == 'chat.completions' else 'cmpl'}-{uuid.uuid4().hex}"
+    request_id = gateway_request_id(request, kind)
+    client_request_id = getattr(request, "baton_client_request_id", "")
     policy, version = policies.current()
     info = RequestInfo(
         prompt_tokens=len(prompt_ids),
@@ -189,6 +190,7 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
         tokenizer=tokenizer,
         prompt_ids=prompt_ids,
         request_id=request_id,
+        client_request_id=client_request_id,
         kind=kind,
         info=info,
         policy=policy,
@@ -214,6 +216,7 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
             outcome=Outcome(
                 status="rejected", error=f"no healthy path: {exc}", prompt_tokens=len(prompt_ids)
             ),
+            client_request_id=client_request_id,
         )
         raise unavailable(f"No healthy path for model '{model.name}': {exc}") from exc
     # Durable before any agent is called: if this process dies, a later one records it.
@@ -229,6 +232,7 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
         decision_inputs=p.inputs,
         attempt_request_id=p.plan["request_id"],
         prefill_url=p.prefill_http,
+        client_request_id=client_request_id,
     )
     return p
 
@@ -606,6 +610,7 @@ class Run:
                     policy_version=p.version,
                     decision_inputs=p.inputs,
                     outcome=outcome,
+                    client_request_id=getattr(p, "client_request_id", ""),
                 )
             except Exception:
                 log.exception("could not record request %s", p.request_id)
@@ -775,12 +780,14 @@ async def _handle(request: HttpRequest, kind: str):
 # Async views cannot run inside ATOMIC_REQUESTS; the record write is its own transaction.
 @csrf_exempt
 @transaction.non_atomic_requests
+@with_request_id("chat.completions")
 async def chat_completions(request: HttpRequest):
     return await _handle(request, "chat.completions")
 
 
 @csrf_exempt
 @transaction.non_atomic_requests
+@with_request_id("completions")
 async def completions(request: HttpRequest):
     return await _handle(request, "completions")
 
@@ -800,6 +807,7 @@ def _list_models(request: HttpRequest) -> JsonResponse:
 
 
 @transaction.non_atomic_requests
+@with_request_id()
 async def models(request: HttpRequest):
     try:
         return await sync_to_async(_list_models)(request)
