@@ -193,10 +193,16 @@ def ledger_watermark() -> int:
 
 
 def price_book_version() -> str:
-    """Changes whenever a price is added, changed or removed (open statements re-rate)."""
-    found = ModelPrice.objects.aggregate(n=Count("id"), top=Max("id"), changed=Max("updated_at"))
-    changed = found["changed"].isoformat() if found["changed"] else ""
-    return f"{found['n']}:{found['top'] or 0}:{changed}"
+    """Changes whenever a price is added, changed or removed, or a priced served model is
+    changed (prices match usage by its name): open statements are re-rated then."""
+    found = ModelPrice.objects.aggregate(
+        n=Count("id"),
+        top=Max("id"),
+        changed=Max("updated_at"),
+        renamed=Max("served_model__updated_at"),
+    )
+    stamps = [found[k].isoformat() if found[k] else "" for k in ("changed", "renamed")]
+    return f"{found['n']}:{found['top'] or 0}:{':'.join(stamps)}"
 
 
 # --- rating statements -----------------------------------------------------------------------

@@ -267,3 +267,15 @@ def test_an_insert_in_flight_at_the_close_is_billed_once(january, acme):
     assert closed == [january_statement.id]
     assert january_statement.entry_count == 5  # r1-r4 and the one in flight
     assert UsageEntry.objects.get(request_id="inflight").statement_id == january_statement.id
+
+
+def test_renaming_a_priced_model_re_rates_the_open_statements(january, tiny, acme):
+    from billing.statements import rate_pending, refresh_open
+
+    rate_pending(now=at(1, 20))
+    assert refresh_open(now=at(1, 21)) == 0
+    tiny.name = "baton-tiny-v2"  # usage is matched to prices by the model's name
+    tiny.save()
+    assert refresh_open(now=at(1, 22)) == 1
+    (line,) = _statement(acme, at(1, 1)).lines.all()
+    assert (line.price_id, line.requests, line.amount) == (None, 4, Decimal("0"))
