@@ -5,3 +5,8 @@ class RoutingConfig(AppConfig):
     name = "routing"
     verbose_name = "Routing"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from routing.gateway.caches import connect_invalidation
+
+        connect_invalidation()

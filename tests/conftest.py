@@ -93,3 +93,16 @@ def viewer(db) -> APIClient:
 @pytest.fixture
 def anonymous(db) -> APIClient:
     return APIClient()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gateway_caches():
+    """The gateway caches keys and models for half a second per process; a test's database is
+    new, so nothing cached by an earlier test may answer for it."""
+    yield
+    try:
+        from routing.gateway.caches import api_keys, served_models
+    except Exception:  # noqa: BLE001 - Django not set up in this test run
+        return
+    api_keys.clear()
+    served_models.clear()

@@ -22,6 +22,7 @@ from billing.ratelimit import RateLimiter
 from billing.services import api_key_authenticate
 from fleet.models import ServedModel
 from routing.gateway import parsing
+from routing.gateway.caches import api_keys, secret_key, served_models
 from routing.gateway.errors import (
     GatewayError,
     bad_request,
@@ -124,14 +125,15 @@ def _authenticate(request: HttpRequest) -> ApiKey:
     scheme, _, raw = header.partition(" ")
     if scheme.lower() != "bearer" or not raw.strip():
         raise unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
-    key = api_key_authenticate(raw.strip())
+    raw = raw.strip()
+    key = api_keys.get(secret_key(raw), lambda: api_key_authenticate(raw))
     if key is None:
         raise unauthorized("Invalid, revoked or inactive API key.")
     return key
 
 
 def _served_model(name: str) -> ServedModel:
-    model = ServedModel.objects.filter(name=name).first()
+    model = served_models.get(name, lambda: ServedModel.objects.filter(name=name).first())
     if model is None:
         raise GatewayError(
             404, f"The model '{name}' does not exist.", param="model", code="model_not_found"

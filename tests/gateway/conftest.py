@@ -17,9 +17,13 @@ def fresh_gateway_state():
     views._limiter = RateLimiter(settings.REDIS_URL, prefix=f"test-rl-{uuid.uuid4().hex[:8]}")
     views.live_views.clear()
     views.policies.clear()
+    views.api_keys.clear()
+    views.served_models.clear()
     views.dispatches.clear()
     views.dispatched_blocks.clear()
     views.suspects.clear()
+    views.api_keys.clear()
+    views.served_models.clear()
     yield
     views._limiter = None
     views.dispatches.clear()
@@ -27,3 +31,5 @@ def fresh_gateway_state():
     views.suspects.clear()
     views.live_views.clear()
     views.policies.clear()
+    views.api_keys.clear()
+    views.served_models.clear()

@@ -270,3 +270,47 @@ def test_a_pool_thread_does_not_keep_a_dead_or_expired_connection():
     wrapper = asyncio.run(in_worker(broken)())
     assert wrapper.errors_occurred or wrapper.connection is None
     assert wrapper.connection is None
+
+
+@pytest.fixture
+def cached_key(transactional_db):
+    tenant = Tenant.objects.create(name="acme", requests_per_minute=1000, tokens_per_minute=10**6)
+    ServedModel.objects.create(
+        name="baton-tiny", source="baton-tiny", num_layers=4, kv_bytes_per_token=4096
+    )
+    key, raw = billing.api_key_create(tenant=tenant)
+    return key, _client(raw)
+
+
+BODY = {"model": "baton-tiny", "prompt": "hi", "max_tokens": 1}
+
+
+def test_keys_and_models_are_cached_and_a_change_elsewhere_lands_within_a_second(cached_key):
+    """The hot path reads the key and the model from the database at most every half second
+    per process; a change made by another process (no signal reaches this one) is seen after
+    that. (No fleet here: an authenticated request gets 503, no healthy path.)"""
+    import time
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from billing.models import ApiKey
+    from routing.gateway import caches
+
+    key, client = cached_key
+    assert client.post("/v1/completions", BODY, format="json").status_code == 503
+    with CaptureQueriesContext(connection) as queries:
+        assert client.post("/v1/completions", BODY, format="json").status_code == 503
+    tables = " ".join(q["sql"] for q in queries.captured_queries)
+    assert "billing_apikey" not in tables and "fleet_servedmodel" not in tables
+    ApiKey.objects.filter(pk=key.pk).update(revoked_at=timezone.now())
+    time.sleep(caches.MAX_AGE_S + 0.05)
+    assert client.post("/v1/completions", BODY, format="json").status_code == 401
+
+
+def test_a_revocation_in_this_process_lands_at_once(cached_key):
+    key, client = cached_key
+    assert client.post("/v1/completions", BODY, format="json").status_code == 503
+    billing.api_key_revoke(key=key)
+    assert client.post("/v1/completions", BODY, format="json").status_code == 401
