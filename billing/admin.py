@@ -1,7 +1,15 @@
 from django.contrib import admin, messages
 
 from billing import pricing, services
-from billing.models import ApiKey, ModelPrice, Statement, StatementLine, Tenant, UsageEntry
+from billing.models import (
+    ApiKey,
+    DeletedInstanceRun,
+    ModelPrice,
+    Statement,
+    StatementLine,
+    Tenant,
+    UsageEntry,
+)
 
 
 @admin.register(Tenant)
@@ -97,9 +105,47 @@ class StatementAdmin(admin.ModelAdmin):
     list_display = ["tenant", "period_start", "period_end", "status", "rated_at", "closed_at"]
     list_filter = ["status", "tenant"]
     inlines = [StatementLineInline]
-    readonly_fields = ["tenant", "period_start", "period_end", "status", "rated_at", "closed_at"]
+    readonly_fields = [
+        "tenant",
+        "period_start",
+        "period_end",
+        "status",
+        "rated_at",
+        "closed_at",
+        "last_entry_id",
+        "entry_count",
+    ]
 
     def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(DeletedInstanceRun)
+class DeletedInstanceRunAdmin(admin.ModelAdmin):
+    """Read-only: kept when an instance is deleted, for the provider cost of the past."""
+
+    list_display = ["instance_id", "model", "datacenter", "gpu_type", "gpu_count", "started_at"]
+    list_filter = ["model", "datacenter", "gpu_type"]
+    readonly_fields = [
+        "instance_id",
+        "model",
+        "datacenter",
+        "datacenter_ref",
+        "gpu_type",
+        "gpu_type_ref",
+        "gpu_count",
+        "started_at",
+        "ended_at",
+        "created_at",
+    ]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
         return False
 
     def has_delete_permission(self, request, obj=None) -> bool:

@@ -135,3 +135,18 @@ def test_the_cost_of_a_deleted_instance_is_kept(fleet):
     assert after.totals(after.by_pool()) == [{"currency": "USD", "amount": D("889.33")}]
     only_big = fleet_cost(START, END, model="baton-big", now=NOW)
     assert [c.amount for c in only_big.by_model()] == [D("73.33")]
+
+
+def test_the_billing_admin_pages_load(january, admin_client):
+    from billing.models import Statement
+    from billing.statements import close_statements
+
+    close_statements(now=at(2, 1, 0, 5))
+    statement = Statement.objects.get()
+    for url in (
+        "/admin/billing/deletedinstancerun/",
+        "/admin/billing/statement/",
+        f"/admin/billing/statement/{statement.pk}/change/",
+        "/admin/billing/usageentry/",
+    ):
+        assert admin_client.get(url).status_code == 200, url
