@@ -414,7 +414,11 @@ class Run:
         self.status = "ok"
         self.error = ""
         self.recorded = False
-        self.progress_at = -math.inf  # last delivered-token count saved (first token: at once)
+        self.write_task: asyncio.Task | None = None
+        # When the delivered-token count was last saved on the admission: every
+        # PROGRESS_EVERY_S from the start; P's own count (agents/node/served.py) is what a
+        # later process bills first, so a short request writes no progress at all.
+        self.progress_at = self.started
         self.token_ids: list[int] = []  # delivered so far, for a migration
         self.gaps: list[float] = []  # between consecutive tokens, for the stall limit
         self.last_role = ""
@@ -594,8 +598,19 @@ class Run:
     async def record(self) -> None:
         """Write the record and usage once, whatever the client does meanwhile: the write runs
         as its own task, so a disconnect (which cancels the response) cannot cancel it."""
+        task = self.record_soon()
+        if task is not None:
+            # A cancellation (the client went away) reaches the caller; the write carries on.
+            await asyncio.shield(task)
+        elif self.write_task is not None and not self.write_task.done():
+            await asyncio.shield(self.write_task)
+
+    def record_soon(self) -> asyncio.Task | None:
+        """Start writing the record and usage (once) as a task of its own, and return it; None
+        when it was already started. The caller need not wait: the task is held in
+        ``pending_records`` until it ends, and the ASGI shutdown drains those."""
         if self.recorded:
-            return
+            return None
         self.recorded = True
         p = self.p
         outcome = self.outcome()
@@ -620,8 +635,8 @@ class Run:
         task = asyncio.ensure_future(write())
         pending_records.add(task)
         task.add_done_callback(pending_records.discard)
-        # A cancellation (the client went away) reaches the caller; the write carries on.
-        await asyncio.shield(task)
+        self.write_task = task
+        return task
 
 
 def _quietly(fn):
@@ -692,10 +707,12 @@ async def _stream(p: Prepared):
             )
         async for piece in run.deltas():
             yield _sse(_chunk(p, created, piece, None))
-        # Every token is out: the request is complete. Record it before the last bytes go, so
-        # a client that closes right after [DONE] (the openai client does) cannot lose it.
+        # Every token is out: the request is complete. Start writing its record before the
+        # last bytes go, so a client that closes right after [DONE] (the openai client does)
+        # cannot lose it, but do not make the client wait for the database: the write runs
+        # while the last chunks go out and is awaited after [DONE].
         cached = run.outcome().cached_tokens
-        await run.record()
+        run.record_soon()
         yield _sse(
             _chunk(p, created, None if p.kind == "chat.completions" else "", run.finish_reason)
         )
