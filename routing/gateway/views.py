@@ -40,6 +40,7 @@ from routing.gateway.records import (
 from routing.gateway.request_ids import gateway_request_id, with_request_id
 from routing.gateway.runner import AgentRunError, Sampling, build_plan, run_events
 from routing.gateway.stream import TextAssembler
+from routing.gateway.timing import Stopwatch
 from routing.gateway.tokenizers import apply_chat_template, tokenizer_for
 from routing.live import (
     DispatchedBlocks,
@@ -148,18 +149,23 @@ class Prepared:
         self.__dict__.update(kw)
 
 
-def _prepare(request: HttpRequest, kind: str) -> Prepared:
+def _prepare(request: HttpRequest, kind: str, watch: Stopwatch | None = None) -> Prepared:
     received_at = time.monotonic()
+    watch = watch or Stopwatch()
+    watch.lap("queue")  # the hop onto a gateway worker thread
     key = _authenticate(request)
+    watch.lap("auth")
     body = parsing.parse_json(request.body)
     greq = (
         parsing.parse_chat(body, apply_chat_template)
         if kind == "chat.completions"
         else parsing.parse_completion(body)
     )
+    watch.lap("parse")
     model = _served_model(greq.model)
     tokenizer = tokenizer_for(name=model.name, source=model.source, tokenizer=model.tokenizer)
     prompt_ids = tokenizer.encode(greq.prompt_text)
+    watch.lap("tokenize")
     total = len(prompt_ids) + greq.max_tokens
     if total > model.max_context_tokens:
         raise bad_request(
@@ -176,6 +182,7 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
     )
     if not verdict.allowed:
         raise rate_limited(verdict.limit, verdict.retry_after_s)
+    watch.lap("limit")
     request_id = gateway_request_id(request, kind)
     client_request_id = getattr(request, "baton_client_request_id", "")
     policy, version = policies.current()
@@ -202,6 +209,7 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
         attempt=0,
         migrations=0,
         retried=[],
+        watch=watch,
     )
     try:
         _route(p)
@@ -221,6 +229,7 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
             client_request_id=client_request_id,
         )
         raise unavailable(f"No healthy path for model '{model.name}': {exc}") from exc
+    watch.lap("route")
     # Durable before any agent is called: if this process dies, a later one records it.
     admission_open(
         request_id=request_id,
@@ -236,6 +245,7 @@ def _prepare(request: HttpRequest, kind: str) -> Prepared:
         prefill_url=p.prefill_http,
         client_request_id=client_request_id,
     )
+    watch.lap("admit")
     return p
 
 
@@ -750,7 +760,10 @@ async def _complete(p: Prepared) -> JsonResponse:
         run.status, run.error = "cancelled", f"client disconnected ({type(exc).__name__})"
         await run.record()
         raise
+    watch = getattr(p, "watch", None) or Stopwatch()
+    watch.lap("agents")
     await run.record()
+    watch.lap("record")
     text = "".join(pieces)
     usage = _usage(p, run.token_count, run.outcome().cached_tokens)
     if p.kind == "chat.completions":
@@ -785,13 +798,18 @@ async def _handle(request: HttpRequest, kind: str):
     if request.method != "POST":
         return GatewayError(405, "Use POST.", code="method_not_allowed").response()
     try:
-        p = await in_worker(_prepare)(request, kind)
+        watch = Stopwatch()
+        p = await in_worker(_prepare)(request, kind, watch)
+        watch.lap("resume")  # back on the event loop
         if p.greq.stream:
             response = StreamingHttpResponse(_stream(p), content_type="text/event-stream")
             response["Cache-Control"] = "no-cache"
             response["X-Request-Id"] = p.request_id
+            response["Server-Timing"] = watch.header()
             return response
-        return await _complete(p)
+        response = await _complete(p)
+        response["Server-Timing"] = watch.header()
+        return response
     except GatewayError as exc:
         return exc.response()
 

@@ -314,3 +314,17 @@ def test_a_revocation_in_this_process_lands_at_once(cached_key):
     assert client.post("/v1/completions", BODY, format="json").status_code == 503
     billing.api_key_revoke(key=key)
     assert client.post("/v1/completions", BODY, format="json").status_code == 401
+
+
+def test_every_answer_says_where_the_gateway_spent_its_time(cached_key):
+    """Server-Timing: the stages of the gateway's own work, in milliseconds."""
+    import re
+
+    from routing.gateway.timing import Stopwatch
+
+    watch = Stopwatch()
+    watch.lap("auth")
+    watch.lap("auth")
+    watch.lap("route")
+    assert list(watch.laps) == ["auth", "route"]
+    assert re.fullmatch(r"auth;dur=\d+\.\d{3}, route;dur=\d+\.\d{3}", watch.header())

@@ -328,3 +328,17 @@ def test_a_migration_notes_the_new_attempt_on_the_admission(two_decoders, monkey
     ((request_id, attempt_id, prefill_url, offset),) = noted
     assert attempt_id == plans[1]["request_id"] == f"{request_id}-r1"
     assert prefill_url.startswith("http://10.0.0.1:9000") and offset == 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_carries_the_gateway_s_stage_timings(two_decoders, stream):
+    client, _, _ = two_decoders
+    response = client.post(
+        "/v1/completions",
+        {"model": "baton-tiny", "prompt": "hello", "max_tokens": 2, "stream": stream},
+        format="json",
+    )
+    assert response.status_code == 200
+    stages = [part.split(";")[0] for part in response["Server-Timing"].split(", ")]
+    expected = ["queue", "auth", "parse", "tokenize", "limit", "route", "admit", "resume"]
+    assert stages == expected + ([] if stream else ["agents", "record"])
