@@ -19,6 +19,7 @@ from agents.engine.outputs import (
     GenerateResult,
     ImportResult,
     PrefillResult,
+    TokenLogprob,
     TokenOutput,
 )
 from agents.engine.radix_cache import RadixCache
@@ -29,7 +30,7 @@ from agents.engine.request import (
     RequestStatus,
     SamplingParams,
 )
-from agents.engine.sampler import sample_tokens
+from agents.engine.sampler import sample_tokens, token_logprobs
 from agents.engine.scheduler import Scheduler
 
 
@@ -127,6 +128,7 @@ class Engine:
             req.prompt_matched_tokens,
             first.finished,
             first.finish_reason,
+            first.logprobs[0] if first.logprobs else None,
         )
 
     def export_kv(self, request_id: str, start_token: int, end_token: int) -> bytes:
@@ -286,8 +288,13 @@ class Engine:
         request_id = request_id or f"generate-{next(self._generate_ids)}"
         self.add_request(request_id, prompt_ids, sampling)
         req = self.requests[request_id]
-        self._drive(req, lambda _: req.status == RequestStatus.FINISHED)
-        return GenerateResult(req.output_ids, req.finish_reason, req.prompt_matched_tokens)
+        outs = self._drive(req, lambda _: req.status == RequestStatus.FINISHED)
+        logprobs = None
+        if req.sampling.logprobs is not None:
+            logprobs = [lp for out in outs for lp in out.logprobs or ()]
+        return GenerateResult(
+            req.output_ids, req.finish_reason, req.prompt_matched_tokens, logprobs
+        )
 
     def has_decode_slot(self) -> bool:
         """Whether one more request would start decoding without queueing: fewer requests
@@ -332,6 +339,17 @@ class Engine:
             [complete[i].generator for i in sampled],
         )
         self._tokens_generated += len(tokens)
+        # Log-probabilities only for the requests that asked (SamplingParams.logprobs).
+        asking = [j for j, i in enumerate(sampled) if complete[i].sampling.logprobs is not None]
+        logprobs: dict[int, TokenLogprob] = {}
+        if asking:
+            rows = [sampled[j] for j in asking]
+            found = token_logprobs(
+                logits[rows],
+                [tokens[j] for j in asking],
+                [complete[i].sampling.logprobs for i in rows],
+            )
+            logprobs = dict(zip(rows, found, strict=True))
         outputs = []
         for req in complete:
             if req.after_forward == AfterForward.HOLD:
@@ -340,7 +358,16 @@ class Engine:
             req = complete[i]
             req.token_ids.append(token)
             reason = self._stop_reason(req)
-            outputs.append(TokenOutput(req.request_id, [token], reason is not None, reason))
+            lp = logprobs.get(i)
+            outputs.append(
+                TokenOutput(
+                    req.request_id,
+                    [token],
+                    reason is not None,
+                    reason,
+                    None if lp is None else [lp],
+                )
+            )
             if req.after_forward == AfterForward.SAMPLE_THEN_HOLD:
                 req.after_forward = AfterForward.SAMPLE
                 self.scheduler.hold(req)

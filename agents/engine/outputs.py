@@ -6,11 +6,22 @@ from __future__ import annotations
 from typing import NamedTuple
 
 
+class TokenLogprob(NamedTuple):
+    """A sampled token's log-probability under the raw model distribution (log-softmax of
+    its logits, before temperature and top-p) and the `SamplingParams.logprobs` most likely
+    tokens as (token id, logprob), most likely first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 class TokenOutput(NamedTuple):
     request_id: str
     token_ids: list[int]  # tokens produced for this request by this call (0 or 1 per step)
     finished: bool
     finish_reason: str | None
+    # One per token id when the request asked for logprobs (SamplingParams.logprobs), else None.
+    logprobs: list[TokenLogprob] | None = None
 
 
 class PrefillResult(NamedTuple):
@@ -19,6 +30,7 @@ class PrefillResult(NamedTuple):
     cached_tokens: int  # prompt positions reused from this engine's prefix cache
     finished: bool  # the first token already ends the request (EOS, stop token, max_tokens=1)
     finish_reason: str | None
+    first_logprob: TokenLogprob | None = None  # when the request asked for logprobs
 
 
 class ImportResult(NamedTuple):
@@ -35,6 +47,7 @@ class GenerateResult(NamedTuple):
     output_ids: list[int]
     finish_reason: str
     cached_tokens: int
+    logprobs: list[TokenLogprob] | None = None  # one per output id, when asked for
 
 
 class EngineStats(NamedTuple):

@@ -11,6 +11,8 @@ import torch
 
 from agents.engine.radix_cache import TreeNode
 
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs bound)
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -22,6 +24,10 @@ class SamplingParams:
     seed: int | None = None  # None: derived from the engine seed and the request's arrival
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # Log-probabilities to return with each sampled token: None = none (no cost), 0 = the
+    # sampled token's, k = it plus the k most likely tokens. They are the raw model's
+    # (log-softmax of the logits, before temperature and top-p), as vLLM returns by default.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -31,6 +37,10 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(
+                f"SamplingParams.logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
+            )
 
     @property
     def greedy(self) -> bool:

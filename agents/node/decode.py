@@ -23,6 +23,7 @@ from agents.node.pipeline_common import (
     quiet,
     token_event,
 )
+from agents.node.wire import output_logprob
 from agents.node.worker import EngineWorker
 
 log = logging.getLogger(__name__)
@@ -309,9 +310,9 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
             if what != "tok":
                 yield error_event(f"{rid}: unexpected transfer {what!r} while decoding")
                 return
-            for tok in out.token_ids:
+            for j, tok in enumerate(out.token_ids):
                 agent.count_tokens(inst)
-                yield token_event(index, tok, "md")
+                yield token_event(index, tok, "md", output_logprob(out, j))
                 index += 1
             if out.finished:
                 finished = True

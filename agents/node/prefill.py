@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agents.engine import SamplingParams
+from agents.engine import SamplingParams, TokenLogprob
 from agents.node.agent import Agent, Instance
 from agents.node.pipeline_common import (
     Events,
@@ -47,6 +47,7 @@ class PddRequest:
 @dataclass(slots=True)
 class Prefilled:
     first_token: int
+    first_logprob: TokenLogprob | None
     finished: bool
     finish_reason: str | None
     prefill_cached_tokens: int
@@ -97,6 +98,7 @@ async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefil
         cached, error = None, f"{type(exc).__name__}: {exc}"
     return Prefilled(
         result.first_token,
+        result.first_logprob,
         result.finished,
         result.finish_reason,
         result.cached_tokens,
@@ -158,7 +160,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
     def first() -> dict[str, Any]:
         nonlocal first_sent
         first_sent = True
-        return emit(token_event(0, pre.first_token, "prefill"))
+        return emit(token_event(0, pre.first_token, "prefill", pre.first_logprob))
 
     def decoder_started() -> None:
         if stats["kv_wait_s"] is None:

@@ -43,7 +43,7 @@ from agents.node.pipeline_common import (
     token_event,
     transfer_id,
 )
-from agents.node.wire import HandoffPlan, Peer
+from agents.node.wire import HandoffPlan, Peer, output_logprob, relayed_token
 from agents.transfer.records import TokenIds, Transfer, TransferStats
 
 log = logging.getLogger(__name__)
@@ -267,10 +267,10 @@ class RelaySession:
 
     def emit_rld(self, out: TokenOutput) -> bool:
         """Stream one RLD output; True when it finished the request (done is out)."""
-        for tok in out.token_ids:
+        for j, tok in enumerate(out.token_ids):
             self.counts["rld"] += 1
             self.agent.count_tokens(self.inst)
-            self.emit(token_event(self.next_index, tok, "rld"))
+            self.emit(token_event(self.next_index, tok, "rld", output_logprob(out, j)))
             self.next_index += 1
         if out.finished:
             self.engine_live = False
@@ -388,7 +388,7 @@ class RelaySession:
                 self.fail(f"MD sent index {index}, expected {self.next_index}")
             else:
                 self.counts["md"] += 1
-                self.emit(token_event(self.next_index, value["token_id"], "md"))
+                self.emit(relayed_token(self.next_index, value, "md"))
                 self.next_index += 1
         elif kind == "done":
             if self.phase is Phase.MAIN:

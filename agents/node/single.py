@@ -8,7 +8,7 @@ import time
 from agents.engine import SamplingParams
 from agents.node.agent import Agent, Instance
 from agents.node.pipeline_common import Events, error_event, quiet, token_event
-from agents.node.wire import ROLE_SHORT
+from agents.node.wire import ROLE_SHORT, output_logprob
 
 
 async def admit_single(
@@ -39,10 +39,10 @@ async def run_single(
                 yield error_event(f"{request_id}: {item}")
                 return
             _, out = item
-            for tok in out.token_ids:
+            for j, tok in enumerate(out.token_ids):
                 ttft = ttft if ttft is not None else time.monotonic() - started
                 agent.count_tokens(inst)
-                yield token_event(index, tok, role)
+                yield token_event(index, tok, role, output_logprob(out, j))
                 index += 1
             if out.finished:
                 finished = True

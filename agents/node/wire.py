@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agents.engine import SamplingParams
+from agents.engine import SamplingParams, TokenLogprob, TokenOutput
 from agents.node.agent import AgentError
 
 # rld-only: singular traffic and the no-MD fallback; P ships KV to RLD only, RLD finishes.
@@ -79,12 +79,21 @@ def get_ids(body: dict, field: str, vocab_size: int | None = None, allow_empty=F
 
 def parse_sampling(raw: Any) -> SamplingParams:
     body = need_dict({} if raw is None else raw, "sampling")
-    known = {"max_tokens", "temperature", "top_p", "seed", "stop_token_ids", "ignore_eos"}
+    known = {
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop_token_ids",
+        "ignore_eos",
+        "logprobs",
+    }
     unknown = set(body) - known
     if unknown:
         raise bad("sampling", f"unknown keys {sorted(unknown)}")
     max_tokens = get_int(body, "max_tokens", 16, minimum=1)
     seed = get_int(body, "seed", None)
+    logprobs = get_int(body, "logprobs", None, minimum=0)
     numbers = {}
     for name, default in (("temperature", 0.0), ("top_p", 1.0)):
         value = body.get(name, default)
@@ -105,6 +114,7 @@ def parse_sampling(raw: Any) -> SamplingParams:
             seed=seed,
             stop_token_ids=tuple(stop),
             ignore_eos=ignore_eos,
+            logprobs=logprobs,
             **numbers,
         )
     except ValueError as exc:
@@ -112,7 +122,7 @@ def parse_sampling(raw: Any) -> SamplingParams:
 
 
 def sampling_json(s: SamplingParams) -> dict[str, Any]:
-    return {
+    body = {
         "max_tokens": s.max_tokens,
         "temperature": s.temperature,
         "top_p": s.top_p,
@@ -120,6 +130,9 @@ def sampling_json(s: SamplingParams) -> dict[str, Any]:
         "stop_token_ids": list(s.stop_token_ids),
         "ignore_eos": s.ignore_eos,
     }
+    if s.logprobs is not None:  # only when asked: a peer of an older build refuses the key
+        body["logprobs"] = s.logprobs
+    return body
 
 
 @dataclass(slots=True)
@@ -191,8 +204,30 @@ class HandoffPlan:
         }
 
 
-def token_event(index: int, token_id: int, role: str) -> dict[str, Any]:
-    return {"type": "token", "index": index, "token_id": token_id, "role": role}
+def token_event(
+    index: int, token_id: int, role: str, logprob: TokenLogprob | None = None
+) -> dict[str, Any]:
+    """A token event; with `logprob` (the request asked for logprobs) it carries ``logprob``
+    and ``top_logprobs`` as [[token id, logprob], ...], most likely first."""
+    event = {"type": "token", "index": index, "token_id": token_id, "role": role}
+    if logprob is not None:
+        event["logprob"] = logprob.logprob
+        event["top_logprobs"] = [[t, v] for t, v in logprob.top]
+    return event
+
+
+def output_logprob(out: TokenOutput, j: int) -> TokenLogprob | None:
+    """The logprob of the j-th token of an engine output, when the request asked for them."""
+    return out.logprobs[j] if out.logprobs else None
+
+
+def relayed_token(index: int, event: dict[str, Any], role: str) -> dict[str, Any]:
+    """A peer's token event re-emitted at `index`, its logprobs (when any) kept."""
+    relayed = token_event(index, event["token_id"], role)
+    if "logprob" in event:
+        relayed["logprob"] = event["logprob"]
+        relayed["top_logprobs"] = event.get("top_logprobs") or []
+    return relayed
 
 
 def error_event(message: str) -> dict[str, Any]:
