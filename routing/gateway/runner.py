@@ -51,6 +51,7 @@ class Sampling:
     temperature: float
     top_p: float
     seed: int | None
+    logprobs: int | None = None  # alternatives per token; None: no logprobs (no cost)
 
 
 def _target(endpoint: Endpoint | None) -> dict[str, Any] | None:
@@ -94,6 +95,8 @@ def build_plan(
         },
         "pipeline": pipeline,
     }
+    if sampling.logprobs is not None:
+        body["sampling"]["logprobs"] = sampling.logprobs
     if early_first_token:
         body["early_first_token"] = True
     if pipeline in (Pipeline.P_MD, Pipeline.P_RLD_MD):

@@ -14,6 +14,7 @@ class TextAssembler:
         self.stop = [s for s in (stop or []) if s]
         self.ids: list[int] = []
         self.emitted = 0  # characters of the decoded text already released
+        self.decoded_len = 0  # characters the tokens pushed so far decode to
 
     def _text(self) -> str:
         return self.tokenizer.decode(self.ids)
@@ -22,6 +23,7 @@ class TextAssembler:
         """Add one token; return (text now safe to release, whether a stop string was hit)."""
         self.ids.append(token_id)
         text = self._text()
+        self.decoded_len = len(text)
         for stop in self.stop:
             at = text.find(stop, max(0, self.emitted - len(stop)))
             if at != -1:

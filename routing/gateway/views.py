@@ -30,6 +30,7 @@ from routing.gateway.errors import (
     unauthorized,
     unavailable,
 )
+from routing.gateway.openai_shapes import LogprobsCollector
 from routing.gateway.records import (
     Outcome,
     admission_attempt,
@@ -310,7 +311,9 @@ def _route(p: Prepared) -> None:
     p.url, p.plan = build_plan(
         request_id=agent_request_id,
         prompt_ids=ids,
-        sampling=Sampling(max_tokens, p.greq.temperature, p.greq.top_p, p.greq.seed),
+        sampling=Sampling(
+            max_tokens, p.greq.temperature, p.greq.top_p, p.greq.seed, p.greq.logprobs
+        ),
         decision=decision,
         view=view,
         early_first_token=p.policy.stream_first_token_early,
@@ -412,6 +415,12 @@ class Run:
     def __init__(self, p: Prepared) -> None:
         self.p = p
         self.text = TextAssembler(p.tokenizer, stop=p.greq.stop)
+        # The delivered tokens' logprobs, when the request asked for them.
+        self.logprobs = (
+            LogprobsCollector(p.kind, p.tokenizer)
+            if getattr(p.greq, "logprobs", None) is not None
+            else None
+        )
         # From the request's arrival at the gateway (auth, tokenizing and the policy count).
         self.started = getattr(p, "received_at", None) or time.monotonic()
         self.first_at: float | None = None
@@ -529,6 +538,8 @@ class Run:
                     self.last_role = role
                     if role in self.by_role:
                         self.by_role[role] += 1
+                    if self.logprobs is not None:
+                        self.logprobs.add(event, self.text.decoded_len)
                     piece, stopped = self.text.push(int(event["token_id"]))
                     if piece:
                         yield piece
@@ -591,6 +602,14 @@ class Run:
             handoff_at_token=handoff.get("at_token"),
             handoff_batches=int(handoff.get("batches", 0) or 0),
         )
+
+    def take_logprobs(self) -> dict | None:
+        """The logprobs of the tokens delivered since the last call (a stream chunk's)."""
+        return self.logprobs.take() if self.logprobs is not None else None
+
+    def all_logprobs(self) -> dict | None:
+        """Every delivered token's logprobs; None when the request did not ask."""
+        return self.logprobs.all() if self.logprobs is not None else None
 
     @property
     def migrations(self) -> int:
@@ -667,7 +686,14 @@ def _seconds(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _chunk(p: Prepared, created: int, text: str | None, finish: str | None, usage=None) -> dict:
+def _chunk(
+    p: Prepared,
+    created: int,
+    text: str | None,
+    finish: str | None,
+    usage=None,
+    logprobs: dict | None = None,
+) -> dict:
     if p.kind == "chat.completions":
         delta = {} if text is None else {"content": text}
         return {
@@ -677,7 +703,7 @@ def _chunk(p: Prepared, created: int, text: str | None, finish: str | None, usag
             "model": p.model.name,
             "choices": []
             if usage is not None
-            else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            else [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
             "usage": usage,
         }
     return {
@@ -687,7 +713,7 @@ def _chunk(p: Prepared, created: int, text: str | None, finish: str | None, usag
         "model": p.model.name,
         "choices": []
         if usage is not None
-        else [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}],
+        else [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}],
         "usage": usage,
     }
 
@@ -716,7 +742,7 @@ async def _stream(p: Prepared):
                 }
             )
         async for piece in run.deltas():
-            yield _sse(_chunk(p, created, piece, None))
+            yield _sse(_chunk(p, created, piece, None, logprobs=run.take_logprobs()))
         # Every token is out: the request is complete. Start writing its record before the
         # last bytes go, so a client that closes right after [DONE] (the openai client does)
         # cannot lose it, but do not make the client wait for the database: the write runs
@@ -724,7 +750,13 @@ async def _stream(p: Prepared):
         cached = run.outcome().cached_tokens
         run.record_soon()
         yield _sse(
-            _chunk(p, created, None if p.kind == "chat.completions" else "", run.finish_reason)
+            _chunk(
+                p,
+                created,
+                None if p.kind == "chat.completions" else "",
+                run.finish_reason,
+                logprobs=run.take_logprobs(),  # tokens whose text was never released
+            )
         )
         if p.greq.include_usage:
             yield _sse(_chunk(p, created, None, None, usage=_usage(p, run.token_count, cached)))
@@ -770,7 +802,7 @@ async def _complete(p: Prepared) -> JsonResponse:
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
-            "logprobs": None,
+            "logprobs": run.all_logprobs(),
             "finish_reason": run.finish_reason,
         }
         body = {
@@ -782,7 +814,12 @@ async def _complete(p: Prepared) -> JsonResponse:
             "usage": usage,
         }
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": run.finish_reason}
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": run.all_logprobs(),
+            "finish_reason": run.finish_reason,
+        }
         body = {
             "id": p.request_id,
             "object": "text_completion",

@@ -1,0 +1,117 @@
+"""The OpenAI ``logprobs`` objects, built from the agents' token events.
+
+The agents put ``logprob`` and ``top_logprobs`` ([[token id, logprob], ...], most likely first)
+on each token event when the plan's sampling asks (agents/PROTOCOL.md); the values are the raw
+model distribution's (log-softmax of the logits, before temperature and top-p), as vLLM returns
+by default. Here they become
+
+- chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
+  "bytes"}, ...]}, ...]}`` with exactly ``top_logprobs`` alternatives per token;
+- legacy completions: ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, where
+  each ``top_logprobs`` entry maps the top ``logprobs`` tokens' text to their logprob and
+  always includes the sampled token (so up to ``logprobs`` + 1 entries, as OpenAI documents);
+  ``text_offset`` is each token's character offset in the completion text.
+
+A stream carries the logprobs of the tokens whose text a chunk releases in that chunk (a token
+whose text is held back, such as half a UTF-8 character or a possible stop string, goes with
+the next chunk; any left at the end go with the final one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.engine.tokenizer import ByteTokenizer, Tokenizer
+
+
+@dataclass(slots=True)
+class DeliveredToken:
+    token_id: int
+    logprob: float | None  # None only when an agent (an older build) sent none
+    top: list[tuple[int, float]]
+    text_offset: int  # characters of the completion text before this token
+
+
+def token_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:
+    """The token's own bytes (a byte-level token may be part of a UTF-8 character)."""
+    if isinstance(tokenizer, ByteTokenizer):
+        return bytes([token_id]) if 0 <= token_id < 256 else b""
+    return tokenizer.decode([token_id]).encode("utf-8")
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    return token_bytes(tokenizer, token_id).decode("utf-8", errors="replace")
+
+
+def _parse(event: dict[str, Any], text_offset: int) -> DeliveredToken:
+    raw = event.get("logprob")
+    logprob = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else None
+    top = []
+    for pair in event.get("top_logprobs") or ():
+        if isinstance(pair, (list, tuple)) and len(pair) == 2:
+            top.append((int(pair[0]), float(pair[1])))
+    return DeliveredToken(int(event["token_id"]), logprob, top, text_offset)
+
+
+@dataclass(slots=True)
+class LogprobsCollector:
+    """The delivered tokens' logprobs of one request, across retries and migrations."""
+
+    kind: str  # "chat.completions" or "completions"
+    tokenizer: Tokenizer
+    tokens: list[DeliveredToken] = field(default_factory=list)
+    taken: int = 0  # tokens already sent in a stream chunk
+
+    def add(self, event: dict[str, Any], text_offset: int) -> None:
+        self.tokens.append(_parse(event, text_offset))
+
+    def take(self) -> dict[str, Any] | None:
+        """The logprobs object of the tokens since the last take (None when there are none)."""
+        fresh = self.tokens[self.taken :]
+        self.taken = len(self.tokens)
+        return self.shape(fresh) if fresh else None
+
+    def all(self) -> dict[str, Any]:
+        return self.shape(self.tokens)
+
+    def shape(self, tokens: list[DeliveredToken]) -> dict[str, Any]:
+        if self.kind == "chat.completions":
+            return chat_logprobs(self.tokenizer, tokens)
+        return completion_logprobs(self.tokenizer, tokens)
+
+
+def _entry(tokenizer: Tokenizer, token_id: int, logprob: float | None) -> dict[str, Any]:
+    raw = token_bytes(tokenizer, token_id)
+    return {
+        "token": raw.decode("utf-8", errors="replace"),
+        "logprob": logprob,
+        "bytes": list(raw),
+    }
+
+
+def chat_logprobs(tokenizer: Tokenizer, tokens: list[DeliveredToken]) -> dict[str, Any]:
+    return {
+        "content": [
+            _entry(tokenizer, t.token_id, t.logprob)
+            | {"top_logprobs": [_entry(tokenizer, i, v) for i, v in t.top]}
+            for t in tokens
+        ],
+        "refusal": None,
+    }
+
+
+def completion_logprobs(tokenizer: Tokenizer, tokens: list[DeliveredToken]) -> dict[str, Any]:
+    top: list[dict[str, float | None]] = []
+    for t in tokens:
+        alternatives: dict[str, float | None] = {}
+        for i, v in t.top:
+            alternatives.setdefault(token_text(tokenizer, i), v)
+        alternatives.setdefault(token_text(tokenizer, t.token_id), t.logprob)
+        top.append(alternatives)
+    return {
+        "tokens": [token_text(tokenizer, t.token_id) for t in tokens],
+        "token_logprobs": [t.logprob for t in tokens],
+        "top_logprobs": top,
+        "text_offset": [t.text_offset for t in tokens],
+    }
