@@ -65,8 +65,28 @@ def read_reports(*, max_age_s: float | None = None) -> list[dict[str, Any]]:
         with _memory_lock:
             raw = list(_memory.values())
     now = time.time()
-    entries = [json.loads(item) for item in raw]
+    entries = [_parsed(item) for item in raw]
     return [e for e in entries if now - e["received_at"] <= max_age_s]
+
+
+# The last parse of each report, by its text: a node reports every heartbeat interval while
+# gateways read the reports several times a second, so most reads find the same text again.
+# Callers must not change the dicts they get.
+_parse_memo: dict[str | bytes, dict[str, Any]] = {}
+_parse_lock = threading.Lock()
+
+
+def _parsed(raw: str | bytes) -> dict[str, Any]:
+    with _parse_lock:
+        hit = _parse_memo.get(raw)
+    if hit is not None:
+        return hit
+    entry = json.loads(raw)
+    with _parse_lock:
+        if len(_parse_memo) > 4096:  # old heartbeats: start over
+            _parse_memo.clear()
+        _parse_memo[raw] = entry
+    return entry
 
 
 def forget(node_id: int) -> None:

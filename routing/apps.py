@@ -8,5 +8,7 @@ class RoutingConfig(AppConfig):
 
     def ready(self) -> None:
         from routing.gateway.caches import connect_invalidation
+        from routing.live import connect_topology_invalidation
 
         connect_invalidation()
+        connect_topology_invalidation()

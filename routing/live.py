@@ -15,11 +15,13 @@ from itertools import takewhile
 from typing import Any
 
 from django.conf import settings
+from django.db.models.signals import post_delete, post_save
 
 from fleet import live as fleet_live
 from fleet.choices import DesiredState, InstanceRole, NodeStatus
 from fleet.choices import LinkStatus as FleetLinkStatus
-from fleet.models import Instance, WANLink
+from fleet.models import Datacenter, GPUType, Instance, Node, WANLink
+from routing.caching import MAX_AGE_S, TtlCache
 from routing.policy import (
     ClusterSnapshot,
     InstanceState,
@@ -92,10 +94,88 @@ def _capacity(item: dict[str, Any]) -> float:
         return 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class _InstanceRow:
+    """What the live view needs of one instance's database rows (its node, datacenter, GPU)."""
+
+    pk: int
+    node_id: int
+    role: str
+    wanted: bool  # desired running, node online
+    datacenter: str
+    agent_endpoint: str
+    interconnect_gbps: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class _LinkRow:
+    src: str
+    dst: str
+    bandwidth_gbps: float
+    rtt_ms: float
+    status: str
+
+
+def _load_topology(model_name: str) -> tuple[tuple[_InstanceRow, ...], tuple[_LinkRow, ...]]:
+    rows = Instance.objects.select_related("node__datacenter", "node__gpu_type").filter(
+        served_model__name=model_name
+    )
+    instances = tuple(
+        _InstanceRow(
+            pk=inst.pk,
+            node_id=inst.node_id,
+            role=inst.role,
+            wanted=inst.desired_state == DesiredState.RUNNING
+            and inst.node.status == NodeStatus.ONLINE,
+            datacenter=inst.node.datacenter.name,
+            agent_endpoint=inst.node.agent_endpoint,
+            interconnect_gbps=(
+                float(inst.node.gpu_type.interconnect_gbps or 0.0)
+                if inst.node.gpu_type is not None
+                else None
+            ),
+        )
+        for inst in rows
+    )
+    links = tuple(
+        _LinkRow(
+            link.from_datacenter.name,
+            link.to_datacenter.name,
+            link.bandwidth_gbps,
+            link.rtt_ms,
+            link.status,
+        )
+        for link in WANLink.objects.select_related("from_datacenter", "to_datacenter")
+    )
+    return instances, links
+
+
+# The fleet's rows change rarely (an operator's edit, a node going offline); the reports that
+# make an instance healthy or loaded change every heartbeat and are read on every build. The
+# rows are read at most every half second per model and process, and at once after a change
+# saved in this process (connect_topology_invalidation).
+topology = TtlCache(max_age_s=MAX_AGE_S)
+# (node, instance, report time) -> the instance's cached blocks as a frozenset: a report's
+# thousands of hashes are turned into a set once, not on every build.
+_block_sets = TtlCache(max_age_s=3600.0, capacity=4096)
+
+
+def forget_topology(**_: object) -> None:
+    topology.clear()
+
+
+def connect_topology_invalidation() -> None:
+    for model in (Instance, Node, WANLink, Datacenter, GPUType):
+        uid = f"live-topology-{model.__name__}"
+        post_save.connect(forget_topology, sender=model, dispatch_uid=uid)
+        post_delete.connect(forget_topology, sender=model, dispatch_uid=uid)
+
+
 def build_live_view(model_name: str) -> LiveView:
     """Instances serving `model_name`, healthy only when the operator wants them running, the
     node is online and the agent's fresh report says running."""
     reports = _instance_reports()
+    rows, link_rows = topology.get(model_name, lambda: _load_topology(model_name))
     states: list[InstanceState] = []
     endpoints: dict[str, Endpoint] = {}
     prefill_dcs: set[str] = set()
@@ -104,9 +184,6 @@ def build_live_view(model_name: str) -> LiveView:
     # its ``links[peer]``); absent, the policy sees no pool queue (0), as before.
     link_wait: dict[str, float] = {}
     reported: dict[str, tuple[float, float]] = {}
-    rows = Instance.objects.select_related("node__datacenter", "node__gpu_type").filter(
-        served_model__name=model_name
-    )
     # MD datacenter -> the in-DC fabric bandwidth of its MD nodes (their GPUs' interconnect).
     main_fabric_gbps: dict[str, float] = {}
     for inst in rows:
@@ -114,22 +191,20 @@ def build_live_view(model_name: str) -> LiveView:
         entry, item = reports.get((inst.node_id, key), (None, None))
         if entry is not None and item is not None:
             reported[key] = (float(entry.get("received_at") or 0.0), _capacity(item))
-        dc = inst.node.datacenter.name
-        healthy = (
-            item is not None
-            and item.get("state") == "running"
-            and inst.desired_state == DesiredState.RUNNING
-            and inst.node.status == NodeStatus.ONLINE
-        )
+        dc = inst.datacenter
+        healthy = item is not None and item.get("state") == "running" and inst.wanted
         load, queued = _load(item) if item is not None else (0.0, 0)
         # What MD holds: its radix cache and the KV in flight to it (reserved, on its way;
         # the agent's ``incoming_prefix_blocks``), as its ``reserve`` counts it.
         cached = (
-            frozenset(
-                (
-                    *(item.get("cached_prefix_blocks") or ()),
-                    *(item.get("incoming_prefix_blocks") or ()),
-                )
+            _block_sets.get(
+                (inst.node_id, key, reported[key][0]),
+                lambda item=item: frozenset(
+                    (
+                        *(item.get("cached_prefix_blocks") or ()),
+                        *(item.get("incoming_prefix_blocks") or ()),
+                    )
+                ),
             )
             if item is not None
             else frozenset()
@@ -151,13 +226,13 @@ def build_live_view(model_name: str) -> LiveView:
             instance_id=key,
             role=inst.role,
             datacenter=dc,
-            http=(entry or {}).get("endpoint") or inst.node.agent_endpoint,
+            http=(entry or {}).get("endpoint") or inst.agent_endpoint,
             kv_host=str(kv.get("host", "")),
             kv_port=int(kv.get("port", 0) or 0),
             wan_port=int(kv.get("wan_port", 0) or 0),
         )
-        if inst.role == InstanceRole.MAIN_DECODE and inst.node.gpu_type is not None:
-            gbps = float(inst.node.gpu_type.interconnect_gbps or 0.0)
+        if inst.role == InstanceRole.MAIN_DECODE and inst.interconnect_gbps is not None:
+            gbps = inst.interconnect_gbps
             if gbps > 0:
                 main_fabric_gbps[dc] = min(main_fabric_gbps.get(dc, gbps), gbps)
         if inst.role == InstanceRole.PREFILL:
@@ -173,8 +248,8 @@ def build_live_view(model_name: str) -> LiveView:
                     if wait > 0.0 and math.isfinite(wait):
                         link_wait[peer] = max(link_wait.get(peer, 0.0), wait)
     wan_links: dict[str, WanLinkState] = {}
-    for link in WANLink.objects.select_related("from_datacenter", "to_datacenter"):
-        src, dst = link.from_datacenter.name, link.to_datacenter.name
+    for link in link_rows:
+        src, dst = link.src, link.dst
         if src in prefill_dcs:
             wan_links[dst] = WanLinkState(
                 bandwidth_gbps=link.bandwidth_gbps,

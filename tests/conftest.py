@@ -106,3 +106,8 @@ def _fresh_gateway_caches():
         return
     api_keys.clear()
     served_models.clear()
+    try:
+        from routing.live import topology
+    except Exception:  # noqa: BLE001
+        return
+    topology.clear()
