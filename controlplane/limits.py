@@ -16,6 +16,8 @@ import time
 from django.conf import settings
 from django.http import JsonResponse
 
+from routing.gateway.request_ids import answer_id
+
 MIB = 1024 * 1024
 
 
@@ -49,8 +51,13 @@ def too_large_message(limit: int) -> str:
     return f"The request body is larger than {limit} bytes ({limit / MIB:g} MiB), the limit here."
 
 
-def error_response(path: str, status: int, message: str, code: str) -> JsonResponse:
-    return JsonResponse(error_body(path, status, message, code), status=status)
+def error_response(
+    path: str, status: int, message: str, code: str, request_id: str | None = None
+) -> JsonResponse:
+    response = JsonResponse(error_body(path, status, message, code), status=status)
+    if path.startswith("/v1/"):  # every gateway answer carries one (request_ids.py)
+        response["X-Request-Id"] = answer_id(path, request_id)
+    return response
 
 
 class BodyLimitMiddleware:
@@ -64,11 +71,21 @@ class BodyLimitMiddleware:
             declared = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             return error_response(
-                request.path, 400, "Content-Length is not a number.", "bad_length"
+                request.path,
+                400,
+                "Content-Length is not a number.",
+                "bad_length",
+                request.headers.get("X-Request-Id"),
             )
         limit = body_limit(request.path)
         if declared > limit:
-            return error_response(request.path, 413, too_large_message(limit), "body_too_large")
+            return error_response(
+                request.path,
+                413,
+                too_large_message(limit),
+                "body_too_large",
+                request.headers.get("X-Request-Id"),
+            )
         return self.get_response(request)
 
 
@@ -95,11 +112,11 @@ class BodyGuard:
                     declared = int(value)
                 except ValueError:
                     return await _answer(
-                        send, path, 400, "Content-Length is not a number.", "bad_length"
+                        send, path, 400, "Content-Length is not a number.", "bad_length", scope
                     )
                 if declared > limit:
                     return await _answer(
-                        send, path, 413, too_large_message(limit), "body_too_large"
+                        send, path, 413, too_large_message(limit), "body_too_large", scope
                     )
         messages: list[dict] = []
         size = 0
@@ -115,12 +132,15 @@ class BodyGuard:
                     408,
                     f"The request body did not arrive within {body_timeout_s():g} s.",
                     "body_timeout",
+                    scope,
                 )
             if message["type"] == "http.disconnect":
                 return None
             size += len(message.get("body", b""))
             if size > limit:
-                return await _answer(send, path, 413, too_large_message(limit), "body_too_large")
+                return await _answer(
+                    send, path, 413, too_large_message(limit), "body_too_large", scope
+                )
             messages.append(message)
             if not message.get("more_body", False):
                 break
@@ -133,17 +153,21 @@ class BodyGuard:
         return await self.app(scope, replay, send)
 
 
-async def _answer(send, path: str, status: int, message: str, code: str) -> None:
+async def _answer(
+    send, path: str, status: int, message: str, code: str, scope: dict | None = None
+) -> None:
     body = json.dumps(error_body(path, status, message, code)).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    if path.startswith("/v1/"):  # every gateway answer carries one (request_ids.py)
+        sent = next(
+            (v for k, v in (scope or {}).get("headers", ()) if k.lower() == b"x-request-id"),
+            b"",
+        )
+        rid = answer_id(path, sent.decode("latin-1"))
+        headers.append((b"x-request-id", rid.encode("ascii")))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -23,6 +23,11 @@ pipeline) really answer ``""``.
 
 No documented operation answers 405: DRF gives it only to methods the schema does not list.
 Codes a view declares itself (``@extend_schema(responses={404: ...})``) are kept as declared.
+
+Each /api/v1 operation is tagged with its app (``fleet``, ``billing``, ``routing``), the planner's
+runs (``/api/v1/plans/``) with ``planner`` and the node agents' calls (``/api/v1/agent/``) with
+``agents``, unless the view names its own tags; the OpenAI-compatible gateway's /v1 operations
+(``openai``) come from routing/gateway/openapi.py.
 """
 
 from __future__ import annotations
@@ -91,6 +96,9 @@ DESCRIPTIONS = {
 
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 
+# Tags by path prefix (checked first), else the view's app.
+PATH_TAGS = (("/api/v1/plans/", "planner"), ("/api/v1/agent/", "agents"))
+
 
 class BatonAutoSchema(AutoSchema):
     """drf-spectacular's AutoSchema; the one place the schema's conventions are extended."""
@@ -105,6 +113,14 @@ class BatonAutoSchema(AutoSchema):
                 responses[str(code)] = self._error_response(str(code))
         operation["responses"] = dict(sorted(responses.items()))
         return operation
+
+    def get_tags(self) -> list[str]:
+        """The view's app (a path prefix of PATH_TAGS first); ``@extend_schema(tags=...)``
+        overrides this method, so a view's own tags win."""
+        for prefix, tag in PATH_TAGS:
+            if self.path.startswith(prefix):
+                return [tag]
+        return [type(self.view).__module__.split(".", 1)[0]]
 
     def _map_serializer_field(self, field, direction, bypass_extensions=False):
         schema = super()._map_serializer_field(field, direction, bypass_extensions)

@@ -22,12 +22,24 @@ _PRINTABLE = re.compile(r"[\x20-\x7e]+")
 _PREFIX = {"chat.completions": "chatcmpl", "completions": "cmpl"}
 
 
-def client_request_id(request: HttpRequest) -> str:
-    """The client's X-Request-Id when valid, else ""."""
-    raw = (request.headers.get(HEADER) or "").strip()
+def valid_client_id(value: str | None) -> str:
+    """`value` (an X-Request-Id header) when it is a valid client id, else ""."""
+    raw = (value or "").strip()
     if not raw or len(raw) > MAX_LENGTH or not _PRINTABLE.fullmatch(raw):
         return ""
     return raw
+
+
+def client_request_id(request: HttpRequest) -> str:
+    """The client's X-Request-Id when valid, else ""."""
+    return valid_client_id(request.headers.get(HEADER))
+
+
+def answer_id(path: str, header: str | None) -> str:
+    """The X-Request-Id of an answer given before any view runs (the body limits): the
+    client's when valid, else a fresh gateway id for the path's kind."""
+    kind = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions"}
+    return valid_client_id(header) or new_request_id(kind.get(path.rstrip("/")))
 
 
 def new_request_id(kind: str | None) -> str:

@@ -270,3 +270,42 @@ def test_the_request_api_shows_and_filters_the_client_id(fleet, django_user_mode
     rows = api.get("/api/v1/requests/", {"client_request_id": "find-me"}).json()
     rows = rows["results"] if isinstance(rows, dict) else rows
     assert [r["client_request_id"] for r in rows] == ["find-me"]
+
+
+def test_body_limit_answers_carry_the_request_id_too(settings):
+    """The 413 / 408 / 400 the body limits give before any view runs (controlplane/limits.py):
+    the ASGI guard and the Django middleware."""
+    import asyncio
+
+    from django.test import RequestFactory
+
+    from controlplane.limits import BodyGuard, BodyLimitMiddleware
+
+    settings.BATON_MAX_BODY_BYTES = 10
+
+    def guard(headers):
+        sent: list[dict] = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"x", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "path": "/v1/completions", "headers": headers}
+        asyncio.run(BodyGuard(None)(scope, receive, send))
+        return sent[0]["status"], dict(sent[0]["headers"])[b"x-request-id"]
+
+    too_long = (b"content-length", b"11")
+    assert guard([too_long, (b"x-request-id", b"abc")]) == (413, b"abc")
+    status, rid = guard([too_long])
+    assert status == 413 and rid.startswith(b"cmpl-")
+
+    middleware = BodyLimitMiddleware(lambda request: None)
+    request = RequestFactory().post(
+        "/v1/chat/completions", b"x" * 11, content_type="application/json", HTTP_X_REQUEST_ID="q"
+    )
+    response = middleware(request)
+    assert (response.status_code, response["X-Request-Id"]) == (413, "q")
+    request = RequestFactory().post("/v1/chat/completions", b"x" * 11, "application/json")
+    assert middleware(request)["X-Request-Id"].startswith("chatcmpl-")
