@@ -1,15 +1,23 @@
-"""A small in-process cache whose entries are trusted for at most `max_age_s` (the gateway's
-hot path: keys, models, the fleet's topology)."""
+"""In-process caches for the gateway's hot path (keys, models, the fleet's rows): `TtlCache`
+trusts an entry for at most `max_age_s`; `shared_cache` ones stay until the data's change
+counter moves (`CacheVersions`), which every process reads at most every half second."""
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
+from django.db.models import F
+
+from routing.models import CacheVersion
+
 V = TypeVar("V")
+log = logging.getLogger(__name__)
 
 MAX_AGE_S = 0.5  # seconds
 
@@ -43,3 +51,88 @@ class TtlCache(Generic[V]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+# -- caches shared data invalidates across processes ------------------------------------------
+
+CHECK_EVERY_S = 0.5  # how often a process reads the counters (at most; on use)
+SAFETY_MAX_AGE_S = 30.0  # a change no save announced (a queryset update, SQL) lands by then
+
+
+class CacheVersions:
+    """Per-name change counters in the database (``routing.CacheVersion``), read at most every
+    CHECK_EVERY_S by whichever request comes first, so a process keeps its cached keys, models
+    and fleet rows for as long as nothing changed instead of reloading them on a timer: at one
+    request every few hundred milliseconds a plain time-to-live cache missed on every other
+    request. A save or delete through the ORM bumps the counter in the same transaction
+    (``bump``, connected by signals), so every process sees the change within CHECK_EVERY_S
+    of its commit, and this process at once."""
+
+    def __init__(self, check_every_s: float = CHECK_EVERY_S) -> None:
+        self.check_every_s = check_every_s
+        self._caches: dict[str, list[TtlCache]] = {}
+        self._seen: dict[str, int] = {}
+        self._checked_at = -math.inf
+        self._lock = threading.Lock()
+
+    def register(self, name: str, cache: TtlCache) -> TtlCache:
+        self._caches.setdefault(name, []).append(cache)
+        return cache
+
+    def _clear(self, name: str) -> None:
+        for cache in self._caches.get(name, ()):
+            cache.clear()
+
+    def check(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._checked_at < self.check_every_s:
+                return
+            self._checked_at = now  # one reader per period; the others use what is cached
+        try:
+            found = dict(CacheVersion.objects.values_list("name", "version"))
+        except Exception:  # noqa: BLE001 - cannot tell what changed: trust nothing cached
+            log.warning("cache versions unreadable; emptying the gateway caches", exc_info=True)
+            for name in self._caches:
+                self._clear(name)
+            return
+        for name in self._caches:
+            version = found.get(name, 0)
+            with self._lock:
+                moved = self._seen.get(name) != version
+                self._seen[name] = version
+            if moved:
+                self._clear(name)
+
+    def bump(self, name: str) -> None:
+        """Note a change of `name`'s data: its counter moves in the current transaction, and
+        this process's caches of it are emptied now."""
+        if not CacheVersion.objects.filter(name=name).update(version=F("version") + 1):
+            CacheVersion.objects.get_or_create(name=name, defaults={"version": 1})
+        self._clear(name)
+
+    def reset(self) -> None:
+        """Forget what was seen (tests: a new database)."""
+        with self._lock:
+            self._seen.clear()
+            self._checked_at = -math.inf
+        for name in self._caches:
+            self._clear(name)
+
+
+versions = CacheVersions()
+
+
+def shared_cache(name: str, capacity: int = 10_000) -> TtlCache:
+    """A cache of `name`'s data, emptied when its version moves (and every SAFETY_MAX_AGE_S);
+    `get` checks the versions first."""
+    return versions.register(name, VersionedCache(capacity=capacity))
+
+
+class VersionedCache(TtlCache):
+    def __init__(self, capacity: int = 10_000) -> None:
+        super().__init__(max_age_s=SAFETY_MAX_AGE_S, capacity=capacity)
+
+    def get(self, key, load):
+        versions.check()
+        return super().get(key, load)

@@ -21,7 +21,7 @@ from fleet import live as fleet_live
 from fleet.choices import DesiredState, InstanceRole, NodeStatus
 from fleet.choices import LinkStatus as FleetLinkStatus
 from fleet.models import Datacenter, GPUType, Instance, Node, WANLink
-from routing.caching import MAX_AGE_S, TtlCache
+from routing.caching import TtlCache, shared_cache, versions
 from routing.policy import (
     ClusterSnapshot,
     InstanceState,
@@ -152,23 +152,35 @@ def _load_topology(model_name: str) -> tuple[tuple[_InstanceRow, ...], tuple[_Li
 
 # The fleet's rows change rarely (an operator's edit, a node going offline); the reports that
 # make an instance healthy or loaded change every heartbeat and are read on every build. The
-# rows are read at most every half second per model and process, and at once after a change
-# saved in this process (connect_topology_invalidation).
-topology = TtlCache(max_age_s=MAX_AGE_S)
+# rows are kept until a save changes what the view uses (the "topology" counter,
+# routing/caching.py): every process sees that within half a second.
+topology = shared_cache("topology", capacity=256)
+# Per model, the fields a view uses; a save touching none of them (a heartbeat's
+# last_heartbeat_at / last_report, an instance's actual_state) changes nothing here.
+_TOPOLOGY_FIELDS = {
+    Instance: {"role", "node", "served_model", "desired_state"},
+    Node: {"status", "agent_endpoint", "datacenter", "gpu_type"},
+    WANLink: None,  # every field
+    Datacenter: None,
+    GPUType: {"interconnect_gbps"},
+}
 # (node, instance, report time) -> the instance's cached blocks as a frozenset: a report's
 # thousands of hashes are turned into a set once, not on every build.
 _block_sets = TtlCache(max_age_s=3600.0, capacity=4096)
 
 
-def forget_topology(**_: object) -> None:
-    topology.clear()
+def _topology_changed(sender, update_fields=None, **_: object) -> None:
+    used = _TOPOLOGY_FIELDS.get(sender)
+    if update_fields is not None and used is not None and not (set(update_fields) & used):
+        return
+    versions.bump("topology")
 
 
 def connect_topology_invalidation() -> None:
-    for model in (Instance, Node, WANLink, Datacenter, GPUType):
+    for model in _TOPOLOGY_FIELDS:
         uid = f"live-topology-{model.__name__}"
-        post_save.connect(forget_topology, sender=model, dispatch_uid=uid)
-        post_delete.connect(forget_topology, sender=model, dispatch_uid=uid)
+        post_save.connect(_topology_changed, sender=model, dispatch_uid=uid)
+        post_delete.connect(_topology_changed, sender=model, dispatch_uid=uid)
 
 
 def build_live_view(model_name: str) -> LiveView:

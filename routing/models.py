@@ -200,3 +200,16 @@ class Admission(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} ({self.owner})"
+
+
+class CacheVersion(models.Model):
+    """A counter per kind of cached data (``auth``: API keys and tenants, ``models``: served
+    models, ``topology``: the fleet's instances, nodes and links). A save that changes such
+    data bumps it; every gateway process reads the counters at most every half second and
+    empties a cache whose counter moved (routing/caching.py)."""
+
+    name = models.CharField(max_length=32, primary_key=True)
+    version = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.name} v{self.version}"

@@ -97,17 +97,11 @@ def anonymous(db) -> APIClient:
 
 @pytest.fixture(autouse=True)
 def _fresh_gateway_caches():
-    """The gateway caches keys and models for half a second per process; a test's database is
-    new, so nothing cached by an earlier test may answer for it."""
+    """The gateway keeps keys, models and the fleet's rows until their change counters move; a
+    test's database is new, so nothing cached by an earlier test may answer for it."""
     yield
     try:
-        from routing.gateway.caches import api_keys, served_models
+        from routing.caching import versions
     except Exception:  # noqa: BLE001 - Django not set up in this test run
         return
-    api_keys.clear()
-    served_models.clear()
-    try:
-        from routing.live import topology
-    except Exception:  # noqa: BLE001
-        return
-    topology.clear()
+    versions.reset()

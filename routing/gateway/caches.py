@@ -1,12 +1,14 @@
-"""In-process caches for the gateway's hot path, each entry trusted for at most `max_age_s`.
+"""The gateway's hot-path caches: the API key -> tenant lookup (with the tenant's limits) and
+the served model, read from the database once and kept until they change, instead of on every
+request.
 
-The API key -> tenant lookup (with the tenant's limits) and the served model are read from the
-database at most every half second per key or model and process, instead of on every request:
-a revoked key, a deactivated tenant, a changed limit or a removed model takes effect in every
-gateway process within `max_age_s`, with no invalidation messages to lose. Unknown keys are
-cached too (as None), so a client retrying a bad key does not reach the database each time;
-the cache is bounded (least recently used out first). A change saved through this process (a
-revocation through the API, an operator's edit) also empties the caches at once, by signal."""
+A save or delete of a key, a tenant or a model (the API, the admin, ``manage.py``) bumps a
+counter in the same transaction; every gateway process reads the counters at most every half
+second (routing/caching.py), so a revoked key, a deactivated tenant, a changed limit or a
+removed model takes effect everywhere within about half a second of its commit, and in the
+saving process at once. A change made without a save (a queryset update, SQL) lands within 30 s.
+Unknown keys are cached too (as None), so a client retrying a bad key does not reach the
+database each time; the cache is bounded (least recently used out first)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,9 @@ from django.db.models.signals import post_delete, post_save
 
 from billing.models import ApiKey, Tenant
 from fleet.models import ServedModel
-from routing.caching import MAX_AGE_S, TtlCache
+from routing.caching import CHECK_EVERY_S, shared_cache, versions
 
-__all__ = ["MAX_AGE_S", "TtlCache", "api_keys", "served_models", "secret_key"]
+__all__ = ["CHECK_EVERY_S", "api_keys", "secret_key", "served_models"]
 
 
 def secret_key(raw: str) -> str:
@@ -26,23 +28,23 @@ def secret_key(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-# The gateway's caches (routing/gateway/views.py reads them).
-api_keys: TtlCache = TtlCache()  # key digest -> ApiKey (with its tenant) or None
-served_models: TtlCache = TtlCache()  # model name -> ServedModel or None
+# The gateway's caches (routing/gateway/views.py reads them): kept until the data changes.
+api_keys = shared_cache("auth")  # key digest -> ApiKey (with its tenant) or None
+served_models = shared_cache("models")  # model name -> ServedModel or None
 
 
-def forget_keys(**_: object) -> None:
-    api_keys.clear()
+def _bump_auth(**_: object) -> None:
+    versions.bump("auth")
 
 
-def forget_models(**_: object) -> None:
-    served_models.clear()
+def _bump_models(**_: object) -> None:
+    versions.bump("models")
 
 
 def connect_invalidation() -> None:
-    """Empty the caches when this process saves or deletes what they hold (routing's
-    AppConfig.ready); other processes see the change within MAX_AGE_S."""
-    pairs = ((ApiKey, forget_keys), (Tenant, forget_keys), (ServedModel, forget_models))
+    """Bump the counters when a key, a tenant or a model is saved or deleted (routing's
+    AppConfig.ready); every process sees it within CHECK_EVERY_S, this one at once."""
+    pairs = ((ApiKey, _bump_auth), (Tenant, _bump_auth), (ServedModel, _bump_models))
     for model, receiver in pairs:
         uid = f"gateway-cache-{model.__name__}"
         post_save.connect(receiver, sender=model, dispatch_uid=uid)
