@@ -1,10 +1,21 @@
-"""The gateway's own overhead per request: the same requests sent (a) through the gateway and
-(b) straight to the prefill agent's /v1/pdd/generate with the plan the gateway would send, at 1
-and 32 concurrent streams, on the local testbed (real control plane and agents).
+"""The gateway's own overhead per request: the same kind of request sent (a) through the gateway
+and (b) straight to the prefill agent's /v1/pdd/generate with the plan the gateway would send,
+on the local testbed (real control plane and agents), interleaved so both arms share the
+machine's state, plus the gateway's own stage timings (its Server-Timing header).
 
-Overhead = gateway latency - direct latency (medians and p90 over the same prompts), i.e. what
-authentication, rate limiting, tokenization, the policy, SSE framing and the records add. Run:
-    .venv/bin/python -m bench.gateway_overhead --requests 64 --out bench/gateway/overhead.json
+Scenario (fixed before the first run of this version):
+- the testbed fleet (P and RLD in dc-a, MD in dc-b over a 1 Gbit/s / 5 ms link), the policy
+  forced to p-md (wan_time_threshold_s 10), streamed chat requests with 16 output tokens;
+- prompt k of arm X: a shared system prompt plus "question X<k:05d>: " and a fixed question,
+  so both arms' prompts have the same length and neither warms the other's cache beyond the
+  shared system prompt; 4 warm-up requests per arm first, not counted;
+- 1 stream: --requests pairs, gateway then direct, alternating; 32 streams: rounds of 32
+  concurrent requests of one arm, alternating arms, --requests // 8 rounds each (at least 4);
+- 128 streams: one round of 128 concurrent requests through the gateway, errors counted.
+Each request is timed from sending it to its last event: the gateway's `data: [DONE]` (SSE
+clients such as openai's stop there) and the agent's `done` line. Overhead = median(gateway) -
+median(direct); at 1 stream also the median of the per-pair differences. Run:
+    .venv/bin/python -m bench.gateway_overhead --requests 64 --out var/gw/overhead.json
 """
 
 from __future__ import annotations
@@ -28,18 +39,31 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def messages_for(i: int) -> list[dict]:
-    # A shared system prompt (cached after the first request) and a short distinct question.
+def messages_for(arm: str, i: int) -> list[dict]:
+    # A shared system prompt (cached after the first request) and a distinct question of the
+    # same length in both arms.
     return [
         {"role": "system", "content": "You are a benchmark assistant. " * 8},
-        {"role": "user", "content": f"question {i}: " + "measure me " * 10},
+        {"role": "user", "content": f"question {arm}{i:05d}: " + "measure me " * 10},
     ]
+
+
+def server_timing(header: str) -> dict[str, float]:
+    stages = {}
+    for part in header.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if name and dur:
+            stages[name] = float(dur)
+    return stages
+
+
+TIMINGS: list[dict[str, float]] = []  # the gateway arm's Server-Timing, per request
 
 
 async def via_gateway(url: str, key: str, i: int, max_tokens: int) -> float:
     body = {
         "model": "baton-tiny",
-        "messages": messages_for(i),
+        "messages": messages_for("g", i),
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
@@ -53,13 +77,16 @@ async def via_gateway(url: str, key: str, i: int, max_tokens: int) -> float:
             headers={"Authorization": f"Bearer {key}"},
         ) as response:
             response.raise_for_status()
-            async for _ in response.aiter_lines():
-                pass
-        return time.perf_counter() - t0
+            TIMINGS.append(server_timing(response.headers.get("server-timing", "")))
+            done_at = None
+            async for line in response.aiter_lines():
+                if done_at is None and line.strip() == "data: [DONE]":
+                    done_at = time.perf_counter()  # what the user waits for (SSE clients stop)
+        return (done_at or time.perf_counter()) - t0
 
 
 async def direct(p_http: str, plan: dict, i: int, max_tokens: int) -> float:
-    prompt = ByteTokenizer().encode(apply_chat_template(messages_for(i)))
+    prompt = ByteTokenizer().encode(apply_chat_template(messages_for("d", i)))
     body = {
         **plan,
         "request_id": f"direct-{i}-{time.time_ns()}",
@@ -73,9 +100,11 @@ async def direct(p_http: str, plan: dict, i: int, max_tokens: int) -> float:
             "POST", url, json=body, headers=bearer_headers(env_data_token())
         ) as response:
             response.raise_for_status()
-            async for _ in response.aiter_lines():
-                pass
-        return time.perf_counter() - t0
+            done_at = None
+            async for line in response.aiter_lines():
+                if done_at is None and '"type":"done"' in line:
+                    done_at = time.perf_counter()  # the agent's last event
+        return (done_at or time.perf_counter()) - t0
 
 
 async def measure(fn, n: int, concurrency: int) -> list[float]:
@@ -86,6 +115,25 @@ async def measure(fn, n: int, concurrency: int) -> list[float]:
             return await fn(i)
 
     return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+def arm_summary(gateway: list[float], straight: list[float]) -> dict:
+    g, d = summary(gateway), summary(straight)
+    return {
+        "gateway": g,
+        "direct_to_prefill_agent": d,
+        "overhead_median_ms": round((g["median_s"] - d["median_s"]) * 1000, 2),
+        "overhead_p90_ms": round((g["p90_s"] - d["p90_s"]) * 1000, 2),
+    }
+
+
+def stage_medians(timings: list[dict[str, float]]) -> dict[str, float]:
+    names: list[str] = []
+    for t in timings:
+        names += [name for name in t if name not in names]
+    return {
+        name: round(statistics.median([t[name] for t in timings if name in t]), 3) for name in names
+    }
 
 
 def summary(values: list[float]) -> dict:
@@ -127,27 +175,54 @@ def main() -> None:
             },
         }
         p_http = cluster.agents["a-p"].http
+
+        def gw(i: int):
+            return via_gateway(cluster.url, key, i, args.max_tokens)
+
+        def dr(i: int):
+            return direct(p_http, plan, i, args.max_tokens)
+
+        asyncio.run(measure(lambda i: gw(90_000 + i), 4, 1))  # warm-up, not counted
+        asyncio.run(measure(lambda i: dr(90_000 + i), 4, 1))
+        TIMINGS.clear()
         results = {}
-        for concurrency in (1, 32):
-            gateway = asyncio.run(
-                measure(
-                    lambda i: via_gateway(cluster.url, key, i, args.max_tokens),
-                    args.requests,
-                    concurrency,
-                )
-            )
-            straight = asyncio.run(
-                measure(
-                    lambda i: direct(p_http, plan, i, args.max_tokens), args.requests, concurrency
-                )
-            )
-            g, d = summary(gateway), summary(straight)
-            results[f"concurrency_{concurrency}"] = {
-                "gateway": g,
-                "direct_to_prefill_agent": d,
-                "overhead_median_ms": round((g["median_s"] - d["median_s"]) * 1000, 1),
-                "overhead_p90_ms": round((g["p90_s"] - d["p90_s"]) * 1000, 1),
-            }
+        # 1 stream: pairs, gateway then direct.
+        gateway, straight = [], []
+        for i in range(args.requests):
+            gateway.append(asyncio.run(gw(i)))
+            straight.append(asyncio.run(dr(i)))
+        pairs = [(g - d) * 1000 for g, d in zip(gateway, straight, strict=True)]
+        results["concurrency_1"] = arm_summary(gateway, straight)
+        results["concurrency_1"]["paired_difference_median_ms"] = round(statistics.median(pairs), 2)
+        results["concurrency_1"]["gateway_stages_median_ms"] = stage_medians(TIMINGS)
+        # 32 streams: alternating rounds of 32 concurrent requests.
+        TIMINGS.clear()
+        gateway, straight = [], []
+        rounds = max(4, args.requests // 8)
+        for r in range(rounds):
+            base = 10_000 + r * 32
+            gateway += asyncio.run(measure(lambda i, b=base: gw(b + i), 32, 32))
+            straight += asyncio.run(measure(lambda i, b=base: dr(b + i), 32, 32))
+        results["concurrency_32"] = arm_summary(gateway, straight)
+        results["concurrency_32"]["gateway_stages_median_ms"] = stage_medians(TIMINGS)
+        # 128 streams through the gateway: does every one finish?
+        errors: list[str] = []
+
+        async def guarded(i: int) -> float:
+            try:
+                return await gw(50_000 + i)
+            except Exception as exc:  # noqa: BLE001 - counted, not raised
+                errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                return float("nan")
+
+        started = time.perf_counter()
+        asyncio.run(measure(guarded, 128, 128))
+        results["concurrency_128"] = {
+            "requests": 128,
+            "errors": len(errors),
+            "first_errors": errors[:5],
+            "wall_s": round(time.perf_counter() - started, 2),
+        }
         report = {"pipeline": plan["pipeline"], "max_tokens": args.max_tokens, **results}
         print(json.dumps(report, indent=2))
         if args.out:
