@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from agents.dataplane import bearer_headers, env_data_token
 from agents.engine.tokenizer import ByteTokenizer
 from bench.chaos.accounting import count_tokens, max_gap, record_counts, summarise_fault
 from bench.chaos.report import render
@@ -170,8 +171,12 @@ RULE = [
     "the ~1.5 s wait showed in no gap between pieces; the fault points are unchanged).",
     "- p-kill-two-p: a second P agent (`a-p2`, dc-a) is added before its first repetition. "
     "Per repetition: streams k = 0..2 start; at stream 0's 1st piece (or 15 s) streams 3..5 "
-    "start and `a-p` is SIGKILLed 0.05 s later; streams 6 and 7 start 0.3 and 0.6 s after "
-    "the kill; probes and the restart of `a-p` as for the agent faults.",
+    "start and the P serving stream 0 (asked of each P: `GET /v1/pdd/requests/{id}`; "
+    "`a-p` if neither knows it) is SIGKILLed 0.05 s later; streams 6 and 7 start 0.3 and "
+    "0.6 s after the kill; probes and the restart of the killed P as for the agent faults. "
+    "(The first full-reps `--only` run always killed `a-p`; stream 0 was on `a-p2` there, so "
+    "no stream had tokens out on the killed P and none migrated: 0 in 24. The kill now "
+    "follows stream 0, so the migration path is exercised.)",
     "- After each fault: probes (non-streamed, `max_tokens` 4, one at a time, each "
     "retried 0.5 s after a failure) from the moment of the fault, alongside the faulted "
     "stream, until one succeeds (recovery = fault -> that success; for the web faults the "
@@ -240,8 +245,11 @@ def reference(cluster: Cluster, prompt: str, max_tokens: int) -> list[int]:
     return TOK.encode(text)
 
 
-def stream(cluster: Cluster, prompt: str, max_tokens: int, on_piece=None, timeout=90.0) -> dict:
-    """One streamed completion; on_piece(n) is called after the n-th text piece."""
+def stream(
+    cluster: Cluster, prompt: str, max_tokens: int, on_piece=None, timeout=90.0, on_start=None
+) -> dict:
+    """One streamed completion; on_piece(n) is called after the n-th text piece, on_start(id)
+    once the answer's headers (with its request id) are in."""
     out = {"request_id": None, "text": "", "times": [], "error": "", "finish": None, "done": False}
     body = {
         "model": "baton-tiny",
@@ -257,6 +265,8 @@ def stream(cluster: Cluster, prompt: str, max_tokens: int, on_piece=None, timeou
             "POST", f"{cluster.url}/v1/completions", json=body, headers=headers, timeout=timeout
         ) as r:
             out["request_id"] = r.headers.get("x-request-id")
+            if on_start:
+                on_start(out["request_id"])
             if r.status_code != 200:
                 r.read()
                 out["error"] = f"HTTP {r.status_code}: {r.text[:300]}"
@@ -556,6 +566,23 @@ def wan_trial(cluster, fault, rep, refs, log_dir) -> dict:
     return trial
 
 
+def serving_p(cluster: Cluster, request_id: str | None, hosts: tuple[str, ...]) -> str:
+    """The P agent streaming `request_id` (its ledger of recent requests), else hosts[0]."""
+    if request_id:
+        for host in hosts:
+            try:
+                r = httpx.get(
+                    f"{cluster.agents[host].http}/v1/pdd/requests/{request_id}",
+                    headers=bearer_headers(env_data_token()),
+                    timeout=5,
+                )
+            except httpx.HTTPError:
+                continue
+            if r.status_code == 200:
+                return host
+    return hosts[0]
+
+
 def two_p_trial(cluster, fault, rep, refs, log_dir) -> dict:
     """SIGKILL of one of two P instances with streams in flight and arriving."""
     if "a-p2" not in cluster.agents:
@@ -564,6 +591,7 @@ def two_p_trial(cluster, fault, rep, refs, log_dir) -> dict:
     n = 8
     reqs: list[dict | None] = [None] * n
     first = threading.Event()
+    ids: dict[int, str] = {}
 
     def go(k: int) -> None:
         prompt, max_tokens = prompt_for(fault, rep, k)
@@ -572,7 +600,11 @@ def two_p_trial(cluster, fault, rep, refs, log_dir) -> dict:
             if k == 0 and m == 1:
                 first.set()
 
-        reqs[k] = stream(cluster, prompt, max_tokens, on_piece, timeout=120)
+        def on_start(request_id: str | None) -> None:
+            if request_id:
+                ids[k] = request_id
+
+        reqs[k] = stream(cluster, prompt, max_tokens, on_piece, timeout=120, on_start=on_start)
 
     threads = [threading.Thread(target=go, args=(k,), daemon=True) for k in range(n)]
     for t in threads[:3]:
@@ -580,11 +612,12 @@ def two_p_trial(cluster, fault, rep, refs, log_dir) -> dict:
     first.wait(15)
     for t in threads[3:6]:
         t.start()
+    host = serving_p(cluster, ids.get(0), ("a-p", "a-p2"))
     time.sleep(0.05)
-    agent = cluster.agents["a-p"]
+    agent = cluster.agents[host]
     fault_at = time.time()
     os.killpg(agent.proc.pid, signal.SIGKILL)
-    trial = {"fault": fault, "rep": rep, "kill_host": "a-p", "fault_at": fault_at}
+    trial = {"fault": fault, "rep": rep, "kill_host": host, "fault_at": fault_at}
     result: dict = {}
     prober = threading.Thread(
         target=lambda: result.__setitem__("recovery", probe(cluster, fault_at)), daemon=True
@@ -598,7 +631,7 @@ def two_p_trial(cluster, fault, rep, refs, log_dir) -> dict:
     prober.join(100)
     trial["recovery_s"] = result.get("recovery")
     results = [judge(r, refs[(fault, rep, k)]) for k, r in enumerate(reqs) if r is not None]
-    restart_agent(cluster, "a-p", log_dir)
+    restart_agent(cluster, host, log_dir)
     try:
         cluster.wait_for(lambda: fleet_ready(cluster), 120, "the fleet back")
         trial["back_online_s"] = time.time() - fault_at
