@@ -347,9 +347,9 @@ def leading_run(block_hashes: Sequence[str], held: Collection[str]) -> int:
     and the KV in flight to an MD is whole prompt prefixes. So "block k is held" is true up to
     the run's end and false after it, and a binary search over k finds the end."""
     n = len(block_hashes)
-    if not n or not held:
+    if not n or not held or block_hashes[0] not in held:  # a miss: most MDs, one lookup
         return 0
-    if block_hashes[n - 1] in held:  # the whole prompt is held: one lookup
+    if block_hashes[n - 1] in held:  # the whole prompt is held
         return n
     lo, hi = 0, n - 1  # the first lo blocks are held; block hi is not
     while lo < hi:
