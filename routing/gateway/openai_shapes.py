@@ -1,4 +1,5 @@
-"""The OpenAI ``logprobs`` objects, built from the agents' token events.
+"""The OpenAI wire shapes of an answer: its chunks, whole completions, usage and server-sent
+events, and the ``logprobs`` objects built from the agents' token events.
 
 The agents put ``logprob`` and ``top_logprobs`` ([[token id, logprob], ...], most likely first)
 on each token event when the plan's sampling asks (agents/PROTOCOL.md); the values are the raw
@@ -19,6 +20,7 @@ the next chunk; any left at the end go with the final one).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,3 +117,95 @@ def completion_logprobs(tokenizer: Tokenizer, tokens: list[DeliveredToken]) -> d
         "top_logprobs": top,
         "text_offset": [t.text_offset for t in tokens],
     }
+
+
+# -- the answer's wire shapes ----------------------------------------------------------------
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def chunk(
+    kind: str,
+    request_id: str,
+    model: str,
+    created: int,
+    text: str | None,
+    finish: str | None,
+    usage: dict[str, Any] | None = None,
+    logprobs: dict | None = None,
+) -> dict[str, Any]:
+    """One streamed chunk: ``chat.completion.chunk`` or ``text_completion``; with `usage`, the
+    final usage-only chunk (no choices)."""
+    if kind == "chat.completions":
+        delta = {} if text is None else {"content": text}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+        obj = "text_completion"
+    return _envelope(request_id, obj, created, model, [] if usage is not None else [choice], usage)
+
+
+def role_chunk(request_id: str, model: str, created: int) -> dict[str, Any]:
+    """A chat stream's first chunk: the assistant's role, no content yet."""
+    return chunk("chat.completions", request_id, model, created, None, None) | {
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ]
+    }
+
+
+def completion(
+    kind: str,
+    request_id: str,
+    model: str,
+    created: int,
+    text: str,
+    finish: str | None,
+    usage: dict[str, Any],
+    logprobs: dict | None,
+) -> dict[str, Any]:
+    """A whole (non-streamed) answer: ``chat.completion`` or ``text_completion``."""
+    if kind == "chat.completions":
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": logprobs,
+            "finish_reason": finish,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        obj = "text_completion"
+    return _envelope(request_id, obj, created, model, [choice], usage)
+
+
+def _envelope(
+    request_id: str, obj: str, created: int, model: str, choices: list, usage: dict | None
+) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage,
+    }
+
+
+def sse(data: dict | str) -> bytes:
+    """One server-sent event: ``data: <json>`` (or a literal such as ``[DONE]``)."""
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()

@@ -8,28 +8,28 @@ import pytest
 from django.conf import settings
 
 from billing.ratelimit import RateLimiter
-from routing.gateway import views
+from routing.gateway import admission, routes
 
 
 @pytest.fixture(autouse=True)
 def fresh_gateway_state():
     # A key prefix of its own: with Redis, counters would otherwise carry over between tests.
-    views._limiter = RateLimiter(settings.REDIS_URL, prefix=f"test-rl-{uuid.uuid4().hex[:8]}")
-    views.live_views.clear()
-    views.policies.clear()
-    views.api_keys.clear()
-    views.served_models.clear()
-    views.dispatches.clear()
-    views.dispatched_blocks.clear()
-    views.suspects.clear()
-    views.api_keys.clear()
-    views.served_models.clear()
+    admission._limiter = RateLimiter(settings.REDIS_URL, prefix=f"test-rl-{uuid.uuid4().hex[:8]}")
+    routes.live_views.clear()
+    routes.policies.clear()
+    admission.api_keys.clear()
+    admission.served_models.clear()
+    routes.dispatches.clear()
+    routes.dispatched_blocks.clear()
+    routes.suspects.clear()
+    admission.api_keys.clear()
+    admission.served_models.clear()
     yield
-    views._limiter = None
-    views.dispatches.clear()
-    views.dispatched_blocks.clear()
-    views.suspects.clear()
-    views.live_views.clear()
-    views.policies.clear()
-    views.api_keys.clear()
-    views.served_models.clear()
+    admission._limiter = None
+    routes.dispatches.clear()
+    routes.dispatched_blocks.clear()
+    routes.suspects.clear()
+    routes.live_views.clear()
+    routes.policies.clear()
+    admission.api_keys.clear()
+    admission.served_models.clear()

@@ -13,6 +13,7 @@ from agents.engine.tokenizer import ByteTokenizer
 from billing import services as billing
 from billing.models import Tenant, UsageEntry
 from fleet.models import ServedModel
+from routing.gateway import run as gw_run
 from routing.gateway import views
 from routing.gateway.parsing import GatewayRequest
 from routing.models import RequestRecord
@@ -34,7 +35,7 @@ def prepared(transactional_db, monkeypatch):
             yield {"type": "token", "index": i, "token_id": token, "role": "md"}
         yield {"type": "done", "finish_reason": "length", "stats": {"cached_tokens": 0}}
 
-    monkeypatch.setattr(views, "run_events", events)
+    monkeypatch.setattr(gw_run, "run_events", events)
 
     def make(request_id: str, *, stream: bool = True) -> views.Prepared:
         return views.Prepared(
@@ -87,13 +88,13 @@ def test_a_client_that_closes_right_after_done_leaves_one_record(prepared):
 
 
 def test_a_client_gone_while_the_record_is_written_still_leaves_it(prepared, monkeypatch):
-    real = views.record_request
+    real = gw_run.record_request
 
     def slow_record(**kwargs):
         time.sleep(0.3)  # the write is under way when the client disconnects
         return real(**kwargs)
 
-    monkeypatch.setattr(views, "record_request", slow_record)
+    monkeypatch.setattr(gw_run, "record_request", slow_record)
 
     async def client():
         task = asyncio.ensure_future(views._complete(prepared("cmpl-cancel", stream=False)))

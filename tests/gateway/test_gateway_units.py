@@ -228,11 +228,11 @@ def test_the_gateway_sends_the_data_plane_token_to_the_agents(settings, monkeypa
 
 
 def test_the_rate_limiter_keys_live_under_the_configured_redis_prefix(settings):
-    from routing.gateway import views
+    from routing.gateway import admission
 
     settings.REDIS_KEY_PREFIX = "tenant-a"
-    views._limiter = None
-    assert views.limiter().prefix == "tenant-a:rl"
+    admission._limiter = None
+    assert admission.limiter().prefix == "tenant-a:rl"
 
 
 @pytest.mark.postgres

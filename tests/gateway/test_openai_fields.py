@@ -15,7 +15,8 @@ from billing.models import Tenant
 from fleet import live as fleet_live
 from fleet.choices import InstanceRole
 from fleet.models import ServedModel
-from routing.gateway import parsing, views
+from routing.gateway import parsing
+from routing.gateway import run as gw_run
 from routing.gateway.errors import GatewayError
 from routing.models import RequestRecord
 from tests.gateway.test_route_around_the_dead import _one_dc_fleet
@@ -152,7 +153,7 @@ def fleet(transactional_db, settings, monkeypatch):
             yield {"type": "token", "index": i, "token_id": token, "role": "md"}
         yield {"type": "done", "finish_reason": "length", "stats": {}}
 
-    monkeypatch.setattr(views, "run_events", events)
+    monkeypatch.setattr(gw_run, "run_events", events)
     tenant = Tenant.objects.create(name="acme", requests_per_minute=3, tokens_per_minute=10**6)
     _, raw = billing.api_key_create(tenant=tenant)
     yield raw

@@ -20,7 +20,7 @@ from billing import services as billing
 from billing.models import Tenant
 from fleet import live as fleet_live
 from fleet.choices import InstanceRole
-from routing.gateway import views
+from routing.gateway import run as gw_run
 from routing.gateway.openai_shapes import completion_logprobs
 from tests.gateway.test_route_around_the_dead import _one_dc_fleet
 
@@ -67,7 +67,7 @@ def fleet(transactional_db, settings, monkeypatch, tiny):
                 if out.finished:
                     yield {"type": "done", "finish_reason": out.finish_reason, "stats": {}}
 
-    monkeypatch.setattr(views, "run_events", events)
+    monkeypatch.setattr(gw_run, "run_events", events)
     tenant = Tenant.objects.create(name="acme", requests_per_minute=100, tokens_per_minute=10**6)
     _, raw = billing.api_key_create(tenant=tenant)
     client = APIClient()
@@ -236,7 +236,7 @@ def test_logprobs_continue_across_a_migration(transactional_db, settings, monkey
             yield event
         yield {"type": "done", "finish_reason": "length", "stats": {}}
 
-    monkeypatch.setattr(views, "run_events", events)
+    monkeypatch.setattr(gw_run, "run_events", events)
     tenant = Tenant.objects.create(name="acme", requests_per_minute=100, tokens_per_minute=10**6)
     _, raw = billing.api_key_create(tenant=tenant)
     client = APIClient()

@@ -13,7 +13,8 @@ from billing.models import Tenant
 from fleet import live as fleet_live
 from fleet.choices import InstanceRole, NodeStatus
 from fleet.models import Datacenter, GPUType, Instance, Node, ServedModel
-from routing.gateway import views
+from routing.gateway import routes
+from routing.gateway import run as gw_run
 from routing.gateway.runner import AgentRunError
 from routing.models import RequestRecord
 
@@ -95,7 +96,7 @@ def two_prefills(transactional_db, settings, monkeypatch):
             yield {"type": "token", "index": i, "token_id": token, "role": "md"}
         yield {"type": "done", "finish_reason": "length", "stats": {}}
 
-    monkeypatch.setattr(views, "run_events", events)
+    monkeypatch.setattr(gw_run, "run_events", events)
     yield _tenant_client(), made, calls, dead_url
     fleet_live._memory.clear()
 
@@ -130,7 +131,7 @@ def test_a_dead_prefill_is_retried_elsewhere_and_then_avoided(two_prefills):
     # A fresh report from the dead P's node clears the suspicion.
     time.sleep(0.01)
     _publish(*made["p1"])
-    views.live_views.clear()
+    routes.live_views.clear()
     calls.clear()
     for _ in range(6):
         _send(client)
@@ -145,7 +146,7 @@ def test_with_every_path_dead_the_request_fails_once_recorded(two_prefills, monk
         raise AgentRunError("prefill agent unreachable: connection refused")
         yield  # pragma: no cover
 
-    monkeypatch.setattr(views, "run_events", broken)
+    monkeypatch.setattr(gw_run, "run_events", broken)
     response = _send(client)
     assert response.status_code == 502
     assert len(calls) == 2  # both P tried, then no healthy path left
@@ -177,7 +178,7 @@ def two_decoders(transactional_db, settings, monkeypatch):
             yield {"type": "token", "index": i, "token_id": ord("a") + start + i, "role": "md"}
         yield {"type": "done", "finish_reason": "length", "stats": {}}
 
-    monkeypatch.setattr(views, "run_events", events)
+    monkeypatch.setattr(gw_run, "run_events", events)
     yield _tenant_client(), made, plans
     fleet_live._memory.clear()
 
@@ -231,7 +232,7 @@ def test_a_decoder_that_falls_silent_mid_stream_is_migrated(two_decoders, monkey
     import asyncio as aio
 
     client, made, plans = two_decoders
-    monkeypatch.setattr(views, "STALL_FLOOR_S", 0.3)
+    monkeypatch.setattr(gw_run, "STALL_FLOOR_S", 0.3)
 
     async def events(url, plan):
         plans.append(plan)
@@ -242,7 +243,7 @@ def test_a_decoder_that_falls_silent_mid_stream_is_migrated(two_decoders, monkey
             yield {"type": "token", "index": i, "token_id": ord("a") + start + i, "role": "md"}
         yield {"type": "done", "finish_reason": "length", "stats": {}}
 
-    monkeypatch.setattr(views, "run_events", events)
+    monkeypatch.setattr(gw_run, "run_events", events)
     started = time.monotonic()
     response = client.post(
         "/v1/completions",
@@ -273,9 +274,9 @@ def test_a_failure_implicates_one_decoder_not_both(message, pipeline, expected):
 
     relay = "2" if pipeline == "p-rld-md" else None
     decision = Decision(pipeline, "one-shot", "1", relay, "3", 0, 10, 0.1, "test")
-    got = views._implicated(decision, AgentRunError(message, at_prefill=False))
+    got = routes.implicated(decision, AgentRunError(message, at_prefill=False))
     assert got == [{"main": "3", "relay": "2"}[expected]]
-    assert views._implicated(decision, AgentRunError("unreachable")) == ["1"]
+    assert routes.implicated(decision, AgentRunError("unreachable")) == ["1"]
 
 
 def test_a_prefill_that_sends_no_first_token_fails_over_after_the_timeout(
@@ -286,7 +287,7 @@ def test_a_prefill_that_sends_no_first_token_fails_over_after_the_timeout(
     import asyncio as aio
 
     client, made, calls, dead_url = two_prefills
-    monkeypatch.setattr(views, "FIRST_TOKEN_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(gw_run, "FIRST_TOKEN_TIMEOUT_S", 0.3)
 
     async def events(url, plan):
         calls.append(url)
@@ -296,7 +297,7 @@ def test_a_prefill_that_sends_no_first_token_fails_over_after_the_timeout(
             yield {"type": "token", "index": i, "token_id": token, "role": "md"}
         yield {"type": "done", "finish_reason": "length", "stats": {}}
 
-    monkeypatch.setattr(views, "run_events", events)
+    monkeypatch.setattr(gw_run, "run_events", events)
     started = time.monotonic()
     for _ in range(6):
         response = _send(client)
@@ -317,8 +318,8 @@ def test_a_migration_notes_the_new_attempt_on_the_admission(two_decoders, monkey
     right attempt, and adds the tokens delivered before it."""
     client, made, plans = two_decoders
     noted = []
-    real = views.admission_attempt
-    monkeypatch.setattr(views, "admission_attempt", lambda *a: (noted.append(a), real(*a))[1])
+    real = routes.admission_attempt
+    monkeypatch.setattr(routes, "admission_attempt", lambda *a: (noted.append(a), real(*a))[1])
     response = client.post(
         "/v1/completions",
         {"model": "baton-tiny", "prompt": "hello", "max_tokens": 8},

@@ -20,7 +20,7 @@ from fleet import live as fleet_live
 from fleet.choices import InstanceRole, NodeStatus
 from fleet.models import Datacenter, GPUType, Instance, Node, ServedModel, WANLink
 from routing import analysis
-from routing.gateway import runner, views
+from routing.gateway import routes, runner
 from routing.models import RequestRecord
 
 BLOCK = 16
@@ -30,9 +30,9 @@ TURN_2 = TURN_1 + "Tool said ok; continue." + " " * 17  # 840 bytes: the next tu
 
 @pytest.fixture(autouse=True)
 def fresh_dispatched_blocks():
-    views.dispatched_blocks.clear()
+    routes.dispatched_blocks.clear()
     yield
-    views.dispatched_blocks.clear()
+    routes.dispatched_blocks.clear()
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def fake_fleet(transactional_db, settings, monkeypatch):
     def report_md(**fields) -> None:
         """MD's agent heartbeats again, its item carrying ``fields``."""
         _publish(main.node, items[InstanceRole.MAIN_DECODE] | fields)
-        views.live_views.clear()
+        routes.live_views.clear()
 
     yield {"client": client, "sent": sent, "main": main, "report_md": report_md}
     for inst in instances.values():
@@ -178,7 +178,7 @@ def test_without_the_dispatched_blocks_the_next_turn_looks_like_a_miss(fake_flee
     although MD held 95% of its prompt by the time its KV was reserved."""
     client = fake_fleet["client"]
     _send(client, TURN_1)
-    views.dispatched_blocks.clear()  # as the gateway was: heartbeats only
+    routes.dispatched_blocks.clear()  # as the gateway was: heartbeats only
     second = _send(client, TURN_2)
     assert second.pipeline == "p-rld-md"
     assert second.decision.reason.startswith("low hit 0.0%")
@@ -193,11 +193,11 @@ def test_an_rld_only_request_records_no_blocks_for_md(fake_fleet, settings):
     services.policy_update(
         changes={"singular_min_prompt_tokens": 100, "singular_max_output_tokens": 4}
     )
-    views.policies.clear()
+    routes.policies.clear()
     record = _send(fake_fleet["client"], TURN_1)
     assert record.pipeline == "rld-only"
     hashes = prefix_block_hashes(list(TURN_1.encode()), BLOCK)
-    assert views.dispatched_blocks.held(str(fake_fleet["main"].pk), hashes, after=0.0) == 0
+    assert routes.dispatched_blocks.held(str(fake_fleet["main"].pk), hashes, after=0.0) == 0
 
 
 def test_md_s_heartbeat_reporting_the_kv_in_flight_keeps_the_hit(fake_fleet):
@@ -206,10 +206,10 @@ def test_md_s_heartbeat_reporting_the_kv_in_flight_keeps_the_hit(fake_fleet):
     counts them as held."""
     client, main = fake_fleet["client"], fake_fleet["main"]
     _send(client, TURN_1)
-    views.dispatched_blocks.clear()  # only the report can make the next turn a hit now
+    routes.dispatched_blocks.clear()  # only the report can make the next turn a hit now
     incoming = list(prefix_block_hashes(list(TURN_1.encode()), BLOCK))
     fake_fleet["report_md"](incoming_prefix_blocks=incoming)
-    view = views.live_views.get("baton-tiny")
+    view = routes.live_views.get("baton-tiny")
     (md,) = view.snapshot.main_decode
     assert md.id == str(main.pk) and md.cached_prefix_blocks == frozenset(incoming)
     second = _send(client, TURN_2)
@@ -218,5 +218,5 @@ def test_md_s_heartbeat_reporting_the_kv_in_flight_keeps_the_hit(fake_fleet):
     assert "dispatched_blocks" not in second.decision.inputs
     # Its radix cache and the KV in flight both count (a union).
     fake_fleet["report_md"](cached_prefix_blocks=incoming[:10], incoming_prefix_blocks=incoming[5:])
-    (md,) = views.live_views.get("baton-tiny").snapshot.main_decode
+    (md,) = routes.live_views.get("baton-tiny").snapshot.main_decode
     assert md.cached_prefix_blocks == frozenset(incoming)

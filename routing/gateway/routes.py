@@ -1,0 +1,229 @@
+"""Step 2 of a request's path: routing. The live view of the fleet (with this gateway's own
+dispatches and the instances seen failing), the policy's decision and the plan for P; on a
+failure, a retry before the first token or a migration after it (docs/faults.md)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from django.conf import settings
+
+from agents.prefix import prefix_block_hashes
+from routing.gateway.errors import unavailable
+from routing.gateway.prepared import Prepared
+from routing.gateway.records import Outcome, admission_attempt, record_request
+from routing.gateway.runner import AgentRunError, Sampling, build_plan
+from routing.live import (
+    DispatchedBlocks,
+    DispatchLedger,
+    LiveViewCache,
+    suspect_ledger,
+    with_dispatched_blocks,
+    with_dispatches,
+    without_suspects,
+)
+from routing.policy import Decision, NoHealthyPath, Pipeline, RequestInfo, decide
+from routing.policy_cache import PolicyCache
+
+log = logging.getLogger(__name__)
+
+live_views = LiveViewCache()
+# Shared by every gateway process through Redis when REDIS_URL is set (else this process's).
+dispatches = DispatchLedger(
+    redis_url=settings.REDIS_URL, prefix=f"{settings.REDIS_KEY_PREFIX}:dispatch"
+)
+# The prompts' prefix blocks sent to each MD, counted as held there until MD's next report.
+dispatched_blocks = DispatchedBlocks(
+    redis_url=settings.REDIS_URL, prefix=f"{settings.REDIS_KEY_PREFIX}:dispatched-blocks"
+)
+# Instances seen failing, avoided until their next report (shared through Redis when set).
+suspects = suspect_ledger()
+# Attempts on another path for a request that failed before its first token.
+MAX_RETRIES = 2
+# Moves of a request to another decoder after its decoder failed mid-stream.
+MAX_MIGRATIONS = 2
+policies = PolicyCache()
+
+
+def route_first(p: Prepared) -> None:
+    """The first decision for an admitted request. No healthy path: the request is recorded
+    as rejected and the caller gets a 503."""
+    policy, version = policies.current()
+    p.policy, p.version = policy, version
+    p.first_token_early = policy.stream_first_token_early
+    p.info = RequestInfo(
+        prompt_tokens=len(p.prompt_ids),
+        max_tokens=p.greq.max_tokens,
+        prefix_block_hashes=prefix_block_hashes(p.prompt_ids, p.model.kv_block_size),
+        block_tokens=p.model.kv_block_size,
+    )
+    try:
+        route(p)
+    except NoHealthyPath as exc:
+        record_request(
+            request_id=p.request_id,
+            api_key=p.key,
+            model=p.model.name,
+            endpoint=p.kind,
+            stream=p.greq.stream,
+            decision=None,
+            policy_version=version,
+            decision_inputs=p.inputs,
+            outcome=Outcome(
+                status="rejected", error=f"no healthy path: {exc}", prompt_tokens=len(p.prompt_ids)
+            ),
+            client_request_id=p.client_request_id,
+        )
+        raise unavailable(f"No healthy path for model '{p.model.name}': {exc}") from exc
+
+
+def route(p: Prepared) -> None:
+    """Decide the path on the live view (with this gateway's dispatches, the KV already sent
+    to each MD, and without the instances seen failing) and build the agents' plan; sets
+    ``p.decision``, ``p.inputs``, ``p.url`` and ``p.plan``. Raises NoHealthyPath."""
+    view = live_views.get(p.model.name)
+    snapshot = with_dispatches(view, dispatches)
+    # MD will hold what the gateways have already sent it (KV on its way, not yet in its
+    # heartbeat): a session's next turn sent right after the previous answer is a hit there.
+    snapshot, in_flight = with_dispatched_blocks(
+        view, snapshot, dispatched_blocks, p.info.prefix_block_hashes
+    )
+    snapshot, avoided = without_suspects(view, snapshot, suspects)
+    inputs = {
+        "prompt_tokens": len(p.prompt_ids),
+        "max_tokens": p.greq.max_tokens,
+        "instances": {
+            i.id: {
+                "role": i.role,
+                "healthy": i.healthy,
+                "load": round(i.load, 3),
+                "dc": i.datacenter,
+            }
+            for i in (
+                *snapshot.prefill,
+                *snapshot.relay_decode,
+                *snapshot.main_decode,
+            )
+        },
+        "wan_links": {
+            dc: {
+                "gbps": link.bandwidth_gbps,
+                "rtt_ms": link.rtt_ms,
+                "use": round(link.utilisation, 3),
+                "status": link.status,
+            }
+            for dc, link in snapshot.wan_links.items()
+        },
+    }
+    if in_flight:
+        # Per MD, the prompt's leading blocks counted as held only because a gateway had
+        # already dispatched them there (its heartbeat did not show them yet).
+        inputs["dispatched_blocks"] = in_flight
+    if avoided:
+        inputs["suspect"] = avoided  # seen failing since their last report: routed around
+    if p.retried:
+        inputs["retried"] = p.retried
+    p.inputs = inputs
+    decision = decide(p.info, snapshot, p.policy)
+    dispatches.record((decision.prefill_id, decision.relay_id, decision.main_id))
+    if decision.pipeline in (Pipeline.P_MD, Pipeline.P_RLD_MD):
+        dispatched_blocks.record(decision.main_id, p.info.prefix_block_hashes)
+    # The agents see each attempt as its own request (a retry must not meet the first one's
+    # leftovers); the record keeps the gateway's id.
+    agent_request_id = p.request_id if not p.attempt else f"{p.request_id}-r{p.attempt}"
+    # A migrated request continues from the prompt plus what the user already has.
+    ids = p.continue_ids or p.prompt_ids
+    max_tokens = p.continue_max_tokens or p.greq.max_tokens
+    p.prefill_http = view.endpoints[decision.prefill_id].http
+    p.url, p.plan = build_plan(
+        request_id=agent_request_id,
+        prompt_ids=ids,
+        sampling=Sampling(
+            max_tokens, p.greq.temperature, p.greq.top_p, p.greq.seed, p.greq.logprobs
+        ),
+        decision=decision,
+        view=view,
+        early_first_token=p.policy.stream_first_token_early,
+    )
+    p.decision = decision
+
+
+def implicated(decision: Decision, exc: AgentRunError) -> list[str]:
+    """The instances a failure points at. P itself when P could not be reached; MD when the
+    message names MD (RLD or P report MD's failures as "MD ..."); else P's next hop, the relay
+    where the pipeline has one. Marking both decoders would leave a one-RLD, one-MD fleet no
+    path to migrate to, although only one of them died."""
+    if exc.at_prefill:
+        return [decision.prefill_id]
+    message = str(exc)
+    if decision.main_id and (re.search(r"\bMD\b", message) or "main decode" in message.lower()):
+        return [decision.main_id]
+    hop = decision.relay_id or decision.main_id
+    return [hop] if hop else []
+
+
+def reroute(p: Prepared, exc: AgentRunError, record: dict[str, Any]) -> tuple[list[str], str]:
+    """Mark the instances `exc` implicates suspect, note the attempt (`record` added to its
+    entry in the decision inputs) and route `p` again. Returns the implicated ids and, when no
+    path is left, why (else "")."""
+    d = p.decision
+    blamed = implicated(d, exc)
+    suspects.mark(blamed)
+    p.retried.append(
+        {"pipeline": d.pipeline, "instances": blamed, "error": str(exc)[:300], **record}
+    )
+    p.attempt += 1
+    try:
+        route(p)
+    except NoHealthyPath as no_path:
+        return blamed, str(no_path) or "no healthy path"
+    # Where the new attempt streams from, for a process that finishes this one's admissions.
+    offset = len(p.continue_ids or p.prompt_ids) - len(p.prompt_ids)
+    admission_attempt(p.request_id, p.plan["request_id"], p.prefill_http, offset)
+    return blamed, ""
+
+
+def migrate(p: Prepared, exc: AgentRunError, delivered: list[int], remaining: int) -> bool:
+    """The decoder failed after `delivered` tokens went out: route the prompt plus those
+    tokens again for the `remaining` ones (its prefix is cached where the KV is held, so MD's
+    cache makes that cheap). False past the limit or with no path left."""
+    if p.migrations >= MAX_MIGRATIONS or p.attempt >= MAX_RETRIES + MAX_MIGRATIONS:
+        return False
+    ids = [*p.prompt_ids, *delivered]
+    p.continue_ids, p.continue_max_tokens = ids, remaining
+    p.info = RequestInfo(
+        prompt_tokens=len(ids),
+        max_tokens=remaining,
+        prefix_block_hashes=prefix_block_hashes(ids, p.model.kv_block_size),
+        block_tokens=p.model.kv_block_size,
+    )
+    implicated, no_path = reroute(p, exc, {"migrated_at_token": len(delivered)})
+    if no_path:
+        log.warning(
+            "request %s: %s failed after %d tokens (%s); no path to migrate to: %s",
+            p.request_id, implicated, len(delivered), exc, no_path,
+        )  # fmt: skip
+        return False
+    p.migrations += 1
+    log.warning(
+        "request %s: %s failed after %d tokens (%s); migrated to %s",
+        p.request_id, implicated, len(delivered), exc, p.decision.pipeline,
+    )  # fmt: skip
+    return True
+
+
+def retry_elsewhere(p: Prepared, exc: AgentRunError) -> bool:
+    """After a failure before the user got any token: route the request again. False when
+    the retries are used up or no path is left."""
+    if p.attempt >= MAX_RETRIES:
+        return False
+    implicated, no_path = reroute(p, exc, {})
+    if no_path:
+        return False
+    log.warning(
+        "request %s: %s failed before its first token (%s); retrying on %s",
+        p.request_id, implicated, exc, p.decision.pipeline,
+    )  # fmt: skip
+    return True

@@ -1,0 +1,310 @@
+"""Step 3 of a request's path: the run. One streaming call to P per attempt, whose token events
+become text pieces in order; the stall limit and the first-token timeout turn a silent agent
+into a failure, which `routes` answers with a retry or a migration. At the end the record and
+usage are written once (`records.record_request`), as a task no disconnect can cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any
+
+from django.conf import settings
+
+from routing.gateway import routes
+from routing.gateway.openai_shapes import LogprobsCollector
+from routing.gateway.prepared import Prepared
+from routing.gateway.records import Outcome, admission_progress, record_request
+from routing.gateway.runner import AgentRunError, run_events
+from routing.gateway.stream import TextAssembler
+from routing.gateway.workers import in_worker, pending_records
+
+log = logging.getLogger(__name__)
+
+# How often a running request's delivered-token count is saved on its admission.
+PROGRESS_EVERY_S = 2.0
+# A stream with tokens out that goes this long without one (or 10 x its median gap, if more)
+# has a frozen decoder: the request migrates (BATON_GATEWAY_STALL_S). An attempt that has not
+# sent its first token within FIRST_TOKEN_TIMEOUT_S fails over to another path.
+STALL_FLOOR_S = settings.BATON_GATEWAY_STALL_S
+FIRST_TOKEN_TIMEOUT_S = settings.BATON_GATEWAY_FIRST_TOKEN_TIMEOUT_S
+
+
+class Run:
+    """Drives one request's agent stream and assembles text, finish reason and the outcome."""
+
+    def __init__(self, p: Prepared) -> None:
+        self.p = p
+        self.text = TextAssembler(p.tokenizer, stop=p.greq.stop)
+        # The delivered tokens' logprobs, when the request asked for them.
+        self.logprobs = (
+            LogprobsCollector(p.kind, p.tokenizer)
+            if getattr(p.greq, "logprobs", None) is not None
+            else None
+        )
+        # From the request's arrival at the gateway (auth, tokenizing and the policy count).
+        self.started = p.received_at or time.monotonic()
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.max_gap_s = 0.0
+        self.token_count = 0
+        self.by_role = {"prefill": 0, "rld": 0, "md": 0}
+        self.stats: dict[str, Any] = {}
+        self.finish_reason: str | None = None
+        self.status = "ok"
+        self.error = ""
+        self.recorded = False
+        self.write_task: asyncio.Task | None = None
+        # When the delivered-token count was last saved on the admission: every
+        # PROGRESS_EVERY_S from the start; P's own count (agents/node/served.py) is what a
+        # later process bills first, so a short request writes no progress at all.
+        self.progress_at = self.started
+        self.token_ids: list[int] = []  # delivered so far, for a migration
+        self.gaps: list[float] = []  # between consecutive tokens, for the stall limit
+        self.last_role = ""
+        self.offset = 0  # tokens delivered before the current attempt (its index 0)
+
+    async def deltas(self):
+        """Yield text pieces in order as tokens arrive; set finish_reason at the end.
+
+        A failure before the first token is retried on another path (``retry_elsewhere``);
+        one after tokens went out migrates the request (``routes.migrate``): a healthy path gets the
+        prompt plus the tokens already delivered and continues from there, so the user's stream
+        has no gap and no duplicate, and greedy output equals ``single``'s."""
+        while True:
+            try:
+                async for piece in self._attempt():
+                    yield piece
+                return
+            except AgentRunError as exc:
+                if not self.token_count:
+                    if not await in_worker(routes.retry_elsewhere)(self.p, exc):
+                        raise
+                    continue
+                remaining = self.p.greq.max_tokens - self.token_count
+                if remaining <= 0:  # every token is out; only the 'done' was lost
+                    self.finish_reason = "length"
+                    tail = self.text.flush()
+                    if tail:
+                        yield tail
+                    return
+                delivered = list(self.token_ids)
+                if not await in_worker(routes.migrate)(self.p, exc, delivered, remaining):
+                    raise
+                self.offset = self.token_count
+
+    def _stall_limit_s(self) -> float | None:
+        """How long the stream may go without an event once this attempt's first token is out:
+        STALL_FLOOR_S, or 10 x its median gap between tokens when that is longer. None before
+        the attempt's first token (the first-token timeout applies)."""
+        if self.token_count - self.offset < 1:
+            return None
+        gaps = self.gaps[-64:]
+        median = sorted(gaps)[len(gaps) // 2] if gaps else 0.0
+        return max(STALL_FLOOR_S, 10 * median)
+
+    async def _events(self):
+        """The agent's events; a decoder that falls silent mid-stream (frozen, or its link
+        black-holed) is a failure after the stall limit, so the request migrates. An attempt
+        with no token after FIRST_TOKEN_TIMEOUT_S (a frozen P) fails over the same way."""
+        events = run_events(self.p.url, self.p.plan)
+        try:
+            while True:
+                limit = self._stall_limit_s()
+                try:
+                    event = await asyncio.wait_for(
+                        events.__anext__(), FIRST_TOKEN_TIMEOUT_S if limit is None else limit
+                    )
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    if limit is None:
+                        raise AgentRunError(
+                            f"no first token from the prefill agent within "
+                            f"{FIRST_TOKEN_TIMEOUT_S:g} s"
+                        ) from None
+                    role = {"md": "MD", "rld": "RLD"}.get(self.last_role, self.last_role)
+                    raise AgentRunError(
+                        f"stream stalled: no token for {limit:.1f} s (the last one from {role})",
+                        at_prefill=False,
+                    ) from None
+                yield event
+        finally:
+            await events.aclose()
+
+    async def _attempt(self):
+        events = self._events()
+        try:
+            async for event in events:
+                kind = event.get("type")
+                if kind == "token":
+                    if event.get("index") != self.token_count - self.offset:
+                        raise AgentRunError(
+                            f"token stream out of order: got index {event.get('index')}, "
+                            f"expected {self.token_count - self.offset}",
+                            at_prefill=False,
+                        )
+                    self.token_count += 1
+                    self.token_ids.append(int(event["token_id"]))
+                    now = time.monotonic()
+                    if now - self.progress_at >= PROGRESS_EVERY_S:
+                        self.progress_at = now
+                        self._save_progress()
+                    if self.first_at is None:
+                        self.first_at = now
+                    else:
+                        self.max_gap_s = max(self.max_gap_s, now - self.last_at)
+                        self.gaps.append(now - self.last_at)
+                    self.last_at = now
+                    role = event.get("role", "")
+                    self.last_role = role
+                    if role in self.by_role:
+                        self.by_role[role] += 1
+                    if self.logprobs is not None:
+                        self.logprobs.add(event, self.text.decoded_len)
+                    piece, stopped = self.text.push(int(event["token_id"]))
+                    if piece:
+                        yield piece
+                    if stopped:
+                        self.finish_reason = "stop"
+                        return
+                elif kind == "done":
+                    self.stats = event.get("stats") or {}
+                    reason = event.get("finish_reason")
+                    self.finish_reason = "length" if reason in ("length", "max_tokens") else "stop"
+                elif kind == "error":
+                    raise AgentRunError(str(event.get("message", "agent error")), at_prefill=False)
+            tail = self.text.flush()
+            if tail:
+                yield tail
+            if self.finish_reason is None:
+                raise AgentRunError(
+                    "the agent stream ended without a 'done' event", at_prefill=False
+                )
+        finally:
+            await events.aclose()
+
+    def outcome(self) -> Outcome:
+        now = time.monotonic()
+        s = self.stats
+        kv = s.get("kv_bytes") or {}
+        handoff = s.get("handoff") or {}
+        by_role = s.get("tokens_by_role") or {}
+        ttft = (self.first_at - self.started) if self.first_at is not None else None
+        tpot = (
+            (now - self.first_at) / (self.token_count - 1)
+            if self.first_at is not None and self.token_count > 1
+            else None
+        )
+        return Outcome(
+            status=self.status,
+            error=self.error,
+            prompt_tokens=len(self.p.prompt_ids),
+            cached_tokens=int(s.get("cached_tokens", self.p.decision.cached_tokens) or 0),
+            completion_tokens=self.token_count,
+            # P's first token counts with the decode role that carries on from it.
+            # After a migration the last attempt's stats cover only its part: count here.
+            tokens_by_rld=int(
+                self.by_role["rld"] if self.migrations else by_role.get("rld", self.by_role["rld"])
+            ),
+            tokens_by_md=int(
+                self.by_role["md"] if self.migrations else by_role.get("md", self.by_role["md"])
+            ),
+            migrations=self.migrations,
+            ttft_s=ttft,
+            prefill_s=_seconds(s.get("prefill_s")),
+            kv_wait_s=_seconds(s.get("kv_wait_s")),
+            max_gap_s=self.max_gap_s if self.first_at is not None else None,
+            first_token_early=bool(s.get("first_token_early", self.p.first_token_early)),
+            tpot_s=tpot,
+            e2e_s=now - self.started,
+            kv_bytes_intra_dc=int(kv.get("intra_dc", 0) or 0),
+            kv_bytes_wan=int(kv.get("wan", 0) or 0),
+            handoff_bytes=int(s.get("handoff_bytes", 0) or 0),
+            handoff_at_token=handoff.get("at_token"),
+            handoff_batches=int(handoff.get("batches", 0) or 0),
+        )
+
+    def take_logprobs(self) -> dict | None:
+        """The logprobs of the tokens delivered since the last call (a stream chunk's)."""
+        return self.logprobs.take() if self.logprobs is not None else None
+
+    def all_logprobs(self) -> dict | None:
+        """Every delivered token's logprobs; None when the request did not ask."""
+        return self.logprobs.all() if self.logprobs is not None else None
+
+    @property
+    def migrations(self) -> int:
+        """Times this request moved to another decoder (``routes.migrate`` counts them)."""
+        return self.p.migrations
+
+    def _save_progress(self) -> None:
+        """Save the delivered-token count on the admission, off the stream's path."""
+        task = asyncio.ensure_future(
+            in_worker(_quietly(admission_progress))(self.p.request_id, self.token_count)
+        )
+        pending_records.add(task)
+        task.add_done_callback(pending_records.discard)
+
+    async def record(self) -> None:
+        """Write the record and usage once, whatever the client does meanwhile: the write runs
+        as its own task, so a disconnect (which cancels the response) cannot cancel it."""
+        task = self.record_soon()
+        if task is not None:
+            # A cancellation (the client went away) reaches the caller; the write carries on.
+            await asyncio.shield(task)
+        elif self.write_task is not None and not self.write_task.done():
+            await asyncio.shield(self.write_task)
+
+    def record_soon(self) -> asyncio.Task | None:
+        """Start writing the record and usage (once) as a task of its own, and return it; None
+        when it was already started. The caller need not wait: the task is held in
+        ``pending_records`` until it ends, and the ASGI shutdown drains those."""
+        if self.recorded:
+            return None
+        self.recorded = True
+        p = self.p
+        outcome = self.outcome()
+
+        async def write() -> None:
+            try:
+                await in_worker(record_request)(
+                    request_id=p.request_id,
+                    api_key=p.key,
+                    model=p.model.name,
+                    endpoint=p.kind,
+                    stream=p.greq.stream,
+                    decision=p.decision,
+                    policy_version=p.version,
+                    decision_inputs=p.inputs,
+                    outcome=outcome,
+                    client_request_id=p.client_request_id,
+                )
+            except Exception:
+                log.exception("could not record request %s", p.request_id)
+
+        task = asyncio.ensure_future(write())
+        pending_records.add(task)
+        task.add_done_callback(pending_records.discard)
+        self.write_task = task
+        return task
+
+
+def _quietly(fn):
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception:  # progress is best effort: the final record is what counts
+            log.warning("could not save progress", exc_info=True)
+            return None
+
+    return run
+
+
+def _seconds(value: Any) -> float | None:
+    """A duration from the agent's stats, or None when absent or not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
