@@ -177,6 +177,10 @@ RULE = [
     "(The first full-reps `--only` run always killed `a-p`; stream 0 was on `a-p2` there, so "
     "no stream had tokens out on the killed P and none migrated: 0 in 24. The kill now "
     "follows stream 0, so the migration path is exercised.)",
+    "- The fleet counts as back after a restart only once the restarted agent's node has "
+    "sent a heartbeat after the restart (fixed after a full run in which a P restarted and "
+    "the next repetition began 5 s after the kill, on the killed process's last report, "
+    "while the new one was still loading: that repetition had no second P).",
     "- After each fault: probes (non-streamed, `max_tokens` 4, one at a time, each "
     "retried 0.5 s after a failure) from the moment of the fault, alongside the faulted "
     "stream, until one succeeds (recovery = fault -> that success; for the web faults the "
@@ -338,6 +342,11 @@ def records(cluster: Cluster, request_id: str) -> list[dict]:
         return []
 
 
+# host -> when its agent was last (re)started: the fleet is back only once that process has
+# reported (else the control plane still shows the killed process's last report as running).
+RESTARTED: dict[str, float] = {}
+
+
 def fleet_ready(cluster: Cluster) -> bool:
     try:
         states = cluster.instance_states()
@@ -345,6 +354,13 @@ def fleet_ready(cluster: Cluster) -> bool:
             nodes = api.get("/api/v1/nodes/").json()["results"]
     except (httpx.HTTPError, ValueError, KeyError):
         return False
+    for node in nodes:
+        since = RESTARTED.get(node["hostname"])
+        beat = node.get("last_heartbeat_at")
+        if since is not None and (
+            not beat or datetime.fromisoformat(beat.replace("Z", "+00:00")).timestamp() <= since
+        ):
+            return False
     return set(states.values()) == {"running"} and all(n["status"] == "online" for n in nodes)
 
 
@@ -356,6 +372,7 @@ def restart_agent(cluster: Cluster, host: str, log_dir: Path) -> None:
     except OSError:
         pass
     old.cleanup()
+    RESTARTED[host] = time.time()
     cluster.start_agent(host)
 
 
