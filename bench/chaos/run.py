@@ -178,9 +178,10 @@ RULE = [
     "no stream had tokens out on the killed P and none migrated: 0 in 24. The kill now "
     "follows stream 0, so the migration path is exercised.)",
     "- The fleet counts as back after a restart only once the restarted agent's node has "
-    "sent a heartbeat after the restart (fixed after a full run in which a P restarted and "
-    "the next repetition began 5 s after the kill, on the killed process's last report, "
-    "while the new one was still loading: that repetition had no second P).",
+    "sent a heartbeat after the restart and each of its instances changed state after it "
+    "(fixed after two full runs in which a P restarted and the next repetition began 3-5 s "
+    "after the kill, on the killed process's last report, while the new process was still "
+    "loading the instance: those repetitions had one P, and killing it left none).",
     "- After each fault: probes (non-streamed, `max_tokens` 4, one at a time, each "
     "retried 0.5 s after a failure) from the moment of the fault, alongside the faulted "
     "stream, until one succeeds (recovery = fault -> that success; for the web faults the "
@@ -347,21 +348,32 @@ def records(cluster: Cluster, request_id: str) -> list[dict]:
 RESTARTED: dict[str, float] = {}
 
 
+def _ts(text: str | None) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else 0.0
+
+
 def fleet_ready(cluster: Cluster) -> bool:
+    """Every instance running and every node online; an instance on a restarted node counts
+    only once its state changed after the restart (the new process loaded and runs it: the
+    killed process's last report said running too)."""
     try:
-        states = cluster.instance_states()
         with cluster.api() as api:
+            instances = api.get("/api/v1/instances/").json()["results"]
             nodes = api.get("/api/v1/nodes/").json()["results"]
     except (httpx.HTTPError, ValueError, KeyError):
         return False
+    host_of = {n["id"]: n["hostname"] for n in nodes}
+    for inst in instances:
+        if inst["actual_state"] != "running":
+            return False
+        since = RESTARTED.get(host_of.get(inst["node"], ""))
+        if since is not None and _ts(inst.get("state_changed_at")) <= since:
+            return False
     for node in nodes:
         since = RESTARTED.get(node["hostname"])
-        beat = node.get("last_heartbeat_at")
-        if since is not None and (
-            not beat or datetime.fromisoformat(beat.replace("Z", "+00:00")).timestamp() <= since
-        ):
+        if since is not None and _ts(node.get("last_heartbeat_at")) <= since:
             return False
-    return set(states.values()) == {"running"} and all(n["status"] == "online" for n in nodes)
+    return all(n["status"] == "online" for n in nodes)
 
 
 def restart_agent(cluster: Cluster, host: str, log_dir: Path) -> None:
