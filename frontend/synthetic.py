@@ -55,7 +55,7 @@ def synthetic_records_create(
             pipeline = PipelineChoice.P_RLD_MD
             handoff = rng.choice([HandoffChoice.ONE_SHOT, HandoffChoice.CATCH_UP])
             ttft = rng.lognormvariate(0.9, 0.5)
-            by_rld = min(out, int(rng.uniform(20, 120)))
+            by_rld = min(out - 1, int(rng.uniform(20, 120)))
             reason = (
                 f"hit {hit:.0%} below threshold: relay decodes while {delta} tokens of KV cross"
             )
@@ -86,7 +86,8 @@ def synthetic_records_create(
                 cached_tokens=cached,
                 completion_tokens=out,
                 tokens_by_rld=by_rld,
-                tokens_by_md=out - by_rld,
+                # P makes output token 0 (its prefill's); the decoders the rest.
+                tokens_by_md=out - 1 - by_rld,
                 ttft_s=ttft,
                 prefill_s=prefill,
                 kv_wait_s=ttft - prefill,

@@ -17,6 +17,7 @@ urlpatterns = [
     path("fleet/instances/<int:pk>/", views.InstanceDetailView.as_view(), name="instance"),
     path("fleet/links/<int:pk>/", views.LinkDetailView.as_view(), name="link"),
     path("requests/", views.RequestsView.as_view(), name="requests"),
+    path("requests/<path:request_id>/", views.RequestDetailView.as_view(), name="request"),
     path("planner/", views.PlannerView.as_view(), name="planner"),
     path("billing/", views.BillingView.as_view(), name="billing"),
     path("billing/usage/<path:request_id>/", views.UsageDetailView.as_view(), name="usage"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from decimal import Decimal
 
@@ -29,6 +30,7 @@ from frontend.telemetry.fleet import link_name
 from frontend.telemetry.histogram import RESOLUTION
 from frontend.telemetry.snapshot import build_history, build_snapshot
 from routing.analysis import RELAYED_DESPITE_CACHE_THRESHOLD, relayed_despite_cache
+from routing.models import RequestRecord
 
 LOGIN_URL = reverse_lazy("frontend:login")
 
@@ -91,6 +93,7 @@ class RequestsView(PageView):
         filters = form.cleaned_data if form.is_valid() else {}
         records = request_log(filters=filters)
         page = Paginator(records, self.page_size).get_page(self.request.GET.get("page"))
+        page.object_list = list(page.object_list)
         query = self.request.GET.copy()
         query.pop("page", None)
         # Relayed requests MD had in fact cached over 90% of (routing.analysis).
@@ -104,6 +107,58 @@ class RequestsView(PageView):
             relayed_threshold=RELAYED_DESPITE_CACHE_THRESHOLD,
         )
         return ctx
+
+
+class RequestDetailView(PageView):
+    """One request: its timeline, routing decision, the inputs the policy saw and its usage
+    entry. Logged-in users only (operators and viewers), like the request log."""
+
+    template_name = "frontend/request_detail.html"
+    section = "requests"
+
+    def get_context_data(self, **kwargs):
+        from billing.models import UsageEntry
+        from frontend.timeline import attempts, request_timeline
+        from routing.models import RoutingDecision
+
+        ctx = super().get_context_data(**kwargs)
+        record = get_object_or_404(
+            RequestRecord.objects.select_related("tenant"), request_id=kwargs["request_id"]
+        )
+        decision = RoutingDecision.objects.filter(request=record).first()
+        inputs = (
+            decision.inputs if decision is not None and isinstance(decision.inputs, dict) else {}
+        )
+        ctx.update(
+            r=record,
+            decision=decision,
+            timeline=request_timeline(record, decision),
+            attempts=attempts(decision),
+            inputs_json=json.dumps(inputs, indent=2, sort_keys=True, default=str),
+            input_instances=sorted(
+                (inputs.get("instances") or {}).items(),
+                key=lambda kv: (str(kv[1].get("role")), kv[0]),
+            ),
+            input_links=sorted((inputs.get("wan_links") or {}).items()),
+            input_scalars=[
+                (k, v) for k, v in sorted(inputs.items()) if not isinstance(v, (dict, list))
+            ],
+            usage=UsageEntry.objects.filter(request_id=record.request_id).first(),
+            instances=_instances(record),
+        )
+        return ctx
+
+
+def _instances(record) -> list[tuple[str, str, int | None]]:
+    """(role, instance id, pk if it is still an instance of the fleet) for P, RLD and MD."""
+    roles = [
+        ("P", record.prefill_instance),
+        ("RLD", record.relay_instance),
+        ("MD", record.main_instance),
+    ]
+    pks = [int(v) for _, v in roles if v.isdigit()]
+    known = set(Instance.objects.filter(pk__in=pks).values_list("pk", flat=True))
+    return [(role, v, int(v) if v.isdigit() and int(v) in known else None) for role, v in roles]
 
 
 class InstanceDetailView(PageView):
