@@ -45,27 +45,161 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something holds `host:port` the way a server would need it.
+
+    The probe sets SO_REUSEADDR, as uvicorn and the agents do when they bind, so a port whose
+    last connections are still in TIME-WAIT (a demo stopped a minute ago) counts as free; a
+    socket listening on it does not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def check_ports_free(host: str, ports: list[int]) -> None:
     """Fail at once, with the reason, when another demo (or anything) holds a port we need."""
     for port in ports:
-        with socket.socket() as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                raise SystemExit(
-                    f"[demo] port {port} on {host} is in use (another `make demo` running?); "
-                    "stop it or pass --port"
-                ) from None
+        if port_in_use(host, port):
+            raise SystemExit(
+                f"[demo] port {port} on {host} is in use (another `make demo` running?); "
+                "stop it or pass --port"
+            )
+
+
+def wait_until(
+    pending,
+    timeout_s: float,
+    what: str,
+    *,
+    interval_s: float = 0.5,
+    report_every_s: float = 30.0,
+    clock=time.monotonic,
+    sleep=time.sleep,
+) -> None:
+    """Call `pending()` until it returns an empty list: the things still waited for, by name.
+
+    On timeout the error names what was still pending at the last look (or the last call's
+    error); every `report_every_s` a progress line says the same."""
+    start = clock()
+    last: list[str] = [what]
+    next_report = start + report_every_s
+    while True:
+        try:
+            last = list(pending())
+        except Exception as exc:  # the server not up yet, a transient error
+            last = [f"{what} ({type(exc).__name__}: {exc})"]
+        else:
+            if not last:
+                return
+        now = clock()
+        if now - start >= timeout_s:
+            raise SystemExit(
+                f"[demo] timed out after {timeout_s:.0f} s waiting for {what}; "
+                f"still waiting for: {', '.join(last)}"
+            )
+        if now >= next_report:
+            say(f"still waiting for: {', '.join(last)}")
+            next_report = now + report_every_s
+        sleep(interval_s)
 
 
 def wait_for(check, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            if check():
-                return
-        time.sleep(0.5)
-    raise SystemExit(f"[demo] timed out waiting for {what}")
+    wait_until(lambda: [] if check() else [what], timeout_s, what)
+
+
+def pending_instances(instances: list[dict], node_names: dict[int, str], demo_nodes) -> list[str]:
+    """The demo fleet's instances that are not running yet, named for the operator.
+
+    Only instances on the demo's own nodes count: instances an operator added elsewhere (the
+    README's curl walkthrough creates some on nodes with no agent) never run here and are not
+    the demo's to wait for. A demo node with no instance at all is named too."""
+    demo_nodes = list(demo_nodes)
+    waiting = []
+    seen = set()
+    for row in instances:
+        node = node_names.get(row["node"])
+        if node not in demo_nodes:
+            continue
+        seen.add(node)
+        if row["actual_state"] != "running":
+            waiting.append(f"{row['role']} #{row['id']} on {node} ({row['actual_state']})")
+    waiting += [f"an instance on {node} (none exists)" for node in demo_nodes if node not in seen]
+    return waiting
+
+
+def _die_with_parent() -> None:
+    """In a child, before exec: get SIGTERM if the demo dies without cleaning up (SIGKILL)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Children:
+    """The processes the demo starts, each in its own process group, and their stopping.
+
+    The children do not get the terminal's Ctrl-C themselves (their own sessions, so that a
+    Ctrl-C cannot hit them mid-way and so that each is stopped as a whole), so the demo stops
+    them: on leaving the `with` block, for whatever reason, every group gets SIGTERM at once,
+    and whatever is left after `grace_s` (or at once on a second Ctrl-C or SIGTERM during the
+    wait) gets SIGKILL. A further Ctrl-C cannot cut that short. On Linux a child also gets
+    SIGTERM if the demo itself is killed (PR_SET_PDEATHSIG)."""
+
+    def __init__(self, grace_s: float = 10.0) -> None:
+        self.grace_s = grace_s
+        self.procs: list[subprocess.Popen] = []
+        self._hurry = False
+
+    def __enter__(self) -> Children:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def spawn(self, argv: list[str], **kwargs) -> subprocess.Popen:
+        if sys.platform.startswith("linux"):
+            kwargs.setdefault("preexec_fn", _die_with_parent)
+        proc = subprocess.Popen(argv, start_new_session=True, **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    def alive(self) -> list[subprocess.Popen]:
+        return [p for p in self.procs if p.poll() is None]
+
+    def _signal(self, sig: int) -> None:
+        for proc in reversed(self.alive()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+
+    def _hurry_up(self, signum, frame) -> None:
+        self._hurry = True
+
+    def stop(self) -> None:
+        handlers = {}
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(ValueError, OSError):  # not the main thread
+                handlers[sig] = signal.signal(sig, self._hurry_up)
+        try:
+            if self.alive():
+                self._signal(signal.SIGTERM)
+            deadline = time.monotonic() + self.grace_s
+            while self.alive() and not self._hurry and time.monotonic() < deadline:
+                time.sleep(0.1)
+            for proc in self.alive():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            for proc in self.procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)
+        finally:
+            for sig, handler in handlers.items():
+                with contextlib.suppress(ValueError, OSError, TypeError):
+                    signal.signal(sig, handler)
 
 
 def main() -> int:
@@ -76,31 +210,31 @@ def main() -> int:
     parser.add_argument("--duration-s", type=float, default=3600.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-traffic", action="store_true")
+    parser.add_argument("--wait-s", type=float, default=240.0, help="how long the fleet may take")
+    parser.add_argument(
+        "--grace-s", type=float, default=10.0, help="on stop: SIGTERM, then SIGKILL after this"
+    )
     args = parser.parse_args()
 
-    # SIGTERM (a supervisor, `timeout`) stops everything just as Ctrl-C does.
+    # SIGTERM (a supervisor, `timeout`) and SIGHUP (the terminal closed) stop everything just
+    # as Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     url = f"http://{args.host}:{args.port}"
-    procs: list[subprocess.Popen] = []
     logs = ROOT / "var" / "demo-logs"
     logs.mkdir(parents=True, exist_ok=True)
-
-    def spawn(name: str, argv: list[str], extra_env: dict[str, str] | None = None):
-        log = open(logs / f"{name}.log", "w")
-        proc = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env={**env, **(extra_env or {})},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        procs.append(proc)
-        return proc
-
     check_ports_free(args.host, [args.port])
     check_ports_free("127.0.0.1", list(AGENT_PORTS.values()))
+    children = Children(grace_s=args.grace_s)
+
+    def spawn(name: str, argv: list[str], extra_env: dict[str, str] | None = None):
+        with open(logs / f"{name}.log", "w") as log:
+            return children.spawn(
+                argv, cwd=ROOT, env={**env, **(extra_env or {})}, stdout=log,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
     try:
         say("migrating the database and loading the demo fleet")
         manage("migrate", "--noinput", env=env)
@@ -168,11 +302,25 @@ def main() -> int:
             say(f"starting agent {node} on port {port}")
             spawn(f"agent-{node}", argv, agent_env)
 
-        def all_running() -> bool:
-            rows = api.get("/api/v1/instances/").json()["results"]
-            return bool(rows) and all(r["actual_state"] == "running" for r in rows)
+        node_names = {
+            n["id"]: n["hostname"]
+            for n in api.get("/api/v1/nodes/", params={"page_size": 500}).json()["results"]
+        }
 
-        wait_for(all_running, 240, "the P, RLD and MD instances to run")
+        def demo_instances() -> list[dict]:
+            rows = api.get("/api/v1/instances/", params={"page_size": 500}).json()["results"]
+            return [r for r in rows if node_names.get(r["node"]) in AGENT_PORTS]
+
+        # An operator may have drained or stopped one in an earlier run: the demo needs all three.
+        for row in demo_instances():
+            if row["desired_state"] != "running":
+                say(f"starting {row['role']} #{row['id']} (it was {row['desired_state']})")
+                api.post(f"/api/v1/instances/{row['id']}/start/").raise_for_status()
+
+        def demo_pending() -> list[str]:
+            return pending_instances(demo_instances(), node_names, AGENT_PORTS)
+
+        wait_until(demo_pending, args.wait_s, "the demo fleet's P, RLD and MD instances to run")
         say("fleet is up: P and RLD in dc-a, MD in dc-b, WAN 60 Mbit/s / 30 ms (scaled)")
         print(
             f"\n  Dashboard:  {url}/  (user demo, password demo-operator)\n"
@@ -184,24 +332,15 @@ def main() -> int:
             flush=True,
         )
         if args.no_traffic:
-            while all(p.poll() is None for p in procs):
+            while not [p for p in children.procs if p.poll() is not None]:
                 time.sleep(1)
             return 1
-        return asyncio.run(run_traffic(url, api_key, args, procs))
+        return asyncio.run(run_traffic(url, api_key, args, children.procs))
     except KeyboardInterrupt:
         return 0
     finally:
         say("stopping")
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+        children.stop()
 
 
 async def run_traffic(url: str, api_key: str, args, procs) -> int:
@@ -226,7 +365,7 @@ async def run_traffic(url: str, api_key: str, args, procs) -> int:
     finally:
         stop.set()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 30)
+            await asyncio.wait_for(task, 5)
     return 0
 
 
