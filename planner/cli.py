@@ -5,9 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def default_out(scenario: str) -> Path:
+    """Where `planner run` writes without `--out`: `var/planner/<scenario>` (under
+    `$BATON_VAR_DIR` when set), never over the results committed in `bench/planner/`."""
+    var = Path(os.environ.get("BATON_VAR_DIR") or ROOT / "var")
+    name = scenario.rsplit("/", 1)[-1].removesuffix(".json") or "scenario"
+    return var / "planner" / name
 
 
 def _clean(value: Any) -> Any:
@@ -35,7 +46,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise ValueError(f"--jobs: must be >= 1, got {args.jobs}")
     result = simulate(args.scenario, jobs=args.jobs)
-    out = Path(args.out or f"bench/planner/{result.scenario}")
+    out = Path(args.out) if args.out else default_out(result.scenario)
     out.mkdir(parents=True, exist_ok=True)
     data = _clean(result.to_dict())
     (out / "result.json").write_text(json.dumps(data, indent=2))
@@ -75,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("list", help="list bundled scenarios").set_defaults(func=_cmd_list)
     run = sub.add_parser("run", help="simulate a scenario (name or path)")
     run.add_argument("scenario")
-    run.add_argument("--out", help="output folder (default bench/planner/<scenario>)")
+    run.add_argument(
+        "--out",
+        help="output folder (default var/planner/<scenario>; the committed results in "
+        "bench/planner/<scenario> are refreshed with --out bench/planner/<scenario>)",
+    )
     run.add_argument("--no-plots", action="store_true")
     run.add_argument("--jobs", type=int, default=1,
                      help="processes to run cases on (same results as one)")  # fmt: skip

@@ -9,7 +9,34 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from planner import published  # noqa: E402
 from planner.api import SimResult  # noqa: E402
+
+PUBLISHED_STYLE = {"color": "black", "linewidth": 2.0}
+
+
+def _mark_bars(ax, scenario: str, plot: str, names: list[str], quantiles, width: float) -> None:
+    """A black dash across each bar a published figure compares with, labelled with it."""
+    first = True
+    for (case, q), (value, label) in published.bars(scenario, plot).items():
+        if case not in names or q not in quantiles:
+            continue
+        x = names.index(case) + quantiles.index(q) * width
+        ax.hlines(value, x - width / 2, x + width / 2, label="published" if first else None,
+                  **PUBLISHED_STYLE)  # fmt: skip
+        ax.annotate(label, (x, value), xytext=(0, 3), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=6)  # fmt: skip
+        first = False
+
+
+def _mark_lines(ax, scenario: str, plot: str) -> None:
+    for value, label in published.lines(scenario, plot):
+        ax.axhline(value, color="black", linestyle=":", linewidth=1.0, label=label)
+
+
+def _mark_vlines(ax, scenario: str, plot: str) -> None:
+    for value, label in published.vlines(scenario, plot):
+        ax.axvline(value, color="grey", linestyle=":", linewidth=1.0, label=label or None)
 
 
 def plot_result(result: SimResult, out: Path) -> list[Path]:
@@ -27,25 +54,43 @@ def plot_result(result: SimResult, out: Path) -> list[Path]:
     if result.kind == "fleet" and not result.sweep:
         fig, ax = plt.subplots(figsize=(7, 4))
         names = list(result.cases)
-        for k, q in enumerate(("p50", "p90", "p99")):
+        quantiles = ("p50", "p90", "p99")
+        for k, q in enumerate(quantiles):
             values = [result.cases[n].summary["ttft_s"][q] for n in names]
             ax.bar([i + k * 0.25 for i in range(len(names))], values, width=0.25, label=q)
+        _mark_bars(ax, result.scenario, "ttft", names, quantiles, 0.25)
+        _mark_lines(ax, result.scenario, "ttft")
         ax.set_xticks([i + 0.25 for i in range(len(names))], names)
         ax.set_ylabel("TTFT (s)")
         ax.set_title(f"{result.scenario}: TTFT percentiles")
-        ax.legend()
+        ax.legend(fontsize=7)
         paths.append(_save(fig, out / "ttft.png"))
+        shares = {n: result.cases[n].summary.get("tokens", {}).get("relay_share") for n in names}
+        if published.lines(result.scenario, "token_share") and all(
+            v is not None for v in shares.values()
+        ):
+            fig, ax = plt.subplots(figsize=(7, 4))
+            ax.bar(range(len(names)), [shares[n] for n in names], label="simulated RLD share")
+            _mark_lines(ax, result.scenario, "token_share")
+            ax.set_xticks(range(len(names)), names)
+            ax.set_ylabel("share of output tokens decoded on RLD")
+            ax.set_title(f"{result.scenario}: RLD token share")
+            ax.legend(fontsize=7)
+            paths.append(_save(fig, out / "token_share.png"))
     if result.kind == "transfer":
         fig, ax = plt.subplots(figsize=(7, 4))
         names = list(result.cases)
-        for k, q in enumerate(("p50", "p90", "p99")):
+        quantiles = ("p50", "p90", "p99")
+        for k, q in enumerate(quantiles):
             values = [result.cases[n].summary["transfer_s"][q] for n in names]
             ax.bar([i + k * 0.25 for i in range(len(names))], values, width=0.25, label=q)
+        _mark_bars(ax, result.scenario, "transfer", names, quantiles, 0.25)
+        _mark_lines(ax, result.scenario, "transfer")
         ax.set_xticks([i + 0.25 for i in range(len(names))], names)
         ax.set_yscale("log")
         ax.set_ylabel("KV transfer time (s)")
         ax.set_title(f"{result.scenario}: WAN transfer time")
-        ax.legend()
+        ax.legend(fontsize=7)
         paths.append(_save(fig, out / "transfer.png"))
     if result.sweep:
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -61,8 +106,10 @@ def plot_result(result: SimResult, out: Path) -> list[Path]:
             ]
             ax2 = ax.twinx()
             ax2.plot(xs, ratio, "k--", label=f"{b} / {a}")
+            _mark_lines(ax2, result.scenario, "bathtub_ratio")
             ax2.set_ylabel(f"BCR ratio {b} / {a}")
-            ax2.legend(loc="upper center")
+            ax2.legend(loc="upper center", fontsize=7)
+        _mark_vlines(ax, result.scenario, "bathtub")
         ax.set_xlabel("mean prefix hit rate")
         ax.set_ylabel("BCR (goodput RPS per unit-hour)")
         ax.set_title(f"{result.scenario}: benefit over the hit-rate range")
