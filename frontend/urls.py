@@ -24,4 +24,5 @@ urlpatterns = [
     path("telemetry/snapshot/", views.SnapshotJSONView.as_view(), name="snapshot"),
     path("telemetry/history/", views.HistoryJSONView.as_view(), name="history"),
     path("metrics", metrics_view, name="metrics"),
+    path("favicon.ico", views.favicon_view, name="favicon"),
 ]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
 
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.paginator import Paginator
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse_lazy
 from django.utils import timezone
@@ -191,6 +192,17 @@ class LinkDetailView(PageView):
         ctx["link"] = link
         ctx["link_name"] = link_name(link.from_datacenter.name, link.to_datacenter.name)
         return ctx
+
+
+FAVICON = Path(__file__).resolve().parent / "static" / "frontend" / "favicon.svg"
+
+
+def favicon_view(request: HttpRequest) -> HttpResponse:
+    """/favicon.ico for pages that name no icon (the admin, the API docs, JSON): the UI's SVG
+    icon, so browsers get no 404."""
+    response = HttpResponse(FAVICON.read_bytes(), content_type="image/svg+xml")
+    response["Cache-Control"] = "public, max-age=86400"
+    return response
 
 
 class SnapshotJSONView(LoginRequiredMixin, View):

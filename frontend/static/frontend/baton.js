@@ -45,7 +45,9 @@
     return Number(v).toFixed(d);
   }
   function pct(v) { return v === null || v === undefined ? "–" : (v * 100).toFixed(1) + "%"; }
-  function secs(v) { return v === null || v === undefined ? "–" : (v < 1 ? (v * 1000).toFixed(0) + " ms" : v.toFixed(2) + " s"); }
+  /* A value and its unit are joined by a no-break space, so a card never wraps between them. */
+  const NBSP = "\u00a0";
+  function secs(v) { return v === null || v === undefined ? "–" : (v < 1 ? (v * 1000).toFixed(0) + NBSP + "ms" : v.toFixed(2) + NBSP + "s"); }
   function bytes(v) {
     if (!v) return "0 B";
     const u = ["B", "KB", "MB", "GB", "TB"]; let i = 0;
@@ -72,7 +74,7 @@
       series: [{}].concat(series.map((s) => Object.assign({ spanGaps: false, width: 1.5 }, s))),
       axes: [{}, { size: 50, values: opts.yValues }],
       scales: { x: { time: true }, y: opts.y || {} },
-      legend: { live: false },
+      legend: { live: false, show: opts.legend !== false },
     }, data, el);
     window.addEventListener("resize", () => chart.setSize({ width: width(), height: opts.height || 180 }));
     return {
@@ -104,6 +106,6 @@
     return { ok: res.ok, status: res.status, body };
   }
 
-  window.Baton = { on, connect, num, pct, secs, bytes, csrf, liveChart, instanceAction, last: null, snapshots: 0 };
+  window.Baton = { on, connect, num, pct, secs, bytes, csrf, liveChart, instanceAction, NBSP, last: null, snapshots: 0 };
   document.addEventListener("DOMContentLoaded", () => { if (document.getElementById("ws-status")) connect(); });
 })();
