@@ -12,8 +12,12 @@ class FrontendConfig(AppConfig):
 
     def ready(self) -> None:
         from frontend.telemetry import observe
-        from routing.gateway import records
+        from frontend.telemetry.service import observe_error
+        from routing.gateway import errors, records
 
         # Every request record the gateway writes feeds the live telemetry.
         if observe not in records.record_observers:
             records.record_observers.append(observe)
+        # And every error answer it sends (4xx/5xx by tenant and code, /metrics).
+        if observe_error not in errors.error_observers:
+            errors.error_observers.append(observe_error)

@@ -18,7 +18,14 @@ from collections.abc import Iterator
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -26,9 +33,11 @@ from prometheus_client.core import (
     Metric,
 )
 
+from agents import metrics as agent_metrics
+from fleet.live import read_reports
 from frontend import conf
 from frontend.telemetry import histogram
-from frontend.telemetry.aggregator import summarize
+from frontend.telemetry.aggregator import TOKEN_BUCKETS, summarize
 from frontend.telemetry.fleet import fleet_state
 from frontend.telemetry.service import ensure_rebuilt, get_aggregator, tail_new_records
 
@@ -51,6 +60,36 @@ HISTOGRAMS = {
     "e2e": ("pdd_e2e_request_latency_seconds", "End-to-end request latency."),
 }
 ROLE_OF_TOKEN_KEY = {"rld": "relay_decode", "md": "main_decode"}
+# The same request-record latencies under vLLM's names (labels model_name, pipeline), so
+# dashboards built for vLLM chart Baton unchanged. docs/metrics.md has the mapping.
+VLLM_HISTOGRAMS = {
+    "ttft": ("vllm:time_to_first_token_seconds", "Time to first token (as pdd_*)."),
+    "e2e": ("vllm:e2e_request_latency_seconds", "End-to-end request latency."),
+    "tpot": (
+        "vllm:request_time_per_output_token_seconds",
+        "Per request: mean time per output token after the first.",
+    ),
+    "prefill": (
+        "vllm:request_prefill_time_seconds",
+        "Prefill time on P: P admitting the request to P's first token ready.",
+    ),
+    "decode": (
+        "vllm:request_decode_time_seconds",
+        "Decode time: the user's first token to the last (e2e less TTFT).",
+    ),
+    "queue": (
+        "vllm:request_queue_time_seconds",
+        "Arrival at the gateway to P admitting the request (authentication, tokenizing, "
+        "routing, the hop to P): TTFT less P's prefill and KV wait.",
+    ),
+}
+LENGTHS = {
+    "prompt": ("vllm:request_prompt_tokens", "Prompt length of finished requests, tokens."),
+    "generation": (
+        "vllm:request_generation_tokens",
+        "Output length of finished requests, tokens.",
+    ),
+}
 
 
 class TelemetryCollector:
@@ -75,18 +114,55 @@ class TelemetryCollector:
                 )
             yield family
 
+        for key, (name, doc) in VLLM_HISTOGRAMS.items():
+            family = HistogramMetricFamily(name, doc, labels=["model_name", "pipeline"])
+            for (lat, model, pipeline), counts in sorted(totals.hist.items()):
+                if lat == key:
+                    sum_s = totals.sums_us.get((lat, model, pipeline), 0) / 1e6
+                    family.add_metric(
+                        [model, pipeline], histogram.prometheus_buckets(counts), sum_value=sum_s
+                    )
+            yield family
+        for key, (name, doc) in LENGTHS.items():
+            family = HistogramMetricFamily(name, doc, labels=["model_name"])
+            for (kind, model), counts in sorted(totals.lengths.items()):
+                if kind == key:
+                    family.add_metric(
+                        [model],
+                        token_buckets(counts),
+                        sum_value=totals.length_sums.get((kind, model), 0),
+                    )
+            yield family
+        success = CounterMetricFamily(
+            "vllm:request_success",
+            "Finished requests by finish_reason: stop, length (completed), abort (the client "
+            "went away), unknown (completed before the gateway kept the reason).",
+            labels=["model_name", "finish_reason"],
+        )
+        for (model, reason), n in sorted(totals.finished.items()):
+            success.add_metric([model, reason], n)
+        yield success
+
         requests = CounterMetricFamily(
             "pdd_requests",
-            "Requests finished, by pipeline, handoff mode and status.",
-            labels=["pipeline", "handoff_mode", "status"],
+            "Requests recorded, by model, pipeline, handoff mode and status (ok, cancelled, "
+            "error, rejected, interrupted). Refusals before routing (400, 401, 404, 429) have "
+            "no record: see pdd_gateway_errors_total.",
+            labels=["model", "pipeline", "handoff_mode", "status"],
         )
-        by_labels: dict[tuple[str, str, str], int] = {}
-        for (_model, pipeline, handoff, status), n in totals.requests.items():
-            key = (pipeline, handoff, status)
-            by_labels[key] = by_labels.get(key, 0) + n
-        for labels, n in sorted(by_labels.items()):
+        for labels, n in sorted(totals.requests.items()):
             requests.add_metric(list(labels), n)
         yield requests
+        errors = CounterMetricFamily(
+            "pdd_gateway_errors",
+            "Error answers of the gateway, by tenant, model, HTTP status (code) and OpenAI "
+            'error code (error); 429s are code="429". Tenant or model is none where the '
+            "request did not get far enough to name it.",
+            labels=["tenant", "model", "code", "error"],
+        )
+        for labels, n in sorted(totals.errors.items()):
+            errors.add_metric(list(labels), n)
+        yield errors
 
         generation = CounterMetricFamily(
             "pdd_generation_tokens", "Output tokens decoded, by decode role.", labels=["role"]
@@ -118,7 +194,14 @@ class TelemetryCollector:
         yield wan
 
         p, span = aggregator.window("1m", now=time.time())
-        minute = summarize(p, seconds=span, cost_per_hour=fleet.cost_per_hour)
+        minute = summarize(
+            p,
+            seconds=span,
+            cost_per_hour=fleet.cost_per_hour,
+            link_of=fleet.link_of(p.wan.keys()),
+        )
+        yield from self._links(fleet, minute)
+        yield from self._instances()
         yield GaugeMetricFamily(
             "pdd_goodput_requests_per_second",
             "Requests per second counted as meeting their model's TTFT SLA, last minute.",
@@ -134,6 +217,69 @@ class TelemetryCollector:
             "Goodput (requests/s) per unit of fleet cost per hour, last minute.",
             value=minute["bcr"] or 0.0,
         )
+
+    def _links(self, fleet, minute) -> Iterator[Metric]:
+        """Per WAN link: configured bandwidth, KV bits/s of the last minute's requests, and the
+        use the prefill agents measured over their last heartbeat interval."""
+        bandwidth = GaugeMetricFamily(
+            "pdd_wan_link_bandwidth_bits_per_second",
+            "Configured bandwidth of each WAN link.",
+            labels=["link"],
+        )
+        throughput = GaugeMetricFamily(
+            "pdd_wan_link_kv_bits_per_second",
+            "KV bits per second the last minute's finished requests shipped over each link.",
+            labels=["link"],
+        )
+        utilisation = GaugeMetricFamily(
+            "pdd_wan_link_utilisation",
+            "Share of each link's bandwidth in use, 0..1: the highest the agents sending on it "
+            "measured over their last heartbeat interval (their shapers' grants).",
+            labels=["link"],
+        )
+        used: dict[str, float] = {}
+        for entry in read_reports():
+            src = entry.get("datacenter")
+            for peer, link in ((entry.get("report") or {}).get("links") or {}).items():
+                value = link.get("utilisation") if isinstance(link, dict) else None
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    name = fleet.link_by_dcs.get((src, peer)) or fleet.link_by_dcs.get((peer, src))
+                    if name:
+                        used[name] = max(used.get(name, 0.0), float(value))
+        for link in sorted(fleet.links, key=lambda link: link["name"]):
+            name = link["name"]
+            bandwidth.add_metric([name], float(link["bandwidth_gbps"]) * 1e9)
+            gbps = (minute["wan"].get(name) or {}).get("gbps", 0.0)
+            throughput.add_metric([name], gbps * 1e9)
+            utilisation.add_metric([name], used.get(name, 0.0))
+        yield bandwidth
+        yield throughput
+        yield utilisation
+
+    def _instances(self) -> Iterator[Metric]:
+        """Per-instance and per-node figures from the nodes' fresh heartbeats (the same
+        families each agent's own /metrics serves: agents/metrics.py)."""
+        nodes = [
+            (str(e.get("hostname") or ""), str(e.get("datacenter") or ""), e.get("report") or {})
+            for e in sorted(read_reports(), key=lambda e: str(e.get("hostname")))
+        ]
+        for family in agent_metrics.instance_families(nodes) + agent_metrics.node_families(nodes):
+            kind = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
+            out = kind(family.name, family.doc, labels=list(family.labels))
+            for labels, value in family.samples:
+                out.add_metric(list(labels), value)
+            yield out
+
+
+def token_buckets(counts) -> list[tuple[str, int]]:
+    """Cumulative (le, count) pairs over vLLM's 1-2-5 token buckets, ending with +Inf."""
+    out: list[tuple[str, int]] = []
+    cumulative = 0
+    for i, bound in enumerate(TOKEN_BUCKETS):
+        cumulative += counts.get(i, 0)
+        out.append((f"{float(bound):g}", cumulative))
+    out.append(("+Inf", sum(counts.values())))
+    return out
 
 
 def _authorised(request: HttpRequest) -> bool:
@@ -160,4 +306,9 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         return response
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TelemetryCollector())
+    # The answering process's own figures (process_*, python_gc_*, python_info): with several
+    # web processes, each scrape sees whichever one Prometheus reached.
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -102,6 +102,12 @@ class RequestRecord(models.Model):
         null=True, blank=True, help_text="Mean time per output token after the first, s."
     )
     e2e_s = models.FloatField(null=True, blank=True, help_text="End-to-end latency, seconds.")
+    finish_reason = models.CharField(
+        max_length=16,
+        blank=True,
+        help_text="Why generation ended, as OpenAI says it (stop, length); blank when the "
+        "request did not finish (error, cancelled, rejected, interrupted).",
+    )
     kv_bytes_intra_dc = models.BigIntegerField(
         default=0, help_text="KV bytes over the intra-DC fabric."
     )

@@ -19,6 +19,9 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from agents.engine import EngineFull
+from agents.metrics import CONTENT_TYPE as METRICS_TYPE
+from agents.metrics import render as render_metrics
+from agents.metrics import state_families
 from agents.node import pipelines
 from agents.node.agent import Agent, AgentError, Instance, link_json
 from agents.node.settings import link_from_json
@@ -138,6 +141,11 @@ def build_app(agent: Agent) -> Starlette:
                 "protocol": 1,
             }
         )
+
+    async def metrics(request: Request) -> Response:
+        # Open, like /health: counters and gauges only, no ids beyond instance and node names.
+        # From the state document, which never waits for an engine (agents/metrics.py).
+        return Response(render_metrics(state_families(agent.state())), media_type=METRICS_TYPE)
 
     async def state(request: Request) -> Response:
         # Link utilisation is measured between heartbeats; a /state call must not reset it.
@@ -331,6 +339,7 @@ def build_app(agent: Agent) -> Starlette:
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/state", command(state), methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/instances/{instance_id}", command(put_instance), methods=["PUT"]),
         Route("/instances/{instance_id}", command(delete_instance), methods=["DELETE"]),
         Route("/instances/{instance_id}/drain", command(drain_instance), methods=["POST"]),

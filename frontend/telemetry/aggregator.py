@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +24,12 @@ from frontend.telemetry.store import MINUTE, SECOND, TOTAL, Bucket, Deltas, Stor
 LATENCIES = ("ttft", "prefill", "kv_wait", "max_gap", "tpot", "e2e")
 NONE_LABEL = "none"
 STATUS_OK = "ok"
+# Histograms kept for /metrics only (not charted): decode time (first token to last, e2e - TTFT)
+# and queue time (arrival at the gateway to P admitting the request: TTFT less P's own part).
+METRIC_LATENCIES = ("decode", "queue")
+# Prompt / output length histograms: vLLM's 1-2-5 buckets (1, 2, 5, 10, ... 1,000,000 tokens).
+TOKEN_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5) if m * 10**e <= 10**6)
+FINISHED_STATUSES = ("ok", "cancelled")
 # Live chart points are computed over this many trailing seconds.
 POINT_WINDOW_S = 10
 WINDOWS_S = {"1m": 60, "5m": 300, "1h": 3600}
@@ -59,6 +66,42 @@ def record_timestamp(record: Any, default: float) -> float:
     return default
 
 
+def token_bucket(n: int) -> int:
+    """Index of the smallest TOKEN_BUCKETS bound >= n (len(TOKEN_BUCKETS) past the last)."""
+    for i, bound in enumerate(TOKEN_BUCKETS):
+        if n <= bound:
+            return i
+    return len(TOKEN_BUCKETS)
+
+
+def finish_label(status: str, reason: str) -> str | None:
+    """vLLM's finish_reason of a finished request: stop / length for a completed one (unknown
+    for records written before the gateway kept it), abort for one the client cancelled."""
+    if status == STATUS_OK:
+        return reason if reason in ("stop", "length") else "unknown"
+    if status == "cancelled":
+        return "abort"
+    return None
+
+
+def _metric_latencies(record: Any) -> dict[str, float]:
+    out: dict[str, float] = {}
+    ttft, e2e = _get(record, "ttft_s"), _get(record, "e2e_s")
+    if ttft is not None and e2e is not None:
+        out["decode"] = max(0.0, float(e2e) - float(ttft))
+    prefill, kv_wait = _get(record, "prefill_s"), _get(record, "kv_wait_s")
+    early = bool(_get(record, "first_token_early"))
+    if ttft is not None and prefill is not None and (early or kv_wait is not None):
+        at_p = float(prefill) + (0.0 if early else float(kv_wait))
+        out["queue"] = max(0.0, float(ttft) - at_p)
+    return out
+
+
+def error_deltas(status: int, code: str, tenant: str, model: str) -> dict[str, int]:
+    """The counter increment of one error answer the gateway sent."""
+    return {f"x|{_label(tenant)}|{_label(model)}|{int(status)}|{_label(code)}": 1}
+
+
 def record_deltas(record: Any, sla: SLA) -> dict[str, int]:
     """The counter increments one request record contributes."""
     model = _label(_get(record, "model"))
@@ -73,6 +116,17 @@ def record_deltas(record: Any, sla: SLA) -> dict[str, int]:
         value = max(0.0, float(value))
         out[f"h|{name}|{model}|{pipeline}|{histogram.bin_index(value)}"] = 1
         out[f"u|{name}|{model}|{pipeline}"] = round(value * 1e6)
+    for name, value in _metric_latencies(record).items():
+        out[f"h|{name}|{model}|{pipeline}|{histogram.bin_index(value)}"] = 1
+        out[f"u|{name}|{model}|{pipeline}"] = round(value * 1e6)
+    finish = finish_label(status, str(_get(record, "finish_reason") or ""))
+    if finish is not None:
+        out[f"f|{model}|{finish}"] = 1
+        for kind, attr in (("prompt", "prompt_tokens"), ("generation", "completion_tokens")):
+            n = int(_get(record, attr) or 0)
+            out[f"n|{kind}|{model}|{token_bucket(n)}"] = 1
+            if n:
+                out[f"ns|{kind}|{model}"] = n
     ttft = _get(record, "ttft_s")
     if status == STATUS_OK and ttft is not None:
         out[f"g|{model}|ok"] = 1
@@ -126,6 +180,13 @@ class Parsed:
     wan: dict[tuple[str, str], int]
     intra_bytes: int
     cost_micro: int | None
+    # (model, finish_reason) -> finished requests
+    finished: dict[tuple[str, str], int] = dc_field(default_factory=dict)
+    # (prompt|generation, model) -> {token bucket index: count}, and their token sums
+    lengths: dict[tuple[str, str], dict[int, int]] = dc_field(default_factory=dict)
+    length_sums: dict[tuple[str, str], int] = dc_field(default_factory=dict)
+    # (tenant, model, HTTP status, error code) -> error answers
+    errors: dict[tuple[str, str, str, str], int] = dc_field(default_factory=dict)
 
 
 def parse(bucket: Mapping[str, int]) -> Parsed:
@@ -145,6 +206,14 @@ def parse(bucket: Mapping[str, int]) -> Parsed:
             p.tokens[parts[1]] = value
         elif tag == "w" and len(parts) == 3:
             p.wan[(parts[1], parts[2])] = value
+        elif tag == "f" and len(parts) == 3:
+            p.finished[(parts[1], parts[2])] = value
+        elif tag == "n" and len(parts) == 4:
+            p.lengths.setdefault((parts[1], parts[2]), {})[int(parts[3])] = value
+        elif tag == "ns" and len(parts) == 3:
+            p.length_sums[(parts[1], parts[2])] = value
+        elif tag == "x" and len(parts) == 5:
+            p.errors[(parts[1], parts[2], parts[3], parts[4])] = value
         elif tag == "i":
             p.intra_bytes = value
         elif tag == "cost_micro":
@@ -268,6 +337,17 @@ class Aggregator:
         if deltas:
             self.store.apply(deltas)
         return n
+
+    def observe_error(
+        self, status: int, code: str, tenant: str, model: str, *, now: float | None = None
+    ) -> None:
+        """Count one error answer (4xx/5xx) of the gateway, by tenant, model, status and code."""
+        import time
+
+        sec = int(time.time() if now is None else now)
+        fields = error_deltas(status, code, tenant, model)
+        buckets = ((SECOND, sec), (MINUTE, sec // 60), (TOTAL, 0))
+        self.store.apply({bucket: dict(fields) for bucket in buckets})
 
     def record_cost(self, cost_per_hour: float, *, now: float) -> None:
         """Sample the fleet's cost per hour into the current second and minute (a gauge)."""

@@ -124,6 +124,14 @@ def observe_many(records: Iterable[Any]) -> int:
         return 0
 
 
+def observe_error(status: int, code: str, tenant: str, model: str) -> None:
+    """Count one error answer of the gateway (routing.gateway.errors.error_observers)."""
+    try:
+        get_aggregator().observe_error(status, code, tenant, model)
+    except Exception:  # telemetry must never fail a request
+        log.warning("telemetry observe_error failed", exc_info=True)
+
+
 def tail_new_records(*, limit: int = 50_000) -> int:
     """In-process state only: aggregate RequestRecord rows saved since the last look that no
     ``observe`` call in this process has seen (e.g. written by another process). With Redis the

@@ -58,6 +58,8 @@ def admit(request: HttpRequest, kind: str, watch: Stopwatch) -> Prepared:
     received_at = time.monotonic()
     watch.lap("queue")  # the hop onto a gateway worker thread
     key = authenticate(request)
+    # Who asked, for the error counters should a later step refuse the request.
+    request.baton_tenant = key.tenant.name
     watch.lap("auth")
     body = parsing.parse_json(request.body)
     greq = (
@@ -66,6 +68,7 @@ def admit(request: HttpRequest, kind: str, watch: Stopwatch) -> Prepared:
         else parsing.parse_completion(body)
     )
     watch.lap("parse")
+    request.baton_model = greq.model
     model = served_model(greq.model)
     tokenizer = tokenizer_for(name=model.name, source=model.source, tokenizer=model.tokenizer)
     prompt_ids = tokenizer.encode(greq.prompt_text)

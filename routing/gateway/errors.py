@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.http import JsonResponse
+
+log = logging.getLogger(__name__)
+
+# Called as observer(status, code, tenant, model) for every error answer the gateway sends
+# (telemetry's error counters); set by the app that aggregates. Tenant and model are "" where
+# the request did not get far enough to name them.
+error_observers: list = []
+
+
+def notify_error(status: int, code: str | None, tenant: str = "", model: str = "") -> None:
+    for observer in error_observers:
+        try:
+            observer(status, code or "", tenant, model)
+        except Exception:  # telemetry must never fail a request
+            log.warning("error observer failed", exc_info=True)
 
 
 class GatewayError(Exception):

@@ -46,6 +46,7 @@ class Outcome:
     first_token_early: bool = False
     tpot_s: float | None = None
     e2e_s: float | None = None
+    finish_reason: str = ""
     kv_bytes_intra_dc: int = 0
     kv_bytes_wan: int = 0
     handoff_bytes: int = 0
@@ -98,6 +99,7 @@ def record_request(
             first_token_early=outcome.first_token_early,
             tpot_s=outcome.tpot_s,
             e2e_s=outcome.e2e_s,
+            finish_reason=outcome.finish_reason if outcome.status == "ok" else "",
             kv_bytes_intra_dc=outcome.kv_bytes_intra_dc,
             kv_bytes_wan=outcome.kv_bytes_wan,
             handoff_bytes=outcome.handoff_bytes,

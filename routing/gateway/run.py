@@ -220,6 +220,7 @@ class Run:
             first_token_early=bool(s.get("first_token_early", self.p.first_token_early)),
             tpot_s=tpot,
             e2e_s=now - self.started,
+            finish_reason=self.finish_reason or "",
             kv_bytes_intra_dc=int(kv.get("intra_dc", 0) or 0),
             kv_bytes_wan=int(kv.get("wan", 0) or 0),
             handoff_bytes=int(s.get("handoff_bytes", 0) or 0),

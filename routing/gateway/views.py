@@ -22,7 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from fleet.models import ServedModel
 from routing.gateway import admission, openai_shapes, routes
-from routing.gateway.errors import GatewayError
+from routing.gateway.errors import GatewayError, notify_error
 from routing.gateway.prepared import Prepared
 from routing.gateway.records import admission_open
 from routing.gateway.request_ids import with_request_id
@@ -100,6 +100,7 @@ async def _stream(p: Prepared):
         yield openai_shapes.sse("[DONE]")
     except AgentRunError as exc:
         run.status, run.error = "error", str(exc)
+        notify_error(500, "agent_error", p.key.tenant.name, p.model.name)
         yield openai_shapes.sse(
             GatewayError(
                 500, f"The request failed on the agents: {exc}", type_="server_error"
@@ -148,6 +149,7 @@ async def _complete(p: Prepared) -> JsonResponse:
 
 async def _handle(request: HttpRequest, kind: str):
     if request.method != "POST":
+        notify_error(405, "method_not_allowed")
         return GatewayError(405, "Use POST.", code="method_not_allowed").response()
     try:
         watch = Stopwatch()
@@ -163,6 +165,12 @@ async def _handle(request: HttpRequest, kind: str):
         response["Server-Timing"] = watch.header()
         return response
     except GatewayError as exc:
+        notify_error(
+            exc.status,
+            exc.code,
+            getattr(request, "baton_tenant", ""),
+            getattr(request, "baton_model", ""),
+        )
         return exc.response()
 
 

@@ -43,7 +43,7 @@ def test_metrics_expose_every_pdd_metric_with_its_labels(client, fleet, aggregat
         "pdd_time_to_first_token_seconds": {"model", "pipeline", "le"},
         "pdd_inter_token_latency_seconds": {"model", "pipeline", "le"},
         "pdd_e2e_request_latency_seconds": {"model", "pipeline", "le"},
-        "pdd_requests": {"pipeline", "handoff_mode", "status"},
+        "pdd_requests": {"model", "pipeline", "handoff_mode", "status"},
         "pdd_generation_tokens": {"role"},
         "pdd_prompt_tokens": set(),
         "pdd_cached_prompt_tokens": set(),
@@ -66,7 +66,12 @@ def test_metrics_expose_every_pdd_metric_with_its_labels(client, fleet, aggregat
         samples[
             (
                 "pdd_requests_total",
-                (("handoff_mode", "catch-up"), ("pipeline", "p-rld-md"), ("status", "ok")),
+                (
+                    ("handoff_mode", "catch-up"),
+                    ("model", "baton-tiny"),
+                    ("pipeline", "p-rld-md"),
+                    ("status", "ok"),
+                ),
             )
         ]
         == 1
