@@ -217,3 +217,18 @@ def test_the_prometheus_config_scrapes_the_control_plane_and_the_agents():
     assert all(
         'job="baton"' in expr for _, expr in panel_queries(json.loads(DASHBOARD.read_text()))
     )
+
+
+def test_docs_metrics_lists_every_family_metrics_serves(served):
+    assert _send(served).status_code == 200
+    documented = set(
+        re.findall(r"^\| `([^`]+)` \|", (ROOT / "docs" / "metrics.md").read_text(), re.M)
+    )
+    undocumented = []
+    for family in _scrape().values():
+        if family.name.startswith(("process_", "python_")):
+            continue
+        name = family.name + ("_total" if family.type == "counter" else "")
+        if name not in documented:
+            undocumented.append(name)
+    assert not undocumented, undocumented
