@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from frontend import views
+from frontend import fleet_edit, views
 from frontend.metrics import metrics_view
 
 app_name = "frontend"
@@ -16,6 +16,9 @@ urlpatterns = [
     path("fleet/", views.FleetView.as_view(), name="fleet"),
     path("fleet/instances/<int:pk>/", views.InstanceDetailView.as_view(), name="instance"),
     path("fleet/links/<int:pk>/", views.LinkDetailView.as_view(), name="link"),
+    path("fleet/config/", fleet_edit.FleetConfigView.as_view(), name="fleet-config"),
+    path("fleet/<slug:kind>/add/", fleet_edit.FleetEditView.as_view(), name="fleet-add"),
+    path("fleet/<slug:kind>/<int:pk>/edit/", fleet_edit.FleetEditView.as_view(), name="fleet-edit"),
     path("requests/", views.RequestsView.as_view(), name="requests"),
     path("requests/<path:request_id>/", views.RequestDetailView.as_view(), name="request"),
     path("planner/", views.PlannerView.as_view(), name="planner"),
