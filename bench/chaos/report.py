@@ -70,7 +70,8 @@ def render(summary: dict[str, Any]) -> str:
         lines += [f"- {s}" for s in summary["findings"]]
     lines += [
         "",
-        "Raw per-trial JSON: `var/chaos/` (git-ignored); the summary: `bench/chaos/summary.json`.",
+        "Raw per-trial JSON: `var/chaos/` (git-ignored); the summary: `bench/chaos/summary.json`; "
+        "earlier runs and what changed between them: `bench/chaos/HISTORY.md`.",
         "",
     ]
     return "\n".join(lines)
