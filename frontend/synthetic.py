@@ -1,6 +1,6 @@
 """Synthetic request records for tests and demos of the dashboard (never a source of figures).
 
-They follow the shape PDD.md describes - agentic prompts with long context, a skewed prefix-hit
+They follow the shape docs/pdd.md describes - agentic prompts with long context, a skewed prefix-hit
 distribution (most requests > 95% hit go P-MD, low-hit ones P-RLD-MD with a handoff), short
 outputs - and use the fleet's real instance ids so WAN bytes resolve to links.
 """

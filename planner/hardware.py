@@ -96,8 +96,8 @@ class EngineSpec:
     prefill_overhead_s: float = 0.03  # fixed per forward pass: launch, all-to-all, sampling
     prefill_batch_tokens: int = 16_384  # token budget of one prefill batch (chunk)
     decode_mem_efficiency: float = 0.7  # achieved / peak memory bandwidth
-    # Fixed per decode step (communication, sampling), independent of the chip. PDD.md's measured
-    # 2.1x decode of GPU-B over GPU-A (which has 2.1x its bandwidth) leaves no room for one:
+    # Fixed per decode step (communication, sampling), independent of the chip. The measured
+    # 2.1x decode of GPU-B over GPU-A (docs/pdd.md; it has 2.1x the bandwidth) leaves no room:
     # the scenarios set 0 (see _common.json); >= 0.
     decode_overhead_s: float = 0.008
     max_decode_batch: int = 128  # running requests per decode unit

@@ -29,7 +29,7 @@ class Sla:
 class Tariff:
     """What a provider bills, per million tokens; cached input at a fraction of the input price.
 
-    PDD.md: "Providers bill cached input tokens at 10-25% of the uncached price". Prices are in
+    docs/pdd.md: "Providers bill cached input tokens at 10-25% of the uncached price". Prices are in
     any currency unit; figures derived from them (revenue per unit-hour of hardware) are in that
     unit per the fleet's price unit.
     """

@@ -188,7 +188,7 @@ class WorkloadSpec:
     # than the drawn rate. The metrics' warm-up counts from the end of this span.
     settle_s: float = 0.0
     input_tokens: LengthDist = field(default_factory=LengthDist)
-    # Published: ~30% of agentic outputs < 100 tokens and ~40% <= 500 (PDD.md); the rest long.
+    # Published: ~30% of agentic outputs < 100 tokens and ~40% <= 500 (docs/pdd.md); the rest long.
     output_tokens: LengthDist = field(
         default_factory=lambda: LengthDist(
             median=1_200, sigma=0.7, min=1, max=8_192, mixture=[[0.3, 30, 0.9], [0.1, 250, 0.4]]

@@ -110,7 +110,7 @@ class PolicySettings:
     fallback_no_main_decode: str = Fallback.RLD_ONLY
     fallback_no_relay: str = Fallback.P_MD
     # KV bytes per token of the served model; 4.4 KB is DeepSeek-V4-pro's compressed KV as
-    # derived in PDD.md (80 x 64K-token requests held ~23 GB).
+    # derived in docs/pdd.md (80 x 64K-token requests held ~23 GB).
     kv_bytes_per_token: int = 4_400
     # Instances at or above this load are skipped while a less loaded one exists.
     saturated_load: float = 0.95

@@ -334,7 +334,7 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
         else:
             # The caller left before P's KV was imported (RLD finished alone): keep the KV
             # anyway, or MD's cache falls behind P's and every later turn becomes low-hit
-            # (PDD.md).
+            # (docs/pdd.md).
             fire_and_forget(agent, _cache_late_kv(agent, inst, req, queue, payload))
 
 

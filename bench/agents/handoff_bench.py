@@ -1,4 +1,4 @@
-"""The handoff microbenchmark of PDD.md on this engine: recomputing k handed-over tokens on MD
+"""The handoff microbenchmark of docs/pdd.md on this engine: recomputing k handed-over tokens on MD
 (one extend forward) versus shipping their KV over the shaped WAN fabric, for k = 1, 16, 64, 100
 (mean / max / std and the bytes of each), plus prefill and decode tokens/s at batch 1, 8, 32
 (reusing bench/engine_throughput.py). Prints JSON; a report, not a timed test."""

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         nargs="+",
         default=[0.1, 0.25],
-        help="cached-input fractions of the input price (PDD.md: 0.10-0.25)",
+        help="cached-input fractions of the input price (docs/pdd.md: 0.10-0.25)",
     )
     parser.add_argument(
         "--output",

@@ -1,6 +1,6 @@
 """Calibrate decode's absolute speed on the balance of the published PDD fleet.
 
-PDD.md publishes how much faster the decode-friendly chip decodes (GPU-B 210% of GPU-A) but not
+docs/pdd.md publishes how much faster the decode-friendly chip decodes (GPU-B 210% of GPU-A) but not
 how fast either decodes; in the model that absolute speed is ``engine.decode_mem_efficiency``
 (the share of peak memory bandwidth a decode step achieves, all per-step time included). It
 does publish the fleet PDD ran on: 40 P (GPU-A) feeding 32 MD (GPU-B). A deployment is sized

@@ -1,6 +1,6 @@
 """Calibrate the offered load and the prefill efficiency of ``paper-ttft`` on baseline TTFTs.
 
-PDD.md publishes the baselines' TTFT on the agentic trace but neither the trace's request rate
+docs/pdd.md publishes the baselines' TTFT on the agentic trace but neither the trace's request rate
 nor the engines' achieved prefill efficiency:
 
 * in-datacenter PD median TTFT ~4.2 s versus ~6.7 s with decode in another city;
@@ -41,7 +41,7 @@ from bench.planner.calibrate_decode import check_duration, engine_override  # no
 from planner.api import run_case  # noqa: E402
 from planner.scenario import case_configs, load_scenario  # noqa: E402
 
-# PDD.md, "Published results": (system, percentile) -> seconds.
+# docs/pdd.md, "The published figures": (system, percentile) -> seconds.
 TARGET = {
     ("idc-pd", "p50"): 4.2,  # in-DC PD median TTFT
     ("cdc-pd", "p50"): 6.7,  # decode in another city, median TTFT
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print("engine: " + ", ".join(f"{k} {v}" for k, v in engine_set.items()))
     if args.duration is not None:
         print(f"duration: {args.duration:g} s per run")
-    print("targets (PDD.md): " + ", ".join(f"{s} {k} {v} s" for (s, k), v in TARGET.items()))
+    print("targets (docs/pdd.md): " + ", ".join(f"{s} {k} {v} s" for (s, k), v in TARGET.items()))
     pdd_head = f" | {'idc P90':>7} {'pdd P90':>7} {'cut P90':>7} {'cut P99':>7}"
     head = f"{'eff':>5} {'rps':>6} | {'idc P50':>7} | {'cdc P50':>7} {'P90':>6} {'P99':>6} | "
     print(head + f"{'cdc P90 range':>13} | worst err | drift" + (pdd_head if args.with_pdd else ""))

@@ -1,6 +1,6 @@
 """Calibrate the WAN connection pool size on PDD's published transfer microbenchmark.
 
-PDD.md (observation 3), one 20 Gbps line at 80 RPS and 90% mean hit: a uniform 85-95% hit
+docs/pdd.md (observation 3), one 20 Gbps line at 80 RPS and 90% mean hit: a uniform 85-95% hit
 distribution *saturates the connection pool (100% utilisation)* with a *1,682 ms mean wait for a
 connection* (and P50 1,210 ms), while the skewed distribution gives P50 248 ms. The pool size
 is not published. This sweeps ``link.pool_size`` on the ``paper-microbench`` scenario (transfers

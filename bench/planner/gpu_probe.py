@@ -3,7 +3,7 @@
 The planner turns tokens into seconds with two efficiencies (``planner/hardware.py``): prefill
 FLOPs over peak compute, and a decode step's bytes (the weights its batch touches plus its KV)
 over peak memory bandwidth, plus ``prefill_half_tokens`` for the MoE pass-size effect. Those
-constants are calibrated on PDD.md's published figures; this probe measures what one GPU
+constants are calibrated on docs/pdd.md's published figures; this probe measures what one GPU
 actually does on the same arithmetic, so the report can say how far the calibrated values sit
 from hardware and whether a decode step's time follows its bytes across batch sizes.
 
@@ -530,7 +530,7 @@ def measure_decode(timer, s, layer, device, dtype, batches, contexts, gen, bw, p
     return out
 
 
-EXTEND_TOKENS = 100  # PDD.md: recomputing 100 tokens' KV took ~one decode step (305 ms)
+EXTEND_TOKENS = 100  # docs/pdd.md: recomputing 100 tokens' KV took ~one decode step (305 ms)
 
 
 def measure_extend(timer, s, layer, device, dtype, batches, contexts, gen, kernel) -> list[dict]:

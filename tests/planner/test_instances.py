@@ -70,7 +70,7 @@ def test_a_small_tail_chunk_in_front_of_long_requests_runs_alone_and_slowly() ->
 
 
 def test_decode_step_scales_with_bandwidth_when_there_is_no_fixed_overhead() -> None:
-    # The scenarios' constants reproduce PDD.md's measured 2.1x decode of GPU-B over GPU-A.
+    # The scenarios' constants reproduce docs/pdd.md's measured 2.1x decode of GPU-B over GPU-A.
     import json
     from pathlib import Path
 

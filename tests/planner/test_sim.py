@@ -70,7 +70,7 @@ def test_pdd_ttft_tail_is_below_cdc_pd_on_skewed_traffic() -> None:
     assert pdd["ttft_s"]["p90"] < cdc["ttft_s"]["p90"]
     assert 0.0 < pdd["tokens"]["relay_share"] < 0.2
     assert cdc["tokens"]["relay_share"] == 0.0
-    # PDD.md: with the relay, TTFT matches single-datacenter PD. The same fleet with decode in
+    # docs/pdd.md: with the relay, TTFT matches single-datacenter PD. The same fleet with decode in
     # datacenter A (in-DC PD) has no WAN; PDD's tail is as short, and its tail's first tokens
     # spend a small fraction of CDC-PD's time waiting for KV.
     idc = run_case("idc", small_config("idc-pd", rps=6), "fleet").summary
@@ -306,7 +306,7 @@ def test_routing_counts_requests_still_on_their_way_so_decode_load_spreads() -> 
 
 
 def test_the_token_share_scenario_relays_every_stated_request_and_ends_on_md() -> None:
-    # PDD.md's token-share condition (64K input, 90% hit, 1K output) on a small fleet: each
+    # docs/pdd.md's token-share condition (64K input, 90% hit, 1K output) on a small fleet: each
     # delta needs just over the 1 s relay threshold, so every request starts on RLD and is
     # handed to MD, which makes most of the tokens.
     from planner.scenario import case_configs

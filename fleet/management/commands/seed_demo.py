@@ -15,7 +15,7 @@ from fleet.models import Datacenter, GPUType, Instance, Node, ServedModel, UnitP
 
 # The demo's numbers are illustrative, not a vendor's datasheet: GPU-A is a compute-heavy
 # flagship, GPU-B a decode-friendly chip with more memory bandwidth. GPU-B's price is 1.25x
-# GPU-A's, the ratio PDD.md derives from the published cost figures (an assumption).
+# GPU-A's, the ratio docs/pdd.md derives from the published cost figures (an assumption).
 DATACENTERS = [
     {"name": "dc-a", "region": "city-a", "description": "Main datacenter: prefill and relay."},
     {"name": "dc-b", "region": "city-b", "description": "Remote datacenter: main decode."},

@@ -327,7 +327,7 @@ def test_decode_agents_report_their_cached_prefix_blocks_as_gateway_hashes(clust
 
 
 def test_md_keeps_the_kv_when_rld_finishes_before_the_handoff(cluster):
-    """MD's prefix cache must not fall behind P's, or later turns turn low-hit (PDD.md): when
+    """MD's prefix cache must not fall behind P's, or later turns turn low-hit (docs/pdd.md): when
     RLD finishes a request alone, MD still imports the KV P sent it into its cache."""
     import time
 
