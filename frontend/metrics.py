@@ -277,7 +277,7 @@ def token_buckets(counts) -> list[tuple[str, int]]:
     cumulative = 0
     for i, bound in enumerate(TOKEN_BUCKETS):
         cumulative += counts.get(i, 0)
-        out.append((f"{float(bound):g}", cumulative))
+        out.append((f"{float(bound)}", cumulative))
     out.append(("+Inf", sum(counts.values())))
     return out
 
