@@ -62,6 +62,26 @@ def render(summary: dict[str, Any]) -> str:
             lines.append(f"- {t}")
         for n in f.get("notes", []):
             lines.append(f"- **{n}**")
+    if summary.get("celery"):
+        lines += [
+            "",
+            "### celery-worker-kill: a Celery worker SIGKILLed while it runs a task (Redis broker)",
+            "",
+            "Expected: a second worker gets the task again (acks_late, reject on worker lost, "
+            "visibility timeout 12 s above the 10 s time limit here; production 150 s / 120 s) "
+            "and completes it once. The task is `controlplane.tasks.ping` (4 s), counting its "
+            "starts and completions in Redis (bench/chaos/celery_trial.py).",
+            "",
+            "| rep | deliveries | completions | result | recovery s (kill -> result) | ok |",
+            "|---|---|---|---|---|---|",
+        ]
+        for t in summary["celery"]:
+            rec = t.get("recovery_s")
+            lines.append(
+                f"| r{t['rep']} | {t.get('deliveries', '-')} | {t.get('completions', '-')} | "
+                f"`{t.get('result')}` | {'-' if rec is None else f'{rec:.1f}'} | "
+                f"{'yes' if t.get('ok') else 'no: ' + str(t.get('error', ''))} |"
+            )
     if summary.get("skipped"):
         lines += ["", "## Not run", ""]
         lines += [f"- {s}" for s in summary["skipped"]]

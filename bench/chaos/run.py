@@ -22,6 +22,7 @@ import httpx
 
 from agents.dataplane import bearer_headers, env_data_token
 from agents.engine.tokenizer import ByteTokenizer
+from bench.chaos import celery_trial
 from bench.chaos.accounting import count_tokens, max_gap, record_counts, summarise_fault
 from bench.chaos.report import render
 from bench.testbed import ROOT, Cluster, start_cluster, start_web
@@ -131,13 +132,8 @@ FAULTS = [
 ]
 
 # Not in the scenario, and why (the report's "Not run" section).
-NOT_RUN = [
-    "celery-worker-kill: the testbed's default control plane (no REDIS_URL) runs the "
-    "embedded in-process beat and executes tasks in the web process, so there is no "
-    "separate Celery worker to kill; with REDIS_URL set it starts one, but this harness has "
-    "no trial for it yet. Covered instead by `tests/controlplane/test_celery_redelivery.py` "
-    "(`-m redis`: a worker SIGKILLed mid-task, the task redelivered and applied once).",
-]
+NOT_RUN: list[str] = []
+CELERY_REPS = 1  # one kill: each takes ~40-60 s (two worker starts, the redelivery)
 
 RULE = [
     "- Faults in the order of the table; 3 repetitions of each agent and WAN fault, 1 "
@@ -805,6 +801,7 @@ def main(argv: list[str] | None = None) -> int:
     say("starting the fleet (control plane + 3 agents, MD behind the WAN proxies)")
     cluster = start_cluster(wan_proxy=True)
     results: dict[str, list[dict]] = {f[0]: [] for f in plan}
+    celery_results: list[dict] = []
     skipped: list[str] = []
     try:
         say(f"fleet up at {cluster.url}; taking references")
@@ -867,6 +864,27 @@ def main(argv: list[str] | None = None) -> int:
                     f"{trial.get('double_records')}, recovery "
                     f"{'-' if rec is None else f'{rec:.1f}s'}"
                 )
+        # The Celery worker kill runs on its own workers and queue (the testbed's default
+        # control plane runs tasks in-process): only with a Redis broker to run them on.
+        if not args.only or "celery-worker-kill" in args.only.split(","):
+            url = celery_trial.redis_url()
+            if url is None:
+                NOT_RUN.append(
+                    "celery-worker-kill: no Redis at $REDIS_URL or 127.0.0.1:6379 to run "
+                    "Celery workers on (covered by tests/controlplane/test_celery_redelivery.py "
+                    "on CI, where Redis runs)."
+                )
+            for rep in range(CELERY_REPS if url else 0):
+                trial = celery_trial.celery_worker_kill(url, rep)
+                (RAW_DIR / f"celery-worker-kill-r{rep}.json").write_text(
+                    json.dumps(trial, indent=1, default=str)
+                )
+                celery_results.append(trial)
+                say(
+                    f"celery-worker-kill r{rep}: ok {trial.get('ok')}, deliveries "
+                    f"{trial.get('deliveries')}, completions {trial.get('completions')}, "
+                    f"recovery {trial.get('recovery_s', 0):.1f}s {trial.get('error', '')}"
+                )
         # Copy the fleet's logs for the raw folder before the testbed deletes them.
         for log in Path(cluster.tmp).glob("*.log"):
             try:
@@ -877,6 +895,12 @@ def main(argv: list[str] | None = None) -> int:
         cluster.stop()
     duration = time.monotonic() - started
     faults, findings = [], []
+    for t in celery_results:
+        if not t.get("ok"):
+            findings.append(
+                f"celery-worker-kill r{t['rep']}: deliveries {t.get('deliveries')}, completions "
+                f"{t.get('completions')}, result {t.get('result')!r} {t.get('error', '')}"
+            )
     for name, title, expect, _, _, _ in plan:
         trials = [t for t in results[name] if "harness_error" not in t]
         notes = [
@@ -917,6 +941,7 @@ def main(argv: list[str] | None = None) -> int:
         "faults": faults,
         "skipped": skipped + NOT_RUN,
         "findings": findings,
+        "celery": celery_results,
     }
     previous = ROOT / "var" / "chaos-run1" / "summary.json"
     if previous.exists():

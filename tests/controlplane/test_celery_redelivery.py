@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from tests.controlplane.celery_worker import ROOT, start_worker, stop_worker
+from bench.celery_worker import ROOT, start_worker, stop_worker
 
 
 @pytest.mark.redis

@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 
 from controlplane.asgi import application
 from fleet.consumers import FleetConsumer
-from tests.controlplane.celery_worker import start_worker, stop_worker
+from bench.celery_worker import start_worker, stop_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 

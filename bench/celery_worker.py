@@ -1,4 +1,4 @@
-"""A real Celery worker process for the tests that need one (Redis broker)."""
+"""A real Celery worker process (Redis broker) for the tests and the chaos harness."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def start_worker(env: dict[str, str], queue: str) -> subprocess.Popen:
