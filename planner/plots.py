@@ -30,8 +30,17 @@ def _mark_bars(ax, scenario: str, plot: str, names: list[str], quantiles, width:
 
 
 def _mark_lines(ax, scenario: str, plot: str) -> None:
-    for value, label in published.lines(scenario, plot):
-        ax.axhline(value, color="black", linestyle=":", linewidth=1.0, label=label)
+    for k, (value, label) in enumerate(published.lines(scenario, plot)):
+        style = (":", "-.", "--")[k % 3]
+        ax.axhline(value, color="black", linestyle=style, linewidth=1.0, label=label)
+
+
+def _case_ticks(ax, positions, names) -> None:
+    ax.set_xticks(positions, names)
+    if len(names) > 4:
+        ax.tick_params(axis="x", labelrotation=25, labelsize=7)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
 
 
 def _mark_vlines(ax, scenario: str, plot: str) -> None:
@@ -60,7 +69,7 @@ def plot_result(result: SimResult, out: Path) -> list[Path]:
             ax.bar([i + k * 0.25 for i in range(len(names))], values, width=0.25, label=q)
         _mark_bars(ax, result.scenario, "ttft", names, quantiles, 0.25)
         _mark_lines(ax, result.scenario, "ttft")
-        ax.set_xticks([i + 0.25 for i in range(len(names))], names)
+        _case_ticks(ax, [i + 0.25 for i in range(len(names))], names)
         ax.set_ylabel("TTFT (s)")
         ax.set_title(f"{result.scenario}: TTFT percentiles")
         ax.legend(fontsize=7)
@@ -72,7 +81,7 @@ def plot_result(result: SimResult, out: Path) -> list[Path]:
             fig, ax = plt.subplots(figsize=(7, 4))
             ax.bar(range(len(names)), [shares[n] for n in names], label="simulated RLD share")
             _mark_lines(ax, result.scenario, "token_share")
-            ax.set_xticks(range(len(names)), names)
+            _case_ticks(ax, list(range(len(names))), names)
             ax.set_ylabel("share of output tokens decoded on RLD")
             ax.set_title(f"{result.scenario}: RLD token share")
             ax.legend(fontsize=7)
@@ -86,7 +95,7 @@ def plot_result(result: SimResult, out: Path) -> list[Path]:
             ax.bar([i + k * 0.25 for i in range(len(names))], values, width=0.25, label=q)
         _mark_bars(ax, result.scenario, "transfer", names, quantiles, 0.25)
         _mark_lines(ax, result.scenario, "transfer")
-        ax.set_xticks([i + 0.25 for i in range(len(names))], names)
+        _case_ticks(ax, [i + 0.25 for i in range(len(names))], names)
         ax.set_yscale("log")
         ax.set_ylabel("KV transfer time (s)")
         ax.set_title(f"{result.scenario}: WAN transfer time")
@@ -98,8 +107,9 @@ def plot_result(result: SimResult, out: Path) -> list[Path]:
         names = [k for k in result.sweep[0] if k != "value"]
         for name in names:
             ax.plot(xs, [row[name].get("bcr", 0.0) for row in result.sweep], "o-", label=name)
-        if len(names) == 2:
-            a, b = names
+        pair = names if len(names) == 2 else ["idc-pd", "pdd"]
+        if len(pair) == 2 and set(pair) <= set(names):
+            a, b = pair
             ratio = [
                 row[b]["bcr"] / row[a]["bcr"] if row[a].get("bcr") else float("nan")
                 for row in result.sweep
