@@ -116,7 +116,7 @@ def pending_instances(instances: list[dict], node_names: dict[int, str], demo_no
     """The demo fleet's instances that are not running yet, named for the operator.
 
     Only instances on the demo's own nodes count: instances an operator added elsewhere (the
-    README's curl walkthrough creates some on nodes with no agent) never run here and are not
+    curl walkthrough of docs/api.md creates some on nodes with no agent) never run here and are not
     the demo's to wait for. A demo node with no instance at all is named too."""
     demo_nodes = list(demo_nodes)
     waiting = []

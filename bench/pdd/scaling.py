@@ -35,7 +35,7 @@ SLA_FACTOR_P90 = 5.0
 SLA_FACTOR_P99 = 7.5  # P99 / P90 = 1.5, as the paper's 15 s / 10 s
 
 # Nominal hardware of the three fleets (every engine is one CPU process here): GPUs per
-# instance and the unit prices, from the README's example (GPU-A 2.00, GPU-B 2.50 per GPU-hour).
+# instance and the unit prices, from docs/api.md's example (GPU-A 2.00, GPU-B 2.50 per GPU-hour).
 PRICES = {"gpu-a": 2.00, "gpu-b": 2.50}
 GPUS = {"prefill": 8, "main_decode": 8, "relay_decode": 1}
 

@@ -37,7 +37,7 @@ def row(id_, node, role, state):
 
 
 def test_pending_ignores_instances_off_the_demo_nodes():
-    # The README's walkthrough adds instances on nodes no agent serves: never the demo's wait.
+    # docs/api.md's walkthrough adds instances on nodes no agent serves: never the demo's wait.
     rows = [
         row(1, 1, "prefill", "running"),
         row(2, 2, "relay_decode", "running"),
