@@ -44,7 +44,7 @@ def request_log(*, filters: dict) -> QuerySet[RequestRecord]:
 
 
 ROLE_ORDER = {"prefill": 0, "relay_decode": 1, "main_decode": 2}
-DC_W, DC_GAP, DC_X0, DC_Y0, ROW_H = 300, 160, 20, 40, 26
+DC_W, DC_GAP, DC_X0, DC_Y0, ROW_H = 300, 240, 20, 40, 26
 
 
 def topology_layout() -> dict:
@@ -79,13 +79,21 @@ def topology_layout() -> dict:
         )
         centre[dc.pk] = (x + DC_W / 2, DC_Y0 + box_h / 2)
     links = []
-    for n, link in enumerate(WANLink.objects.select_related("from_datacenter", "to_datacenter")):
+    all_links = list(WANLink.objects.select_related("from_datacenter", "to_datacenter"))
+    # links between the same two datacenters (either way) are spread vertically, 44 apart
+    pairs: dict[frozenset, list] = {}
+    for link in all_links:
+        pairs.setdefault(frozenset((link.from_datacenter_id, link.to_datacenter_id)), []).append(
+            link
+        )
+    for link in all_links:
         a, b = centre.get(link.from_datacenter_id), centre.get(link.to_datacenter_id)
         if a is None or b is None:
             continue
-        # the line runs between the facing edges; several links are spread vertically
+        # the line runs between the facing edges
         left, right = (a, b) if a[0] <= b[0] else (b, a)
-        dy = (n % 3 - 1) * 30
+        same = pairs[frozenset((link.from_datacenter_id, link.to_datacenter_id))]
+        dy = (same.index(link) - (len(same) - 1) / 2) * 44
         links.append(
             {
                 "obj": link,
@@ -95,7 +103,8 @@ def topology_layout() -> dict:
                 "x2": right[0] - DC_W / 2,
                 "y2": right[1] + dy,
                 "lx": (left[0] + right[0]) / 2,
-                "ly": left[1] + dy - 10,
+                "ly": left[1] + dy - 20,  # bandwidth and RTT
+                "uy": left[1] + dy - 6,  # status and utilisation
             }
         )
     width = DC_X0 * 2 + max(1, len(dcs)) * DC_W + max(0, len(dcs) - 1) * DC_GAP

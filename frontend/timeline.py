@@ -54,10 +54,18 @@ def _s(v: float | None) -> str:
     return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.3f} s"
 
 
+def _tick(t: float, step: float) -> str:
+    if not t:
+        return "0"
+    if step < 1:
+        return f"{t * 1000:.4g} ms"
+    return f"{t:.4g} s"
+
+
 def _nice_step(total: float) -> float:
     raw = total / 8
-    for m in (1, 2, 2.5, 5, 10):
-        for e in range(-4, 5):
+    for e in range(-4, 5):
+        for m in (1, 2, 2.5, 5):
             step = m * 10**e
             if step >= raw:
                 return step
@@ -145,10 +153,15 @@ def request_timeline(r, decision=None) -> dict[str, Any] | None:
                     prefill,
                     min(stop, end),
                     "kv-wan estimate",
-                    f"{filesizeformat(r.kv_bytes_wan)} · est. {_s(est)}",
+                    f"{filesizeformat(r.kv_bytes_wan)} · "
+                    + (f"est. {_s(est)}" if est else "before the handoff"),
                     f"KV delta to MD over the WAN while RLD decodes: "
-                    f"{filesizeformat(r.kv_bytes_wan)}; the decision estimated {_s(est)} "
-                    "(drawn from that estimate)",
+                    f"{filesizeformat(r.kv_bytes_wan)}; "
+                    + (
+                        f"the decision estimated {_s(est)} (drawn from that estimate)"
+                        if est
+                        else "no estimate recorded (drawn up to the handoff)"
+                    ),
                 )  # fmt: skip
             )
         else:
@@ -186,7 +199,7 @@ def request_timeline(r, decision=None) -> dict[str, Any] | None:
                 min(rld_end + stall, end),
                 "handoff",
                 f"{r.get_handoff_mode_display() or 'handoff'}{at} · {r.handoff_batches} "
-                f"batches · stall {_s(stall)}",
+                f"{'batch' if r.handoff_batches == 1 else 'batches'} · stall {_s(stall)}",
                 f"RLD hands the tokens to MD ({r.handoff_batches} batches, "
                 f"{filesizeformat(r.handoff_bytes)} of token ids); MD took over{at}; the "
                 f"largest gap between two tokens was {_s(r.max_gap_s)}",
@@ -289,7 +302,7 @@ def request_timeline(r, decision=None) -> dict[str, Any] | None:
     ticks = []
     t = 0.0
     while t <= end * 1.0001 and len(ticks) < 20:
-        ticks.append({"x": x(t), "text": _s(t) if t else "0"})
+        ticks.append({"x": x(t), "text": _tick(t, step)})
         t += step
     height = TOP + len(lanes) * LANE_H + 10
     return {

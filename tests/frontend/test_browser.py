@@ -195,3 +195,91 @@ def test_fleet_page_shows_the_topology_and_live_state(server, page):
     assert page.locator("#request-log tbody tr").count() >= 1
     page.screenshot(path=str(ARTIFACTS / "requests.png"), full_page=True)
     assert page.console_errors == []
+
+
+def shot(page, name: str) -> None:
+    page.evaluate("window.scrollTo(0, 0)")  # the sticky header stays at the top of the shot
+    page.screenshot(path=str(ARTIFACTS / f"walk-{name}.png"), full_page=True)
+
+
+def test_walk_overview_requests_detail_and_fleet_edit(server, page):
+    """An operator's walk: overview -> request log -> one request's timeline -> add a WAN link
+    through the fleet form (first with an error) -> the link on the topology."""
+    base = server["base"]
+    server["run"]("telemetry_synthetic", "--count", "120", "--seed", "21")
+    login(page, base)
+    page.wait_for_selector("body[data-ws=open]")
+    wait_js(page, "Number(document.body.dataset.snapshots || 0) >= 1")
+    wait_js(page, "document.querySelector('[data-metric=ttft]').textContent !== '– / –'")
+    # value and unit never part: no-break spaces; the TTFT legend names the line styles
+    assert "\u00a0" in metric(page, "ttft")
+    legend = page.locator("#legend-ttft")
+    assert legend.locator("[data-percentile]").all_inner_texts() == ["P50", "P90", "P99"]
+    assert legend.locator("[data-percentile=P90] line").get_attribute("stroke-dasharray")
+    assert page.request.get(base + "/favicon.ico").status == 200
+    shot(page, "1-overview")
+
+    page.click("header nav a:has-text('Requests')")
+    page.wait_for_selector("#request-log tbody tr")
+    page.select_option("#request-filters select[name=pipeline]", "p-rld-md")
+    page.click("#request-filters button[type=submit]")
+    page.wait_for_url("**/requests/?*pipeline=p-rld-md*")
+    first = page.locator("#request-log tbody tr").first.locator("td").nth(1).locator("a").first
+    rid = first.inner_text()
+    assert rid.startswith("syn-") and len(rid) == 24  # the whole id
+    row_h = page.evaluate(
+        "Math.max(...[...document.querySelectorAll('#request-log tbody tr')]"
+        ".map((r) => r.getBoundingClientRect().height))"
+    )
+    assert row_h < 60, row_h  # the reason no longer makes rows tall
+    shot(page, "2-requests")
+    page.evaluate("document.querySelector('section.card .scroll').scrollLeft = 1e6")
+    page.locator("section.card .scroll").screenshot(
+        path=str(ARTIFACTS / "walk-2b-requests-right.png")
+    )
+    page.evaluate("document.querySelector('section.card .scroll').scrollLeft = 0")
+
+    first.click()
+    page.wait_for_url(f"{base}/requests/{rid}/")
+    page.wait_for_selector("svg.timeline")
+    assert page.locator("#request-id").inner_text() == rid
+    lanes = page.locator("svg.timeline g.lane").evaluate_all(
+        "(gs) => gs.map((g) => g.getAttribute('data-lane'))"
+    )
+    assert lanes[:4] == ["P prefill", "KV intra-DC", "KV WAN", "RLD decode"]
+    assert "to the user" in lanes
+    assert page.locator("#decision .reason-full").inner_text().startswith("[synthetic]")
+    assert page.locator("#tokens-by-role").inner_text().startswith("P 1 + RLD ")
+    shot(page, "3-request-detail")
+
+    page.goto(base + "/fleet/")
+    page.click("#fleet-config-link")
+    page.wait_for_url(base + "/fleet/config/")
+    page.click("#add-link")
+    page.wait_for_selector("#fleet-form")
+    # an error first: a link from dc-b to itself, shown on its field
+    page.select_option("select[name=from_datacenter]", label="dc-b (city-b)")
+    page.select_option("select[name=to_datacenter]", label="dc-b (city-b)")
+    page.fill("input[name=bandwidth_gbps]", "0.06")
+    page.fill("input[name=rtt_ms]", "42")
+    page.click("#fleet-form button[type=submit]")
+    page.wait_for_selector("#to_datacenter-errors")
+    assert "different datacenters" in page.locator("#to_datacenter-errors").inner_text()
+    assert page.locator("input[name=bandwidth_gbps]").input_value() == "0.06"  # kept
+    shot(page, "4-link-form-error")
+    page.select_option("select[name=to_datacenter]", label="dc-a (city-a)")
+    page.click("#fleet-form button[type=submit]")
+    page.wait_for_url(base + "/fleet/config/#links")
+    assert "added" in page.locator(".messages").inner_text()
+    assert page.locator('#links tr[data-link="dc-b->dc-a"]').count() == 1
+    shot(page, "5-fleet-config")
+
+    page.goto(base + "/fleet/")
+    page.wait_for_selector("body[data-ws=open]")
+    new = page.locator('svg#topology g.link[data-link="dc-b->dc-a"]')
+    assert new.count() == 1
+    assert "0.06 Gbit/s" in new.text_content()
+    assert page.locator('#links tr[data-link="dc-b->dc-a"]').count() == 1
+    shot(page, "6-fleet-topology")
+    # the one refused form answered 400 (as the API does); nothing else failed
+    assert [e for e in page.console_errors if "400 (Bad Request)" not in e] == []

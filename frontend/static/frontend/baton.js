@@ -74,7 +74,8 @@
       series: [{}].concat(series.map((s) => Object.assign({ spanGaps: false, width: 1.5 }, s))),
       axes: [{}, { size: 50, values: opts.yValues }],
       scales: { x: { time: true }, y: opts.y || {} },
-      legend: { live: false, show: opts.legend !== false },
+      // a dashed series gets a dashed legend marker
+      legend: { live: false, show: opts.legend !== false, markers: { dash: (u, i) => (u.series[i].dash && u.series[i].dash[1] ? "dashed" : "solid") } },
     }, data, el);
     window.addEventListener("resize", () => chart.setSize({ width: width(), height: opts.height || 180 }));
     return {
