@@ -188,3 +188,13 @@ def test_the_operator_group_can_use_the_admin(client, operator, viewer):
     group = Group.objects.get(name="operator")
     assert group.permissions.filter(codename="change_servedmodelsla").exists()
     assert not Group.objects.get(name="viewer").permissions.exists()
+
+
+def test_detail_pages_link_to_the_forms_for_operators_only(client, viewer, operator, fleet):
+    pages = [f"/fleet/instances/{fleet['main'].pk}/", f"/fleet/links/{fleet['link'].pk}/"]
+    client.force_login(viewer)
+    for path in pages:
+        assert b"/edit/" not in client.get(path).content, path
+    client.force_login(operator)
+    assert f"/fleet/instances/{fleet['main'].pk}/edit/".encode() in client.get(pages[0]).content
+    assert f"/fleet/links/{fleet['link'].pk}/edit/".encode() in client.get(pages[1]).content
