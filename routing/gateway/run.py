@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
-from typing import Any
 
 from django.conf import settings
 
+from pdd.stats import DoneStats
 from routing.gateway import routes
 from routing.gateway.openai_shapes import LogprobsCollector
 from routing.gateway.prepared import Prepared
@@ -51,7 +50,7 @@ class Run:
         self.max_gap_s = 0.0
         self.token_count = 0
         self.by_role = {"prefill": 0, "rld": 0, "md": 0}
-        self.stats: dict[str, Any] = {}
+        self.stats = DoneStats()  # the last attempt's, from P's done event
         self.finish_reason: str | None = None
         self.status = "ok"
         self.error = ""
@@ -171,7 +170,7 @@ class Run:
                         self.finish_reason = "stop"
                         return
                 elif kind == "done":
-                    self.stats = event.get("stats") or {}
+                    self.stats = DoneStats.from_json(event.get("stats"))
                     reason = event.get("finish_reason")
                     self.finish_reason = "length" if reason in ("length", "max_tokens") else "stop"
                 elif kind == "error":
@@ -189,43 +188,41 @@ class Run:
     def outcome(self) -> Outcome:
         now = time.monotonic()
         s = self.stats
-        kv = s.get("kv_bytes") or {}
-        handoff = s.get("handoff") or {}
-        by_role = s.get("tokens_by_role") or {}
         ttft = (self.first_at - self.started) if self.first_at is not None else None
         tpot = (
             (now - self.first_at) / (self.token_count - 1)
             if self.first_at is not None and self.token_count > 1
             else None
         )
+        # P's first token counts with the decode role that carries on from it. After a
+        # migration the last attempt's stats cover only its part: count here.
+        by_role = self.by_role if self.migrations or s.tokens_by_role is None else s.tokens_by_role
         return Outcome(
             status=self.status,
             error=self.error,
             prompt_tokens=len(self.p.prompt_ids),
-            cached_tokens=int(s.get("cached_tokens", self.p.decision.cached_tokens) or 0),
+            cached_tokens=(
+                s.cached_tokens if s.cached_tokens is not None else self.p.decision.cached_tokens
+            ),
             completion_tokens=self.token_count,
-            # P's first token counts with the decode role that carries on from it.
-            # After a migration the last attempt's stats cover only its part: count here.
-            tokens_by_rld=int(
-                self.by_role["rld"] if self.migrations else by_role.get("rld", self.by_role["rld"])
-            ),
-            tokens_by_md=int(
-                self.by_role["md"] if self.migrations else by_role.get("md", self.by_role["md"])
-            ),
+            tokens_by_rld=by_role["rld"],
+            tokens_by_md=by_role["md"],
             migrations=self.migrations,
             ttft_s=ttft,
-            prefill_s=_seconds(s.get("prefill_s")),
-            kv_wait_s=_seconds(s.get("kv_wait_s")),
+            prefill_s=s.prefill_s,
+            kv_wait_s=s.kv_wait_s,
             max_gap_s=self.max_gap_s if self.first_at is not None else None,
-            first_token_early=bool(s.get("first_token_early", self.p.first_token_early)),
+            first_token_early=(
+                s.first_token_early if s.first_token_early is not None else self.p.first_token_early
+            ),
             tpot_s=tpot,
             e2e_s=now - self.started,
             finish_reason=self.finish_reason or "",
-            kv_bytes_intra_dc=int(kv.get("intra_dc", 0) or 0),
-            kv_bytes_wan=int(kv.get("wan", 0) or 0),
-            handoff_bytes=int(s.get("handoff_bytes", 0) or 0),
-            handoff_at_token=handoff.get("at_token"),
-            handoff_batches=int(handoff.get("batches", 0) or 0),
+            kv_bytes_intra_dc=s.kv_bytes["intra_dc"],
+            kv_bytes_wan=s.kv_bytes["wan"],
+            handoff_bytes=s.handoff_bytes,
+            handoff_at_token=s.handoff.at_token,
+            handoff_batches=s.handoff.batches,
         )
 
     def take_logprobs(self) -> dict | None:
@@ -302,10 +299,3 @@ def _quietly(fn):
             return None
 
     return run
-
-
-def _seconds(value: Any) -> float | None:
-    """A duration from the agent's stats, or None when absent or not a finite number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
