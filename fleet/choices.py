@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from django.db import models
 
+from pdd.vocab import LinkStatus as Link
+from pdd.vocab import Role
+
 
 class InstanceRole(models.TextChoices):
-    PREFILL = "prefill", "Prefill (P)"
-    RELAY_DECODE = "relay_decode", "Relay decode (RLD)"
-    MAIN_DECODE = "main_decode", "Main decode (MD)"
+    PREFILL = Role.PREFILL, "Prefill (P)"
+    RELAY_DECODE = Role.RELAY_DECODE, "Relay decode (RLD)"
+    MAIN_DECODE = Role.MAIN_DECODE, "Main decode (MD)"
 
 
 class DesiredState(models.TextChoices):
@@ -36,9 +39,9 @@ class NodeStatus(models.TextChoices):
 
 
 class LinkStatus(models.TextChoices):
-    UP = "up", "Up"
-    DEGRADED = "degraded", "Degraded"
-    DOWN = "down", "Down"
+    UP = Link.UP, "Up"
+    DEGRADED = Link.DEGRADED, "Degraded"
+    DOWN = Link.DOWN, "Down"
 
 
 class Currency(models.TextChoices):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from routing.policy import HandoffMode, Pipeline
+from pdd.vocab import HandoffMode, Pipeline
 
 
 class PipelineChoice(models.TextChoices):

@@ -13,51 +13,14 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-
-class Pipeline:
-    """Which roles a request flows through."""
-
-    P_MD = "p-md"  # high hit: the small KV delta goes straight over the WAN to MD
-    P_RLD_MD = "p-rld-md"  # low hit: RLD decodes at once, hands off to MD when MD holds the KV
-    RLD_ONLY = "rld-only"  # singular traffic or the no-MD fallback: RLD finishes, no WAN transfer
-    # P-RLD finishes ordinary traffic on RLD. decide() never returns it: it lets MD's cache fall
-    # behind P's and the relay pool collapses. Only the simulator uses it, to show the collapse.
-    P_RLD = "p-rld"
-
-    CHOICES = (P_MD, P_RLD_MD, RLD_ONLY, P_RLD)
-
-
-class HandoffMode:
-    """How RLD hands decoding to MD (only meaningful for P-RLD-MD)."""
-
-    ONE_SHOT = "one-shot"  # all generated token ids at once; RLD held the shortest
-    CATCH_UP = "catch-up"  # batches while RLD keeps decoding; no stall, slightly more RLD load
-    NONE = "none"
-
-    CHOICES = (ONE_SHOT, CATCH_UP, NONE)
-
-
-class Role:
-    PREFILL = "prefill"
-    RELAY_DECODE = "relay_decode"
-    MAIN_DECODE = "main_decode"
-
-    CHOICES = (PREFILL, RELAY_DECODE, MAIN_DECODE)
-
-
-class LinkStatus:
-    UP = "up"
-    DEGRADED = "degraded"
-    DOWN = "down"
-
-    CHOICES = (UP, DEGRADED, DOWN)
+from pdd.vocab import HandoffMode, LinkStatus, Pipeline, Role
 
 
 class Fallback:
     """What to do when a role a pipeline needs has no healthy instance."""
 
-    RLD_ONLY = "rld-only"  # no MD path: RLD finishes the request
-    P_MD = "p-md"  # no RLD: send low-hit requests straight to MD anyway
+    RLD_ONLY = Pipeline.RLD_ONLY  # no MD path: RLD finishes the request
+    P_MD = Pipeline.P_MD  # no RLD: send low-hit requests straight to MD anyway
     REJECT = "reject"  # raise NoHealthyPath
 
 

@@ -37,6 +37,7 @@ from agents.node.wire import (
     need_dict,
     parse_sampling,
 )
+from pdd.vocab import Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -252,9 +253,9 @@ def build_app(agent: Agent) -> Starlette:
         check_prompt(inst, prompt, sampling.max_tokens)
         pipeline = get_str(body, "pipeline", choices=PIPELINES)
         plan = HandoffPlan.parse(body)
-        main = None if pipeline == "rld-only" else Peer.parse(body.get("main"), "main")
+        main = None if pipeline == Pipeline.RLD_ONLY else Peer.parse(body.get("main"), "main")
         relay = None
-        if pipeline in ("p-rld-md", "rld-only"):
+        if pipeline in (Pipeline.P_RLD_MD, Pipeline.RLD_ONLY):
             relay = Peer.parse(body.get("relay"), "relay")
         req = pipelines.PddRequest(
             request_id_of(body),

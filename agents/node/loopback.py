@@ -13,6 +13,7 @@ import httpx
 
 from agents.dataplane import bearer_headers, env_data_token
 from agents.node.launch import AgentProcess
+from pdd.vocab import Pipeline
 
 
 def make_prompt(length: int, seed: int) -> list[int]:
@@ -184,7 +185,7 @@ def run_loopback(args) -> dict[str, Any]:
         p = AgentProcess(agent_args("prefill", "dc-a", f"dc-b={link}", args.threads), "p", share)
         rld = None
         procs += [md.start(), p.start()]
-        if args.pipeline == "p-rld-md":
+        if args.pipeline == Pipeline.P_RLD_MD:
             rld = AgentProcess(
                 agent_args("relay_decode", "dc-a", f"dc-b={link}", args.threads), "rld", share
             )

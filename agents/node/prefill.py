@@ -26,6 +26,7 @@ from agents.node.pipeline_common import (
 )
 from agents.node.wire import HandoffPlan, Peer
 from agents.transfer.records import KVChunk
+from pdd.vocab import Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             yield {"type": "done", "finish_reason": pre.finish_reason, "stats": stats}
             return
         main_ok = pre.main_cached_tokens is not None
-        if not main_ok and req.pipeline == "p-md":
+        if not main_ok and req.pipeline == Pipeline.P_MD:
             await release_prefill(agent, inst, rid)
             yield error_event(f"{rid}: MD unreachable: {pre.main_error}")
             return
@@ -230,7 +231,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             same_dc = req.main.datacenter == agent.settings.datacenter
             main_fabric = "intra_dc" if same_dc else "wan"
             sends.append(asyncio.create_task(ship(req.main, delta, main_fabric, start)))
-        if req.pipeline == "p-md":
+        if req.pipeline == Pipeline.P_MD:
             downstream = req.main
             url = f"{req.main.http}/v1/pdd/decode"
             body = {
@@ -257,7 +258,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
                 "main_start_token": start,
                 **req.plan.to_json(),
             }
-            if not main_ok and req.pipeline != "rld-only":
+            if not main_ok and req.pipeline != Pipeline.RLD_ONLY:
                 stats["main_error"] = f"MD unreachable: {pre.main_error}"
         pump = asyncio.create_task(
             pump_stream(

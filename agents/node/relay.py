@@ -45,6 +45,7 @@ from agents.node.pipeline_common import (
 )
 from agents.node.wire import HandoffPlan, Peer, output_logprob, relayed_token
 from agents.transfer.records import TokenIds, Transfer, TransferStats
+from pdd.vocab import HandoffMode
 
 log = logging.getLogger(__name__)
 
@@ -432,7 +433,7 @@ class RelaySession:
             return
         pending = self.rld_tokens[handoff.tokens_handed :]
         if (
-            plan.mode == "catch-up"
+            plan.mode == HandoffMode.CATCH_UP
             and len(pending) >= plan.catch_up_batch
             and handoff.batches < plan.max_catch_up_batches
         ):

@@ -18,8 +18,9 @@ from typing import Any
 
 from agents.dataplane import check_data_token
 from agents.transfer.shaping import LinkSettings
+from pdd.vocab import Role
 
-ROLES = ("prefill", "relay_decode", "main_decode")
+ROLES = tuple(Role)
 WAIT_POLICIES = ("auto", "passive", "active")
 # Fields a config file may not set (worked out by the agent itself).
 _DERIVED = frozenset({"thread_plan"})

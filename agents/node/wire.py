@@ -8,14 +8,15 @@ from typing import Any
 
 from agents.engine import SamplingParams, TokenLogprob, TokenOutput
 from agents.node.agent import AgentError
+from pdd.vocab import AGENT_HANDOFF_MODES, AGENT_PIPELINES, ROLE_TOKENS, HandoffMode
 
 # rld-only: singular traffic and the no-MD fallback; P ships KV to RLD only, RLD finishes.
-PIPELINES = ("p-md", "p-rld-md", "rld-only")
-HANDOFF_MODES = ("one-shot", "catch-up")
+PIPELINES = AGENT_PIPELINES
+HANDOFF_MODES = AGENT_HANDOFF_MODES
 DEFAULT_CATCH_UP_BATCH = 64
 DEFAULT_MAX_CATCH_UP_BATCHES = 8
 # Short role names in token events and per-request counts.
-ROLE_SHORT = {"prefill": "prefill", "relay_decode": "rld", "main_decode": "md"}
+ROLE_SHORT = ROLE_TOKENS
 
 
 def bad(field: str, reason: str) -> AgentError:
@@ -57,7 +58,7 @@ def get_str(body: dict, field: str, default: Any = ..., choices: tuple[str, ...]
     if not isinstance(value, str) or not value:
         raise bad(field, "must be a non-empty string")
     if choices and value not in choices:
-        raise bad(field, f"must be one of {list(choices)}, got {value!r}")
+        raise bad(field, f"must be one of {[str(c) for c in choices]}, got {value!r}")
     if "|" in value:
         raise bad(field, "must not contain '|'")
     return value
@@ -181,7 +182,7 @@ class Peer:
 
 @dataclass(slots=True)
 class HandoffPlan:
-    mode: str = "one-shot"
+    mode: str = HandoffMode.ONE_SHOT
     catch_up_batch: int = DEFAULT_CATCH_UP_BATCH
     handoff_at: int = 0  # RLD generates at least this many tokens before handing off
     max_catch_up_batches: int = DEFAULT_MAX_CATCH_UP_BATCHES
@@ -189,7 +190,7 @@ class HandoffPlan:
     @classmethod
     def parse(cls, body: dict) -> HandoffPlan:
         return cls(
-            get_str(body, "handoff_mode", "one-shot", HANDOFF_MODES),
+            get_str(body, "handoff_mode", HandoffMode.ONE_SHOT, HANDOFF_MODES),
             get_int(body, "catch_up_batch", DEFAULT_CATCH_UP_BATCH, minimum=1),
             get_int(body, "handoff_at", 0, minimum=0),
             get_int(body, "max_catch_up_batches", DEFAULT_MAX_CATCH_UP_BATCHES, minimum=0),

@@ -1,0 +1,66 @@
+"""PDD's vocabulary, defined once: pipelines, roles, handoff modes, link states.
+
+Every part imports these (the routing policy, the gateway, the fleet's Django choices, the
+agents' wire format, the planner); the values are the strings on the wire and in the
+database. A ``StrEnum`` member is its string (``Pipeline.P_MD == "p-md"``, it hashes and
+serialises to JSON as the string), so code and stored data compare directly."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Pipeline(StrEnum):
+    """Which roles a request flows through."""
+
+    P_MD = "p-md"  # high hit: the small KV delta goes straight over the WAN to MD
+    P_RLD_MD = "p-rld-md"  # low hit: RLD decodes at once, hands off to MD when MD holds the KV
+    RLD_ONLY = "rld-only"  # singular traffic or the no-MD fallback: RLD finishes, no WAN transfer
+    # P-RLD finishes ordinary traffic on RLD. The policy never chooses it: it lets MD's cache
+    # fall behind P's and the relay pool collapses. Only the simulator uses it, to show that.
+    P_RLD = "p-rld"
+
+
+class HandoffMode(StrEnum):
+    """How RLD hands decoding to MD (only meaningful for P-RLD-MD)."""
+
+    ONE_SHOT = "one-shot"  # all generated token ids at once; RLD held the shortest
+    CATCH_UP = "catch-up"  # batches while RLD keeps decoding; no stall, slightly more RLD load
+    NONE = "none"
+
+
+class Role(StrEnum):
+    """An engine instance's role (the fleet's and the agents' name for it)."""
+
+    PREFILL = "prefill"
+    RELAY_DECODE = "relay_decode"
+    MAIN_DECODE = "main_decode"
+
+
+class TokenRole(StrEnum):
+    """Who produced a token, as the agents' token events say it."""
+
+    PREFILL = "prefill"
+    RLD = "rld"
+    MD = "md"
+
+
+ROLE_TOKENS = {
+    Role.PREFILL: TokenRole.PREFILL,
+    Role.RELAY_DECODE: TokenRole.RLD,
+    Role.MAIN_DECODE: TokenRole.MD,
+}
+
+
+class LinkStatus(StrEnum):
+    UP = "up"
+    DEGRADED = "degraded"
+    DOWN = "down"
+
+
+# The pipelines a prefill agent runs (P_RLD is the simulator's only), the handoff modes RLD
+# runs (NONE is the absence of a handoff), and every member, for the callers that list them.
+AGENT_PIPELINES = (Pipeline.P_MD, Pipeline.P_RLD_MD, Pipeline.RLD_ONLY)
+AGENT_HANDOFF_MODES = (HandoffMode.ONE_SHOT, HandoffMode.CATCH_UP)
+for _enum in (Pipeline, HandoffMode, Role, TokenRole, LinkStatus):
+    _enum.CHOICES = tuple(_enum)  # the older tuple spelling, still used by the planner
