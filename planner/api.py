@@ -54,6 +54,7 @@ class SimResult:
                 for name, c in self.cases.items()
             },
             "sweep": self.sweep,
+            "warnings": warnings_of(self),
         }
 
 
@@ -119,7 +120,31 @@ def run_fleet(
     """Simulate ``trace`` on ``fleet``; figures count from ``warmup_s`` after its settle span."""
     record = Simulator(fleet).run(trace)
     warmup = trace.settle_s + warmup_s
-    return summarise(record, sla, warmup, fleet.cost_per_hour(), tariff), record
+    summary = summarise(record, sla, warmup, fleet.cost_per_hour(), tariff)
+    summary["links"] = link_report(fleet)
+    return summary, record
+
+
+def link_report(fleet: FleetSpec) -> dict[str, Any]:
+    """Each WAN link's limits (line, pool ceiling, which binds) for a fleet that uses one."""
+    if fleet.system == "idc-pd":
+        return {}
+    return {dc: spec.describe() for dc, spec in fleet.links.items()}
+
+
+def warnings_of(result: SimResult) -> list[str]:
+    """One line per distinct warning in a result's cases (a pool ceiling below its line)."""
+    out: list[str] = []
+    for case in result.cases.values():
+        links = case.summary.get("links") or {}
+        if "link" in case.summary:
+            links = {"link": case.summary["link"]}
+        for dc, info in links.items():
+            if info and info.get("warning"):
+                line = f"link {dc}: {info['warning']}"
+                if line not in out:
+                    out.append(line)
+    return out
 
 
 def goodput_search(
@@ -255,12 +280,27 @@ class _Case:
     search: dict[str, Any] | None
 
 
+# What a case (base merged with its override) may hold; a transfer case ignores the fleet keys
+# the shared defaults bring in.
+CASE_KEYS = frozenset(
+    {"description", "fleet", "workload", "sla", "tariff", "warmup_s", "goodput_search",
+     "trace_file", "trace_closed_loop", "link", "kv_bytes_per_token"}
+)  # fmt: skip
+
+
 def _parse_case(name: str, config: Mapping[str, Any], kind: str) -> _Case | WanLinkSpec:
     """Check a case's settings: a fleet case's parsed form, or a transfer case's link.
 
     Errors name the case and the field.
     """
     try:
+        unknown = sorted(
+            str(k) for k in config if not str(k).startswith("_") and k not in CASE_KEYS
+        )
+        if unknown:
+            raise ValueError(
+                f"{unknown[0]}: unknown field (a case holds {', '.join(sorted(CASE_KEYS))})"
+            )
         if kind == "transfer":
             link = build(WanLinkSpec, config.get("link", {}), "link")
             kv = config.get("kv_bytes_per_token")

@@ -61,6 +61,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     }
     print(json.dumps(brief if not result.sweep else data["sweep"], indent=1)[:20000])
     print(f"wrote {out / 'result.json'}")
+    for line in data.get("warnings", []):
+        print(f"warning: {line}", file=sys.stderr)
     return 0
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.hardware import EngineSpec, GpuType, ModelSpec
-from planner.spec import build, check_positive
+from planner.spec import build, check_bool, check_int, check_positive
 from planner.wan import WanLinkSpec
 from routing.policy import PolicySettings, Role
 
@@ -45,8 +45,10 @@ class Pool:
     def __post_init__(self) -> None:
         if self.role not in Role.CHOICES:
             raise ValueError(f"role: must be one of {', '.join(Role.CHOICES)}, got {self.role!r}")
-        if not isinstance(self.count, int) or self.count < 0:
-            raise ValueError(f"count: must be a non-negative integer, got {self.count!r}")
+        check_int(self, "count", 0)
+        for name in ("gpu", "datacenter"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{name}: must be a non-empty string, got {getattr(self, name)!r}")
 
 
 @dataclass(slots=True)
@@ -117,14 +119,13 @@ class FleetSpec:
             raise ValueError("pools: need at least one prefill unit")
         if not any(p.role == Role.MAIN_DECODE and p.count for p in self.pools):
             raise ValueError("pools: need at least one main_decode (decode) unit")
-        if not isinstance(self.pool_wait_aware, bool):
-            raise ValueError("pool_wait_aware: must be true or false")
-        if not isinstance(self.relay_transfers_yield, bool):
-            raise ValueError("relay_transfers_yield: must be true or false")
-        if not isinstance(self.drc_counts_in_flight, bool):
-            raise ValueError("drc_counts_in_flight: must be true or false")
-        if not isinstance(self.decision_counts_in_flight, bool):
-            raise ValueError("decision_counts_in_flight: must be true or false")
+        for name in (
+            "pool_wait_aware",
+            "relay_transfers_yield",
+            "drc_counts_in_flight",
+            "decision_counts_in_flight",
+        ):
+            check_bool(self, name)
         check_positive(self, "resident_weight_gb")
         check_positive(self, "drc_capacity_gb")
         read = self.model.decode_weight_gb + self.model.decode_expert_gb

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.spec import check_positive, check_range
+from planner.spec import check_int, check_non_negative, check_positive, check_range
 
 
 @dataclass(slots=True)
@@ -48,16 +48,12 @@ class ModelSpec:
     experts_per_token: int = 0
 
     def __post_init__(self) -> None:
-        for name in (
-            "active_params_b",
-            "attn_flops_per_token_ctx",
-            "kv_bytes_per_token",
-            "decode_weight_gb",
-        ):
+        for name in ("active_params_b", "attn_flops_per_token_ctx", "decode_weight_gb"):
             check_positive(self, name)
-        for name in ("decode_expert_gb", "routed_experts", "experts_per_token"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+        check_int(self, "kv_bytes_per_token", 1)
+        check_non_negative(self, "decode_expert_gb")
+        check_int(self, "routed_experts", 0)
+        check_int(self, "experts_per_token", 0)
         moe = (self.decode_expert_gb > 0, self.routed_experts > 0, self.experts_per_token > 0)
         if any(moe) and not all(moe):
             raise ValueError(
@@ -116,19 +112,13 @@ class EngineSpec:
                 f"prefill_order: must be one of {', '.join(PREFILL_ORDERS)}, "
                 f"got {self.prefill_order!r}"
             )
-        if not isinstance(self.prefill_half_tokens, int) or self.prefill_half_tokens < 0:
-            raise ValueError(
-                "prefill_half_tokens: must be a non-negative integer, "
-                f"got {self.prefill_half_tokens!r}"
-            )
-        for name in (
-            "prefill_efficiency",
-            "prefill_overhead_s",
-            "prefill_batch_tokens",
-            "decode_mem_efficiency",
-            "max_decode_batch",
-        ):
-            check_positive(self, name)
+        check_int(self, "prefill_half_tokens", 0)
+        check_int(self, "prefill_batch_tokens", 1)
+        check_int(self, "max_decode_batch", 1)
+        # Achieved over peak: above 1 is no chip.
+        check_range(self, "prefill_efficiency", 0.0, 1.0, open_lo=True)
+        check_range(self, "decode_mem_efficiency", 0.0, 1.0, open_lo=True)
+        check_range(self, "prefill_overhead_s", 0.0, 10.0)
         check_range(self, "decode_overhead_s", 0.0, 10.0)
 
 

@@ -44,4 +44,5 @@ def simulate_transfers(
         "pool_utilisation": link.pool_busy_integral / max(end, 1e-9),
         "link_utilisation": link.bytes_sent / (link.capacity * max(end, 1e-9)),
         "unfinished_at_end": int(np.isnan(total).sum()),
+        "link": link_spec.describe(),
     }

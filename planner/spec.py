@@ -28,6 +28,33 @@ def number(value: Any, where: str, positive: bool = False) -> float:
     return float(value)
 
 
+def integer(value: Any, where: str, lo: int = 0, hi: int | None = None) -> int:
+    """``value`` if it is a whole number (an int, not a bool, not 0.5) in [lo, hi]; else a
+    ValueError naming ``where``. JSON has no int/float distinction a user sees, so ``2.0``
+    counts as 2 while ``0.5`` is refused."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < lo
+        or (hi is not None and value > hi)
+    ):
+        need = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+        raise ValueError(f"{where}: must be {need}, got {value!r}")
+    return value
+
+
+def check_int(obj: object, name: str, lo: int = 0, hi: int | None = None) -> None:
+    """Check (and normalise ``2.0`` to ``2``) the integer field ``name`` of ``obj``."""
+    setattr(obj, name, integer(getattr(obj, name), name, lo, hi))
+
+
+def check_bool(obj: object, name: str) -> None:
+    if not isinstance(getattr(obj, name), bool):
+        raise ValueError(f"{name}: must be true or false, got {getattr(obj, name)!r}")
+
+
 def check_positive(obj: object, name: str) -> None:
     number(getattr(obj, name), name, positive=True)
 
@@ -36,10 +63,13 @@ def check_non_negative(obj: object, name: str) -> None:
     number(getattr(obj, name), name)
 
 
-def check_range(obj: object, name: str, lo: float, hi: float) -> None:
+def check_range(obj: object, name: str, lo: float, hi: float, open_lo: bool = False) -> None:
+    """``lo <= value <= hi`` (``lo < value`` with ``open_lo``), else a ValueError naming it."""
     value = getattr(obj, name)
-    if not _is_number(value) or not (lo <= value <= hi):
-        raise ValueError(f"{name}: must be a number in [{lo}, {hi}], got {value!r}")
+    ok = _is_number(value) and math.isfinite(value) and lo <= value <= hi
+    if not ok or (open_lo and value == lo):
+        span = f"({lo}, {hi}]" if open_lo else f"[{lo}, {hi}]"
+        raise ValueError(f"{name}: must be a number in {span}, got {value!r}")
 
 
 def strip_comments(data: Any) -> Any:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.events import EventLoop
-from planner.spec import check_positive
+from planner.spec import check_int, check_positive
 
 Done = Callable[[float, float], None]  # (transfer seconds incl. pool wait, pool wait seconds)
 
@@ -35,10 +35,47 @@ class WanLinkSpec:
     tcp_window_kb: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("bandwidth_gbps", "rtt_ms", "per_connection_gbps", "pool_size"):
+        for name in ("bandwidth_gbps", "rtt_ms", "per_connection_gbps"):
             check_positive(self, name)
+        check_int(self, "pool_size", 1)
         if self.tcp_window_kb is not None:
             check_positive(self, "tcp_window_kb")
+
+    @property
+    def pool_ceiling_gbps(self) -> float:
+        """The most the pool can move at once: every connection at its own cap."""
+        return self.pool_size * self.connection_gbps
+
+    @property
+    def effective_gbps(self) -> float:
+        """What the link can carry: the line or the pool's ceiling, whichever is lower."""
+        return min(self.bandwidth_gbps, self.pool_ceiling_gbps)
+
+    def ceiling_warning(self) -> str | None:
+        """A sentence when the pool, not the line, bounds the link (more bandwidth is then a
+        no-op unless the pool or the per-connection rate rises too); None otherwise."""
+        ceiling = self.pool_ceiling_gbps
+        if ceiling >= self.bandwidth_gbps * (1 - 1e-9):
+            return None
+        need = int(-(-self.bandwidth_gbps // self.connection_gbps))
+        return (
+            f"pool ceiling {self.pool_size} connections x {self.connection_gbps:.3g} Gbit/s = "
+            f"{ceiling:.3g} Gbit/s is below the line's {self.bandwidth_gbps:g} Gbit/s: the "
+            f"link carries at most {ceiling:.3g} Gbit/s, and bandwidth above that changes "
+            f"nothing unless pool_size rises too (>= {need} connections fill the line)"
+        )
+
+    def describe(self) -> dict[str, object]:
+        """The link's limits as reported beside a run's figures."""
+        return {
+            "bandwidth_gbps": self.bandwidth_gbps,
+            "connection_gbps": self.connection_gbps,
+            "pool_size": self.pool_size,
+            "pool_ceiling_gbps": self.pool_ceiling_gbps,
+            "effective_gbps": self.effective_gbps,
+            "bound_by": "pool" if self.ceiling_warning() else "line",
+            "warning": self.ceiling_warning(),
+        }
 
     @property
     def connection_gbps(self) -> float:

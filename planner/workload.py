@@ -16,7 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from planner.spec import build, check_non_negative, check_positive, check_range
+from planner.spec import (
+    build,
+    check_bool,
+    check_int,
+    check_non_negative,
+    check_positive,
+    check_range,
+    number,
+)
 
 TRACE_COLUMNS = ("arrival_s", "input_tokens", "cached_tokens", "output_tokens", "session_id")
 
@@ -88,10 +96,19 @@ class LengthDist:
     def __post_init__(self) -> None:
         check_positive(self, "median")
         check_positive(self, "sigma")
-        check_positive(self, "min")
-        check_positive(self, "max")
+        check_int(self, "min", 1)
+        check_int(self, "max", 1)
         if self.min > self.max:
             raise ValueError("min: must be <= max")
+        if not isinstance(self.mixture, list):
+            raise ValueError(
+                f"mixture: must be a list of [weight, median, sigma], got {self.mixture!r}"
+            )
+        for i, part in enumerate(self.mixture):
+            if not isinstance(part, (list, tuple)) or len(part) != 3:
+                raise ValueError(f"mixture[{i}]: must be [weight, median, sigma], got {part!r}")
+            for j, what in enumerate(("weight", "median", "sigma")):
+                number(part[j], f"mixture[{i}].{what}", positive=True)
         if sum(w for w, _, _ in self.mixture) >= 1.0:
             raise ValueError("mixture: weights must sum below 1")
 
@@ -136,8 +153,10 @@ class ContextGrowth:
             self.first_prompt = build(LengthDist, self.first_prompt, "first_prompt")
         if isinstance(self.append, Mapping):
             self.append = build(LengthDist, self.append, "append")
-        check_positive(self, "shared_prefix_tokens")
-        check_positive(self, "max_context_tokens")
+        check_int(self, "shared_prefix_tokens", 0)
+        check_int(self, "max_context_tokens", 1)
+        if self.shared_prefix_tokens >= self.max_context_tokens:
+            raise ValueError("shared_prefix_tokens: must be below max_context_tokens")
 
     def grow(
         self, rng: np.random.Generator, turns: np.ndarray, outputs: np.ndarray
@@ -203,8 +222,10 @@ class WorkloadSpec:
     def __post_init__(self) -> None:
         check_positive(self, "rps")
         check_positive(self, "duration_s")
-        if self.mean_turns < 1:
-            raise ValueError("mean_turns: must be >= 1")
+        check_int(self, "seed", 0)
+        check_bool(self, "closed_loop")
+        if number(self.mean_turns, "mean_turns") < 1:
+            raise ValueError(f"mean_turns: must be >= 1, got {self.mean_turns!r}")
         check_positive(self, "turn_gap_s")
         check_non_negative(self, "settle_s")
         if isinstance(self.input_tokens, Mapping):

@@ -137,7 +137,7 @@ def test_decode_instance_steps_at_its_running_batch() -> None:
         ({"decode_expert_gb": 100}, "set all three"),
         ({"routed_experts": 256, "experts_per_token": 8}, "set all three"),
         ({"decode_expert_gb": 100, "routed_experts": 8, "experts_per_token": 16}, "<= routed"),
-        ({"decode_expert_gb": -1}, "decode_expert_gb: must be >= 0"),
+        ({"decode_expert_gb": -1}, "decode_expert_gb: must be a number >= 0"),
     ],
 )
 def test_moe_fields_are_checked(fields: dict, message: str) -> None:
