@@ -2,40 +2,31 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.models import ApiKey, Tenant, UsageEntry
+from pdd import tokens
 
 KEY_SCHEME = "sk-baton"
 
 
-def _hash(raw: str) -> str:
-    return hashlib.sha256(raw.encode()).hexdigest()
-
-
 def api_key_create(*, tenant: Tenant, name: str = "") -> tuple[ApiKey, str]:
     """A new key for the tenant, returned with its raw value, which is not recoverable later."""
-    prefix = secrets.token_hex(4)
-    raw = f"{KEY_SCHEME}-{prefix}-{secrets.token_urlsafe(32)}"
-    key = ApiKey.objects.create(tenant=tenant, name=name, prefix=prefix, key_hash=_hash(raw))
+    raw, prefix, key_hash = tokens.new_token(KEY_SCHEME, "-", 4)
+    key = ApiKey.objects.create(tenant=tenant, name=name, prefix=prefix, key_hash=key_hash)
     return key, raw
 
 
 def api_key_authenticate(raw: str) -> ApiKey | None:
     """The active key for a raw value, or None (unknown, malformed, revoked, inactive tenant)."""
-    if not raw.startswith(f"{KEY_SCHEME}-"):
+    prefix = tokens.token_prefix(raw, KEY_SCHEME, "-")
+    if prefix is None:
         return None
-    parts = raw[len(KEY_SCHEME) + 1 :].split("-", 1)
-    if len(parts) != 2:
-        return None
-    key = ApiKey.objects.select_related("tenant").filter(prefix=parts[0]).first()
-    if key is None or not hmac.compare_digest(key.key_hash, _hash(raw)) or not key.is_active:
+    key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
+    if key is None or not tokens.matches(raw, key.key_hash) or not key.is_active:
         return None
     now = timezone.now()
     if key.last_used_at is None or now - key.last_used_at > timedelta(minutes=1):

@@ -6,10 +6,7 @@ FleetEvent for anything an operator would want in the history.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
-import secrets
 from typing import Any
 
 from celery.exceptions import Retry
@@ -29,6 +26,7 @@ from fleet.models import (
     UnitPrice,
     WANLink,
 )
+from pdd import tokens
 
 AGENT_TOKEN_SCHEME = "bnt"
 log = logging.getLogger(__name__)
@@ -82,25 +80,18 @@ def enqueue_after_commit(task_name: str, *args: Any) -> None:
 # --- agent tokens ---------------------------------------------------------------------------
 
 
-def _token_hash(token: str) -> str:
-    # Tokens carry 256 random bits, so a fast hash is enough: no dictionary to guess from.
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 def node_token_generate() -> tuple[str, str, str]:
     """A fresh agent token as (token, public prefix, hash); only the hash is ever stored."""
-    prefix = secrets.token_hex(6)
-    token = f"{AGENT_TOKEN_SCHEME}_{prefix}_{secrets.token_urlsafe(32)}"
-    return token, prefix, _token_hash(token)
+    return tokens.new_token(AGENT_TOKEN_SCHEME, "_", 6)
 
 
 def node_authenticate_token(token: str) -> Node | None:
     """The node an agent token speaks for, or None for an unknown or malformed token."""
-    parts = token.split("_", 2)
-    if len(parts) != 3 or parts[0] != AGENT_TOKEN_SCHEME:
+    prefix = tokens.token_prefix(token, AGENT_TOKEN_SCHEME, "_")
+    if prefix is None:
         return None
-    node = Node.objects.filter(agent_token_prefix=parts[1]).first()
-    if node is None or not hmac.compare_digest(node.agent_token_hash, _token_hash(token)):
+    node = Node.objects.filter(agent_token_prefix=prefix).first()
+    if node is None or not tokens.matches(token, node.agent_token_hash):
         return None
     return node
 

@@ -52,3 +52,16 @@ def test_malformed_values_fall_back_to_defaults():
     assert stats.handoff == HandoffStats()
     assert DoneStats.from_json(None) == DoneStats()
     assert DoneStats.from_json({}).tokens_by_role is None  # not reported: the gateway counts
+
+
+def test_tokens_are_made_and_recognised_one_way_for_keys_and_agents():
+    from pdd import tokens
+
+    raw, prefix, stored = tokens.new_token("sk-baton", "-", 4)
+    assert raw.startswith(f"sk-baton-{prefix}-") and len(prefix) == 8
+    assert tokens.token_prefix(raw, "sk-baton", "-") == prefix
+    assert tokens.matches(raw, stored) and not tokens.matches(raw + "x", stored)
+    agent, agent_prefix, _ = tokens.new_token("bnt", "_", 6)
+    assert tokens.token_prefix(agent, "bnt", "_") == agent_prefix
+    for bad in ("", "sk-baton-", "sk-baton-abc", "bnt_x", "other-abc-def"):
+        assert tokens.token_prefix(bad, "sk-baton", "-") is None

@@ -12,12 +12,11 @@ database each time; the cache is bounded (least recently used out first)."""
 
 from __future__ import annotations
 
-import hashlib
-
 from django.db.models.signals import post_delete, post_save
 
 from billing.models import ApiKey, Tenant
 from fleet.models import ServedModel
+from pdd import tokens
 from routing.caching import CHECK_EVERY_S, shared_cache, versions
 
 __all__ = ["CHECK_EVERY_S", "api_keys", "secret_key", "served_models"]
@@ -25,7 +24,7 @@ __all__ = ["CHECK_EVERY_S", "api_keys", "secret_key", "served_models"]
 
 def secret_key(raw: str) -> str:
     """What a raw API key is cached under: its digest, so the cache never holds the secret."""
-    return hashlib.sha256(raw.encode()).hexdigest()
+    return tokens.digest(raw)
 
 
 # The gateway's caches (routing/gateway/views.py reads them): kept until the data changes.
