@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from agents.engine.config import EngineConfig
+from agents.engine.decode import fuse_projections
 from agents.engine.errors import EngineFull, PrefixMissing
 from agents.engine.kv_pool import PagedKVPool, read_kv_header
 from agents.engine.loader import LoadedModel, load_model
@@ -53,6 +54,7 @@ class Engine:
         weight = model.lm_head.weight
         if weight.dtype != dtype or weight.device != device:
             model = model.to(device=device, dtype=dtype)
+        fuse_projections(model)  # q/k/v and gate/up as views of fused weights (decode.py)
         self.model = model
         cfg = model.config
         self.model_config = cfg

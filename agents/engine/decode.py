@@ -1,0 +1,235 @@
+"""Decode fast path: a forward for steps where every request runs exactly one new token.
+
+The general forward (`CausalLM.forward`) gathers every request's whole KV out of the paged pool
+each step, builds a boolean mask and runs SDPA over the padded batch. Here, for consecutive
+decode steps of the same requests, each request's KV lives in a persistent per-batch copy
+(`DecodeState`, [L, B, KVH, capacity, D]): a step appends its one new position (and writes it
+to the pool too, which stays the source of truth for export, the prefix cache and later
+forwards) and attends over a view of the copy, with grouped-query attention as two batched
+matmuls (no KV repeat) and an additive mask only when the requests' lengths differ. The copy is
+rebuilt from the pool whenever the batch changes (a request joins, leaves or was recomputed).
+
+Also: fused QKV and gate/up projections (`fuse_projections`: the checkpoint's q/k/v and
+gate/up parameters become views of one fused tensor, so the state dict keeps its layout and no
+memory is added), a precomputed RoPE table and `F.rms_norm`. The results equal the general
+path's up to float reassociation (tests/agents/engine/test_engine_decode_fast_path.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agents.engine.model import CausalLM, RMSNorm
+
+_CAPACITY_STEP = 64  # KV copy capacity grows in multiples of this many positions
+
+
+def _fuse(linears: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the linears' weights (and biases) along the output axis and rebind each
+    linear's parameters as views of the result; returns (weight, bias)."""
+    with torch.inference_mode(False), torch.no_grad():
+        weight = torch.cat([lin.weight.detach() for lin in linears])
+        has_bias = [lin.bias is not None for lin in linears]
+        bias = None
+        if all(has_bias):
+            bias = torch.cat([lin.bias.detach() for lin in linears])
+        elif any(has_bias):  # mixed biases: fuse with zeros where one is missing
+            bias = torch.cat(
+                [
+                    lin.bias.detach()
+                    if lin.bias is not None
+                    else weight.new_zeros(lin.out_features)
+                    for lin in linears
+                ]
+            )
+        start = 0
+        for lin, own_bias in zip(linears, has_bias, strict=True):
+            end = start + lin.out_features
+            lin.weight = nn.Parameter(weight[start:end], requires_grad=False)
+            if own_bias:
+                lin.bias = nn.Parameter(bias[start:end], requires_grad=False)
+            start = end
+    return weight, bias
+
+
+def _fused_still_shared(linears: Sequence[nn.Linear], fused: tuple) -> bool:
+    weight = fused[0]
+    start = 0
+    for lin in linears:
+        w = lin.weight
+        if (
+            w.untyped_storage().data_ptr() != weight.untyped_storage().data_ptr()
+            or w.data_ptr() != weight[start].data_ptr()
+            or w.dtype != weight.dtype
+        ):
+            return False
+        start += lin.out_features
+    return True
+
+
+def fuse_projections(model: CausalLM) -> None:
+    """Fuse q/k/v and gate/up of every layer (idempotent; redone after a cast or a move)."""
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
+        gate_up = (mlp.gate_proj, mlp.up_proj)
+        fused = getattr(attn, "_fused_qkv", None)
+        if fused is None or not _fused_still_shared(qkv, fused):
+            attn._fused_qkv = _fuse(qkv)
+        fused = getattr(mlp, "_fused_gate_up", None)
+        if fused is None or not _fused_still_shared(gate_up, fused):
+            mlp._fused_gate_up = _fuse(gate_up)
+
+
+def rope_table(model: CausalLM, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """(cos, sin) [>= length, D] in `dtype`, cached on the model; the values equal the general
+    path's (the same float32 products, then cos / sin, then the cast)."""
+    inv_freq = model.inv_freq
+    cached = getattr(model, "_rope_table", None)
+    if (
+        cached is None
+        or cached[0].shape[0] < length
+        or cached[0].dtype != dtype
+        or cached[0].device != inv_freq.device
+    ):
+        size = min(model.config.max_position, max(length, 1024))
+        size = max(size, length)
+        freqs = torch.arange(size, device=inv_freq.device).float()[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cached = (emb.cos().to(dtype), emb.sin().to(dtype))
+        model._rope_table = cached
+    return cached
+
+
+def _rms(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.eps)
+    return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), None, norm.eps).to(x.dtype)
+
+
+class DecodeState:
+    """The KV copy of one decode batch (requests in order) and its index tensors."""
+
+    def __init__(self) -> None:
+        self.requests: list[object] = []
+        self.lengths: list[int] = []  # KV positions of each request after the last step
+        self.k: torch.Tensor | None = None  # [L, B, KVH, capacity, D]
+        self.v: torch.Tensor | None = None
+        self.mask: torch.Tensor | None = None  # [B, 1, 1, capacity] additive (0 / -inf)
+        self.positions: torch.Tensor | None = None  # [B] long, position of the next token
+        self.rows: torch.Tensor | None = None  # [B] arange
+        self.rebuilds = 0
+
+    def invalidate(self) -> None:
+        self.requests, self.lengths = [], []
+
+    def continues(self, requests: Sequence[object], cached_lens: Sequence[int]) -> bool:
+        """Whether this step is the next decode step of exactly the last step's requests."""
+        return (
+            len(requests) == len(self.requests)
+            and all(a is b for a, b in zip(requests, self.requests, strict=True))
+            and list(cached_lens) == self.lengths
+            and self.k is not None
+            and max(cached_lens) < self.k.shape[3]
+        )
+
+    def rebuild(
+        self,
+        requests: Sequence[object],
+        cached_lens: Sequence[int],
+        slot_lists: Sequence[torch.Tensor],  # the pool slots of each request's cached positions
+        k_flat: torch.Tensor,  # [L, slots, KVH, D]
+        v_flat: torch.Tensor,
+    ) -> None:
+        layers, _, heads, dim = k_flat.shape
+        batch = len(requests)
+        need = max(cached_lens) + 1
+        capacity = -(-(need + _CAPACITY_STEP) // _CAPACITY_STEP) * _CAPACITY_STEP
+        shape = (layers, batch, heads, capacity, dim)
+        device, dtype = k_flat.device, k_flat.dtype
+        if self.k is None or self.k.shape != shape or self.k.dtype != dtype:
+            self.k = torch.zeros(shape, dtype=dtype, device=device)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
+            self.rows = torch.arange(batch, device=device)
+        key_pos = torch.arange(capacity, device=device)
+        lens = torch.tensor(list(cached_lens), device=device)
+        self.mask = torch.zeros((batch, 1, 1, capacity), dtype=torch.float32, device=device)
+        self.mask.masked_fill_((key_pos[None, :] >= lens[:, None])[:, None, None, :], -torch.inf)
+        for b, (n, slots) in enumerate(zip(cached_lens, slot_lists, strict=True)):
+            if n:
+                self.k[:, b, :, :n] = k_flat[:, slots].transpose(1, 2)
+                self.v[:, b, :, :n] = v_flat[:, slots].transpose(1, 2)
+        self.positions = lens.clone()
+        self.requests = list(requests)
+        self.lengths = list(cached_lens)
+        self.rebuilds += 1
+
+    def advance(self) -> None:
+        """After a step: every request holds one more position."""
+        self.positions += 1
+        self.lengths = [n + 1 for n in self.lengths]
+
+
+@torch.inference_mode()
+def decode_forward(
+    model: CausalLM,
+    state: DecodeState,
+    input_ids: torch.Tensor,  # [B] long, the one new token of each request
+    write_slots: torch.Tensor,  # [B] long, its flat pool slot
+    k_cache: torch.Tensor,  # [L, num_blocks, block_size, KVH, D]
+    v_cache: torch.Tensor,
+) -> torch.Tensor:  # [B, vocab] float32
+    """One decode step over `state`'s requests (their KV copy must hold the cached positions);
+    writes the new K/V to the pool and the copy, then advances `state`."""
+    cfg = model.config
+    first = model.model.layers[0]
+    fused = getattr(first.self_attn, "_fused_qkv", None)
+    if fused is None or first.self_attn.q_proj.weight.data_ptr() != fused[0].data_ptr():
+        fuse_projections(model)  # first use, or the model was cast / moved since
+    batch = input_ids.shape[0]
+    heads, kv_heads, dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    group = heads // kv_heads
+    lengths = [n + 1 for n in state.lengths]  # keys each request attends to, after the write
+    k_max = max(lengths)
+    assert k_max <= cfg.max_position, f"position beyond max_position {cfg.max_position}"
+    x = model.model.embed_tokens(input_ids)  # [B, hidden]
+    cos_table, sin_table = rope_table(model, k_max, x.dtype)
+    cos, sin = cos_table[state.positions][:, None, :], sin_table[state.positions][:, None, :]
+    layers, blocks, block_size, _, _ = k_cache.shape
+    k_flat = k_cache.view(layers, blocks * block_size, kv_heads, dim)
+    v_flat = v_cache.view(layers, blocks * block_size, kv_heads, dim)
+    rows, positions = state.rows, state.positions
+    state.mask[rows, 0, 0, positions] = 0.0  # the new position is a valid key from now on
+    # Equal lengths (the usual steady batch) need no mask at all.
+    mask = state.mask[..., :k_max].to(x.dtype) if min(lengths) != k_max else None
+    scale = dim**-0.5
+    half = dim // 2
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        h = _rms(x, layer.input_layernorm)
+        qkv = F.linear(h, *attn._fused_qkv).view(batch, heads + 2 * kv_heads, dim)
+        qk = qkv[:, : heads + kv_heads]
+        rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+        qk = qk * cos + rotated * sin  # [B, H + KVH, D]
+        k, v = qk[:, heads:], qkv[:, heads + kv_heads :]
+        k_flat[i][write_slots] = k.to(k_flat.dtype)
+        v_flat[i][write_slots] = v.to(v_flat.dtype)
+        k_all, v_all = state.k[i], state.v[i]  # [B, KVH, capacity, D]
+        k_all[rows, :, positions] = k.to(k_all.dtype)
+        v_all[rows, :, positions] = v.to(v_all.dtype)
+        q = qk[:, :heads].reshape(batch, kv_heads, group, dim) * scale
+        scores = torch.matmul(q, k_all[:, :, :k_max].transpose(-1, -2).to(q.dtype))
+        if mask is not None:
+            scores = scores + mask  # [B, KVH, G, K]
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(probs, v_all[:, :, :k_max].to(q.dtype))  # [B, KVH, G, D]
+        x = x + attn.o_proj(out.reshape(batch, heads * dim))
+        gate, up = F.linear(_rms(x, layer.post_attention_layernorm), *mlp._fused_gate_up).chunk(
+            2, dim=-1
+        )
+        x = x + mlp.down_proj(F.silu(gate) * up)
+    state.advance()
+    return model.lm_head(_rms(x, model.model.norm)).float()

@@ -1,0 +1,122 @@
+"""The decode fast path (agents/engine/decode.py) against the general forward: same logits up
+to float32 reassociation, the same KV written to the pool, identical greedy tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agents.engine import Engine, EngineConfig, LoadedModel, PagedKVPool, SamplingParams
+from agents.engine.batch import SeqChunk, build_forward_batch
+from agents.engine.decode import DecodeState, decode_forward, fuse_projections
+
+BS = 8
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory) -> LoadedModel:
+    """A Qwen2-layout checkpoint (q/k/v biases) with every weight random."""
+    from agents.engine import load_hf_checkpoint
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(
+        vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    hf = transformers.Qwen2ForCausalLM(cfg)
+    with torch.no_grad():
+        for param in hf.parameters():
+            param.normal_(0.0, 0.3)
+    folder = tmp_path_factory.mktemp("qwen2")
+    hf.save_pretrained(folder, safe_serialization=True)
+    return load_hf_checkpoint(folder)
+
+
+def _ids(n: int, seed: int, vocab: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+
+@pytest.mark.parametrize("lengths", [[13, 30, 7, 21], [16, 16, 16]], ids=["ragged", "equal"])
+@pytest.mark.parametrize("which", ["tiny", "qwen2"])
+def test_fast_path_logits_equal_the_general_forward(which, lengths, tiny, qwen2) -> None:
+    loaded = tiny if which == "tiny" else qwen2
+    model, cfg = loaded.model, loaded.config
+    fuse_projections(model)
+    pools = [PagedKVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 64, BS) for _ in range(2)]
+    tables = [pools[0].allocate(8) for _ in lengths]
+    for pool in pools[1:]:
+        assert [pool.allocate(8) for _ in lengths] == tables
+    seqs = [_ids(n, seed=i, vocab=cfg.vocab_size) for i, n in enumerate(lengths)]
+    for pool in pools:  # the prompts, through the general forward in both pools
+        chunks = [SeqChunk(s, 0, t) for s, t in zip(seqs, tables, strict=True)]
+        model(build_forward_batch(chunks, BS), pool.k_cache, pool.v_cache)
+    general, fast = pools
+    state = DecodeState()
+    for step in range(12):
+        lens = [len(s) for s in seqs]
+        chunks = [SeqChunk(s[-1:], len(s) - 1, t) for s, t in zip(seqs, tables, strict=True)]
+        # The prompt's last token runs again as a decode step's token at its own position.
+        batch = build_forward_batch(chunks, BS)
+        want = model(batch, general.k_cache, general.v_cache)  # [B, vocab]
+        if step == 0:
+            slots = [fast.slots(t, 0, n - 1) for t, n in zip(tables, lens, strict=True)]
+            flat = (fast.k_cache.flatten(1, 2), fast.v_cache.flatten(1, 2))
+            state.rebuild([object() for _ in seqs], [n - 1 for n in lens], slots, *flat)
+        got = decode_forward(
+            model, state, batch.input_ids, batch.write_slots, fast.k_cache, fast.v_cache
+        )
+        assert want.abs().max() > 1.0
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+        assert got.argmax(-1).tolist() == want.argmax(-1).tolist()
+        torch.testing.assert_close(fast.k_cache, general.k_cache, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fast.v_cache, general.v_cache, atol=1e-5, rtol=1e-5)
+        for s, token in zip(seqs, want.argmax(-1).tolist(), strict=True):
+            s.append(token)
+    assert state.rebuilds == 1  # the copy was built once and appended to after
+
+
+def _run(loaded: LoadedModel, fast: bool, prompts, max_tokens) -> tuple[dict, Engine]:
+    config = EngineConfig(block_size=BS, num_blocks=128, max_running=4, max_queued=8)
+    engine = Engine(loaded, config)
+    engine.runner.decode_fast_path = fast
+    out: dict[str, list[int]] = {}
+    for i, (p, n) in enumerate(zip(prompts, max_tokens, strict=True)):
+        engine.add_request(f"r{i}", p, SamplingParams(max_tokens=n, ignore_eos=True))
+    while engine.has_work():
+        for o in engine.step():
+            out.setdefault(o.request_id, []).extend(o.token_ids)
+    return out, engine
+
+
+@pytest.mark.parametrize("which", ["tiny", "qwen2"])
+def test_engine_greedy_tokens_are_identical_with_and_without_the_fast_path(
+    which, tiny, qwen2
+) -> None:
+    loaded = tiny if which == "tiny" else qwen2
+    vocab = loaded.config.vocab_size
+    # Six requests over four running slots, finishing at different steps: the batch changes
+    # (requests leave, queued ones prefill and join), so the KV copy is rebuilt several times.
+    prompts = [_ids(n, seed=20 + n, vocab=vocab) for n in (5, 17, 9, 33, 12, 1)]
+    max_tokens = [30, 12, 25, 8, 20, 16]
+    general, _ = _run(loaded, False, prompts, max_tokens)
+    fast, engine = _run(loaded, True, prompts, max_tokens)
+    assert fast == general
+    assert [len(fast[f"r{i}"]) for i in range(6)] == max_tokens
+    assert engine.runner.fast_steps > 20
+    assert 1 < engine.runner.decode_state.rebuilds < engine.runner.fast_steps
+
+
+def test_fusion_keeps_the_checkpoint_layout(qwen2) -> None:
+    model = qwen2.model
+    fuse_projections(model)
+    attn = model.model.layers[0].self_attn
+    names = set(model.state_dict())
+    assert {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight"} <= names
+    assert not any("fused" in n for n in names)
+    # The q/k/v parameters are views of the fused weight: no second copy.
+    weight, bias = attn._fused_qkv
+    assert attn.k_proj.weight.data_ptr() == weight[attn.q_proj.out_features].data_ptr()
+    assert attn.v_proj.bias.data_ptr() == bias[-attn.v_proj.out_features].data_ptr()
