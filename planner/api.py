@@ -1,4 +1,6 @@
-"""The planner's public API: ``simulate(scenario)`` and ``plan(...)``, plain dicts in and out.
+"""The planner's public API: ``simulate(scenario)``, ``plan(...)`` and ``size(scenario, rps)``
+(planner/size.py: the cheapest fleet meeting the SLA, and the best-BCR fleet), plain dicts in
+and out.
 
 The Django command, REST endpoint and UI page call these; so does ``python -m planner``.
 """
@@ -19,6 +21,7 @@ from planner.metrics import Sla, Tariff, revenue, summarise
 from planner.microbench import simulate_transfers
 from planner.scenario import case_configs, load_scenario, set_path
 from planner.sim import RunRecord, Simulator
+from planner.size import size  # noqa: F401  (re-exported: part of the public API)
 from planner.spec import build, number
 from planner.wan import WanLinkSpec
 from planner.workload import Trace, WorkloadSpec, generate, read_trace

@@ -1,4 +1,4 @@
-"""Command line: ``python -m planner {list,run,plan}``; bad input gives one line and exit 2."""
+"""Command line: ``python -m planner {list,run,plan,size}``; bad input gives one line and exit 2."""
 
 from __future__ import annotations
 
@@ -82,6 +82,95 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _db_fleet(scenario: str) -> dict[str, Any]:
+    """The fleet in the database as a planner fleet (GPU types, prices, WAN link from the
+    inventory, model and engine from ``scenario``), its pool counts the nodes now running each
+    role (at least one prefill and one main-decode node)."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    import django
+
+    django.setup()
+    from fleet import planning
+    from fleet.models.nodes import Instance
+
+    nodes = {
+        role: Instance.objects.filter(role=role).values("node").distinct().count()
+        for _, role in planning.COUNT_FIELDS
+    }
+    counts = {
+        field: [max(nodes[role], 0 if field == "relay_counts" else 1)]
+        for field, role in planning.COUNT_FIELDS
+    }
+    inputs = planning.plan_inputs_from_fleet(scenario=scenario, **counts)
+    fleet = inputs["fleet_spec"]
+    fleet["pools"] = [
+        {k: p[k] for k in ("role", "gpu", "datacenter")} | {"count": p["counts"][0]}
+        for p in inputs["search_space"]["pools"]
+    ]
+    fleet["_source"] = "; ".join(inputs["notes"])
+    return fleet
+
+
+def _figure(value: Any) -> str:
+    return "inf" if value is None or value == math.inf else f"{value:.3g}"
+
+
+def _cmd_size(args: argparse.Namespace) -> int:
+    from planner.bands import describe
+    from planner.size import Progress, size
+
+    fleet = _db_fleet(args.scenario) if args.from_db else None
+    sla = {}
+    if args.p90 is not None:
+        sla["ttft_p90_s"] = args.p90
+    if args.p99 is not None:
+        sla["ttft_p99_s"] = args.p99
+    scan = [float(x) for x in args.bcr_scan.split(",") if x.strip()] if args.bcr_scan else []
+    enabled = None if args.progress == "auto" else args.progress == "on"
+    result = size(
+        args.scenario, args.rps, case=args.case, fleet=fleet, sla=sla or None,
+        workers=args.workers, bcr_scan=scan, band_pct=args.band, constants_pct=args.constants,
+        progress=Progress(enabled=enabled),
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(_clean(result), indent=1))
+        return 0
+    best = result["cheapest"]
+    sla_text = ", ".join(f"{k} < {v:g}" for k, v in result["sla"].items() if not k.startswith("_"))
+    print(f"{result['scenario']} ({result['case']}) at {result['rps']:g} RPS, SLA {sla_text}")
+    print("unit prices: " + ", ".join(f"{g} {p:g}/h" for g, p in result["unit_prices"].items()))
+    if not best["found"]:
+        print(f"no fleet found: {best['reason']}")
+        return 1
+    print(f"cheapest fleet (cost {best['cost_per_hour']:g}/h):")
+    for key, count in best["counts"].items():
+        fewer = best["one_fewer"].get(key)
+        note = ""
+        if fewer is not None:
+            verdict = "meets" if fewer["met"] else "breaks"
+            note = f"  one fewer {verdict} the SLA (P90 {_figure(fewer['ttft_p90_s'])} s)"
+        print(f"  {key:28s} {count:4d}{note}")
+    at = best["at"]
+    print(
+        f"  at {result['rps']:g} RPS: P90 TTFT {_figure(at['ttft_p90_s'])} s, "
+        f"P99 {_figure(at['ttft_p99_s'])} s"
+    )
+    if "band" in best:
+        print("  " + describe("band", best["band"]))
+        print(f"  ({best['band']['rule']})")
+    if "max_bcr" in result:
+        top = result["max_bcr"]["best"]
+        counts = ", ".join(f"{k} {v}" for k, v in top["counts"].items())
+        print(
+            f"max-BCR fleet: {counts}: goodput {top['goodput_rps']:.3g} RPS received "
+            f"(SLA held up to {top['bracket'][0]:.3g} RPS drawn, not at "
+            f"{top['bracket'][1]:.3g}), cost "
+            f"{top['cost_per_hour']:g}/h, BCR {top['bcr']:.3g}"
+        )
+    print(f"{result['runs']} simulations on {result['workers']} workers, {result['wall_s']:.1f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m planner", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,6 +190,36 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("scenario")
     plan.add_argument("--top", type=int, default=5)
     plan.set_defaults(func=_cmd_plan)
+    sz = sub.add_parser(
+        "size",
+        help="the cheapest fleet meeting the SLA at a rate, and the max-BCR fleet",
+        description="Per-pool bisection from the scenario's fleet (or the database's): the "
+        "cheapest fleet meeting the SLA at --rps, its band over the rate and fitted constants, "
+        "and the best-BCR fleet among the cheapest at --bcr-scan multiples of the rate.",
+    )
+    sz.add_argument("scenario")
+    sz.add_argument("--rps", type=float, help="target rate (default: the scenario's)")
+    sz.add_argument("--case", help="which case to size (default: its pdd case, else the first)")
+    sz.add_argument("--p90", type=float, help="SLA: P90 TTFT below this many seconds")
+    sz.add_argument("--p99", type=float, help="SLA: P99 TTFT below this many seconds")
+    sz.add_argument("--workers", type=int, help="processes (default: the available cores)")
+    sz.add_argument(
+        "--bcr-scan",
+        default="0.5,1,2",
+        help="multiples of --rps whose cheapest fleets compete on BCR ('' = none)",
+    )
+    sz.add_argument("--band", type=float, default=5.0, help="rate band, percent (0 = none)")
+    sz.add_argument("--constants", type=float, default=5.0,
+                    help="band over the fitted engine constants, percent (0 = none)")  # fmt: skip
+    sz.add_argument(
+        "--from-db",
+        action="store_true",
+        help="start from the fleet in the database (its GPU types, prices, link)",
+    )
+    sz.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
+                    help="progress bar on stderr (auto: only on a terminal)")  # fmt: skip
+    sz.add_argument("--json", action="store_true")
+    sz.set_defaults(func=_cmd_size)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -1,0 +1,113 @@
+"""Bands, not points: how a figure moves with the rate and the fitted engine constants.
+
+A planner figure at one offered rate can sit on a cliff: near a fleet's capacity a 1% higher
+rate can add tens of percent to the TTFT tail (paper-ttft's PDD P90 TTFT is 7.42 s at 79.375
+RPS and 12.0 s at 80 RPS). Every headline figure is therefore reported with
+
+- its *rate band*: the figure at the rate x (1 - b), x 0.99, x 1.01 and x (1 + b) (b = 5% by
+  default), and the low and high over the band;
+- where cheap, its *constants band*: the figure with each fitted engine constant
+  (``prefill_efficiency``, ``decode_mem_efficiency``) scaled by 1 -+ c (c = 5% by default);
+- a *cliff* flag, by this rule: the operating point is on a cliff when P90 TTFT at 1% more
+  (or less) rate differs from P90 TTFT at the rate by more than ``CLIFF_PCT`` (10%) of it,
+  i.e. the tail's elasticity to the rate exceeds 10; an infinite (never served) P90 anywhere
+  in the 1% neighbourhood counts as a cliff;
+- ``sla_flips``: whether the SLA verdict differs anywhere in the rate band.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+CLIFF_PCT = 10.0
+FITTED = ("prefill_efficiency", "decode_mem_efficiency")
+FIGURES = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "relay_share")
+RULE = (
+    f"cliff: P90 TTFT at 1% more or less rate differs from P90 TTFT at the rate by more than "
+    f"{CLIFF_PCT:g}% (or is infinite)"
+)
+
+Points = Callable[..., list[dict[str, Any]]]
+
+
+def _rel(a: float, b: float) -> float:
+    """|a - b| / b, infinite when either is infinite or NaN."""
+    if not (math.isfinite(a) and math.isfinite(b)) or b <= 0:
+        return 0.0 if a == b and math.isfinite(a) else math.inf
+    return abs(a - b) / b
+
+
+def band(
+    points: Points,
+    rps: float,
+    band_pct: float = 5.0,
+    constants_pct: float = 5.0,
+    sla: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The band around the point at ``rps``.
+
+    ``points([(rate, constants), ...], note)`` simulates each (rate, tuple of (constant name,
+    factor)) point and returns dicts with ``met`` and the ``FIGURES``.
+    """
+    b = band_pct / 100.0
+    factors = sorted({1.0, 0.99, 1.01} | ({1 - b, 1 + b} if b else set()))
+    jobs: list[tuple[float, tuple[tuple[str, float], ...]]] = [(rps * f, ()) for f in factors]
+    c = constants_pct / 100.0
+    consts = [(name, s) for name in FITTED for s in (1 - c, 1 + c)] if c else []
+    jobs += [(rps, ((name, s),)) for name, s in consts]
+    results = points(jobs, f"band +-{band_pct:g}% rate, +-{constants_pct:g}% constants")
+    by_rate = results[: len(factors)]
+    rate_rows = [
+        {"factor": f, "rps": rps * f, "met": r["met"], **{k: r.get(k) for k in FIGURES}}
+        for f, r in zip(factors, by_rate, strict=True)
+    ]
+    at = rate_rows[factors.index(1.0)]
+    near = [row for row in rate_rows if row["factor"] in (0.99, 1.01)]
+    change = max(_rel(row["ttft_p90_s"], at["ttft_p90_s"]) for row in near) * 100
+    wide = [row for row in rate_rows if 1 - b - 1e-12 <= row["factor"] <= 1 + b + 1e-12]
+    out: dict[str, Any] = {
+        "rule": RULE,
+        "rate_pct": band_pct,
+        "rate": rate_rows,
+        "ttft_p90_s": _span(at["ttft_p90_s"], [row["ttft_p90_s"] for row in wide]),
+        "ttft_p99_s": _span(at["ttft_p99_s"], [row["ttft_p99_s"] for row in wide]),
+        "p90_change_pct_per_1pct_rate": change,
+        "cliff": bool(change > CLIFF_PCT),
+        "sla_flips": len({row["met"] for row in wide}) > 1,
+    }
+    if consts:
+        rows = [
+            {"constant": name, "factor": s, "met": r["met"], **{k: r.get(k) for k in FIGURES}}
+            for (name, s), r in zip(consts, results[len(factors) :], strict=True)
+        ]
+        out["constants_pct"] = constants_pct
+        out["constants"] = rows
+        vals = [at["ttft_p90_s"]] + [row["ttft_p90_s"] for row in rows]
+        out["ttft_p90_s_constants"] = _span(at["ttft_p90_s"], vals)
+        out["sla_flips_constants"] = len({at["met"]} | {row["met"] for row in rows}) > 1
+    return out
+
+
+def _span(at: float, values: list[float]) -> dict[str, float]:
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    return {"at": at, "lo": min(finite, default=math.nan), "hi": max(finite, default=math.nan)}
+
+
+def describe(name: str, b: Mapping[str, Any]) -> str:
+    """One line for a figure's band: 'P90 TTFT 7.4 s (6.9-12.0 s over +-5% rate) CLIFF'."""
+    s = b["ttft_p90_s"]
+    text = (
+        f"{name}: P90 TTFT {s['at']:.3g} s ({s['lo']:.3g}-{s['hi']:.3g} s over "
+        f"+-{b['rate_pct']:g}% rate"
+    )
+    if "ttft_p90_s_constants" in b:
+        k = b["ttft_p90_s_constants"]
+        text += f"; {k['lo']:.3g}-{k['hi']:.3g} s over +-{b['constants_pct']:g}% constants"
+    text += f"), {b['p90_change_pct_per_1pct_rate']:.3g}% per 1% rate"
+    if b["cliff"]:
+        text += f"  ON A CLIFF (> {CLIFF_PCT:g}% per 1%)"
+    if b["sla_flips"]:
+        text += "  SLA verdict flips within the band"
+    return text
