@@ -114,6 +114,7 @@ def _onednn_linear_available() -> bool:
 
 
 _ONEDNN = _onednn_linear_available()
+ONEDNN_MIN_ROWS = 2  # one row: MKL gemv was as fast or faster on small weights
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
@@ -123,7 +124,7 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     if (
         _ONEDNN
         and x.device.type == "cpu"
-        and x.shape[0] > 1
+        and x.shape[0] >= ONEDNN_MIN_ROWS
         and x.dtype in (torch.float32, torch.bfloat16)
         and weight.is_contiguous()
     ):
