@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import os
 import secrets
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
+
+from pdd.checks import is_number
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -48,7 +49,7 @@ def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
         value = float(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
-    if not math.isfinite(value) or value < minimum:
+    if not is_number(value) or value < minimum:
         raise ImproperlyConfigured(f"{name}={raw!r} must be a finite number >= {minimum:g}")
     return value
 

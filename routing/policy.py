@@ -8,11 +8,11 @@ says why in a human-readable reason.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from pdd.checks import check_int, check_number
 from pdd.vocab import HandoffMode, LinkStatus, Pipeline, Role
 
 
@@ -146,18 +146,8 @@ class PolicySettings:
             raise ValueError(str(exc)) from exc
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _check_number(obj: object, name: str, lo: float | None = None, hi: float | None = None) -> None:
-    value = getattr(obj, name)
-    if not _is_number(value) or not math.isfinite(value):
-        raise ValueError(f"{name}: must be a finite number, got {value!r}")
-    if lo is not None and value < lo:
-        raise ValueError(f"{name}: must be >= {lo}, got {value!r}")
-    if hi is not None and value > hi:
-        raise ValueError(f"{name}: must be <= {hi}, got {value!r}")
+    check_number(getattr(obj, name), name, ge=lo, le=hi)
 
 
 def _check_optional_number(
@@ -168,11 +158,7 @@ def _check_optional_number(
 
 
 def _check_int(obj: object, name: str, lo: int | None = None) -> None:
-    value = getattr(obj, name)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{name}: must be an integer, got {value!r}")
-    if lo is not None and value < lo:
-        raise ValueError(f"{name}: must be >= {lo}, got {value!r}")
+    check_int(getattr(obj, name), name, ge=lo)
 
 
 # ---------------------------------------------------------------------------------------------

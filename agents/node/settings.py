@@ -7,7 +7,6 @@ OMP_WAIT_POLICY from here before anything loads torch (OpenMP reads them once, a
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 
 from agents.dataplane import check_data_token
 from agents.transfer.shaping import LinkSettings
+from pdd.checks import check_number
 from pdd.vocab import Role
 
 ROLES = tuple(Role)
@@ -100,9 +100,7 @@ class AgentSettings:
             "reserve_ttl_s",
             "reserve_timeout_s",
         ):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be > 0, got {value}")
+            check_number(getattr(self, name), name, gt=0)
         if self.drain_grace_s < 0:
             raise ValueError(f"drain_grace_s must be >= 0, got {self.drain_grace_s}")
         if self.device is not None:

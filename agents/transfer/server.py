@@ -11,7 +11,6 @@ import asyncio
 import hmac
 import inspect
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from agents.transfer.frames import (
     read_frame,
 )
 from agents.transfer.records import KVChunk, TokenIds, Transfer
+from pdd.checks import check_number
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +61,8 @@ class ReceiveLimits:
                 f"max_transfer_bytes ({self.max_transfer_bytes}) must be >= "
                 f"max_payload_bytes ({self.max_payload_bytes})"
             )
-        if self.frame_timeout_s is not None and not (
-            math.isfinite(self.frame_timeout_s) and self.frame_timeout_s > 0
-        ):
-            raise ValueError(f"frame_timeout_s must be > 0 or None, got {self.frame_timeout_s}")
+        if self.frame_timeout_s is not None:
+            check_number(self.frame_timeout_s, "frame_timeout_s", gt=0)
 
 
 class _Assembly:

@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import NamedTuple
 
 from agents.transfer.pool import LinkPool, PoolStats
+from pdd.checks import check_int, check_number
 
 MIN_QUANTUM_BYTES = 512
 MAX_QUANTUM_BYTES = 16 * 1024 * 1024
@@ -43,23 +44,15 @@ class LinkSettings:
     catch_up_ms: float = 5.0
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.bandwidth_gbps) and self.bandwidth_gbps > 0):
-            raise ValueError(
-                f"bandwidth_gbps must be a finite number > 0, got {self.bandwidth_gbps}"
-            )
-        if not (math.isfinite(self.rtt_ms) and self.rtt_ms >= 0):
-            raise ValueError(f"rtt_ms must be a finite number >= 0, got {self.rtt_ms}")
-        if isinstance(self.pool_size, bool) or not isinstance(self.pool_size, int):
-            raise ValueError(f"pool_size must be an int, got {self.pool_size!r}")
-        if self.pool_size < 1:
-            raise ValueError(f"pool_size must be >= 1, got {self.pool_size}")
+        check_number(self.bandwidth_gbps, "bandwidth_gbps", gt=0)
+        check_number(self.rtt_ms, "rtt_ms", ge=0)
+        check_int(self.pool_size, "pool_size", ge=1)
         if not MIN_QUANTUM_BYTES <= self.quantum_bytes <= MAX_QUANTUM_BYTES:
             raise ValueError(
                 f"quantum_bytes must be in [{MIN_QUANTUM_BYTES}, {MAX_QUANTUM_BYTES}], "
                 f"got {self.quantum_bytes}"
             )
-        if not (math.isfinite(self.catch_up_ms) and self.catch_up_ms >= 0):
-            raise ValueError(f"catch_up_ms must be a finite number >= 0, got {self.catch_up_ms}")
+        check_number(self.catch_up_ms, "catch_up_ms", ge=0)
 
     @property
     def bytes_per_s(self) -> float:

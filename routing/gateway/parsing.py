@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane import jsonsafety
+from pdd.checks import is_number
 from routing.gateway.errors import bad_request
 from routing.gateway.openai_fields import check_fields, logprobs_count
 
@@ -46,7 +46,7 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float) -> floa
     value = body.get(name, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_number(value):
         raise bad_request(f"'{name}' must be a number.", name)
     if not lo <= value <= hi:
         raise bad_request(f"'{name}' must be between {lo} and {hi}, got {value}.", name)
