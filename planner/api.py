@@ -22,7 +22,7 @@ from planner.microbench import simulate_transfers
 from planner.scenario import case_configs, load_scenario, set_path
 from planner.sim import RunRecord, Simulator
 from planner.size import size  # noqa: F401  (re-exported: part of the public API)
-from planner.spec import build, number
+from planner.spec import build, integer, number
 from planner.wan import WanLinkSpec
 from planner.workload import Trace, WorkloadSpec, generate, read_trace
 
@@ -369,14 +369,82 @@ def _run_all(jobs: list[tuple[str, dict[str, Any], str]], workers: int) -> list[
         return list(pool.map(_run_job, jobs))
 
 
-def simulate(scenario: str | Mapping[str, Any], jobs: int = 1) -> SimResult:
+def _band_job(job: tuple[Any, ...]) -> dict[str, Any]:
+    from planner.size import evaluate
+
+    return evaluate(job)
+
+
+def seed_list(config: Mapping[str, Any], seeds: int) -> tuple[int, ...]:
+    """The ``seeds`` seeds after the case's own, for its seed spread."""
+    seed = int(config.get("workload", {}).get("seed", 0))
+    return tuple(seed + 1 + i for i in range(seeds))
+
+
+def add_bands(
+    result: SimResult,
+    configs: Mapping[str, Mapping[str, Any]],
+    band_pct: float,
+    constants_pct: float,
+    jobs: int = 1,
+    seeds: int = 0,
+) -> None:
+    """Attach ``summary["band"]`` (planner/bands.py) to every case run at one rate: a fleet
+    case with a generated workload and no goodput search (a goodput's band is its bracket)."""
+    from planner.bands import band_of, band_points
+
+    planned: dict[str, tuple[float, list[tuple[Any, ...]]]] = {}
+    for name, config in configs.items():
+        case = result.cases.get(name)
+        if case is None or case.goodput or config.get("trace_file") or "fleet" not in config:
+            continue
+        rps = float(config.get("workload", {}).get("rps", WorkloadSpec().rps))
+        counts = tuple(int(p.get("count", 0)) for p in config["fleet"]["pools"])
+        planned[name] = (
+            rps,
+            [
+                (config["fleet"], dict(config), counts, r, k)
+                for r, k in band_points(rps, band_pct, constants_pct, seed_list(config, seeds))
+            ],
+        )
+    flat = [job for _, js in planned.values() for job in js]
+    if not flat:
+        return
+    if jobs <= 1:
+        outs = list(map(_band_job, flat))
+    else:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(flat))) as pool:
+            outs = list(pool.map(_band_job, flat))
+    it = iter(outs)
+    for name, (rps, js) in planned.items():
+        results = [next(it) for _ in js]
+        result.cases[name].summary["band"] = band_of(
+            results, rps, band_pct, constants_pct, seed_list(configs[name], seeds)
+        )
+
+
+def simulate(
+    scenario: str | Mapping[str, Any],
+    jobs: int = 1,
+    band_pct: float = 0.0,
+    constants_pct: float = 0.0,
+    seeds: int = 0,
+) -> SimResult:
     """Run every case of a scenario (a bundled name, a path, or a parsed dict).
 
     ``jobs`` > 1 runs cases (and a sweep's points) on that many processes; the results are
-    the same as one after another (every run is seeded).
+    the same as one after another (every run is seeded). ``band_pct`` > 0 (and
+    ``constants_pct``) also runs each single-rate case at nearby rates (and engine constants)
+    and attaches its band and cliff flag (planner/bands.py) as ``summary["band"]``; a sweep
+    gets none (its points are the band).
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs: must be an integer >= 1, got {jobs!r}")
+    band_pct = number(band_pct, "band_pct")
+    constants_pct = number(constants_pct, "constants_pct")
+    seeds = integer(seeds, "seeds", 0, 16)
+    if band_pct >= 50 or constants_pct >= 50:
+        raise ValueError("band_pct, constants_pct: must be below 50 (percent)")
     data = load_scenario(scenario)
     kind = data["kind"]
     configs = case_configs(data)
@@ -385,7 +453,10 @@ def simulate(scenario: str | Mapping[str, Any], jobs: int = 1) -> SimResult:
         for name, cfg in configs.items():
             _parse_case(name, cfg, kind)  # every case's settings checked before any run
         results = _run_all([(name, cfg, kind) for name, cfg in configs.items()], jobs)
-        return SimResult(str(data.get("name", "scenario")), kind, {r.name: r for r in results})
+        out = SimResult(str(data.get("name", "scenario")), kind, {r.name: r for r in results})
+        if kind == "fleet" and (band_pct or constants_pct or seeds):
+            add_bands(out, configs, band_pct, constants_pct, jobs, seeds)
+        return out
     # A sweep runs every case at every value of one parameter (e.g. the mean hit rate).
     path, values = sweep.get("path"), sweep.get("values")
     if not isinstance(path, str) or not isinstance(values, list) or not values:

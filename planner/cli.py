@@ -45,7 +45,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise ValueError(f"--jobs: must be >= 1, got {args.jobs}")
-    result = simulate(args.scenario, jobs=args.jobs)
+    result = simulate(
+        args.scenario,
+        jobs=args.jobs,
+        band_pct=args.band,
+        constants_pct=args.constants,
+        seeds=args.seeds,
+    )
     out = Path(args.out) if args.out else default_out(result.scenario)
     out.mkdir(parents=True, exist_ok=True)
     data = _clean(result.to_dict())
@@ -61,6 +67,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     }
     print(json.dumps(brief if not result.sweep else data["sweep"], indent=1)[:20000])
     print(f"wrote {out / 'result.json'}")
+    from planner.bands import RULE, describe
+
+    banded = [(n, c["summary"]["band"]) for n, c in data["cases"].items() if "band" in c["summary"]]
+    for name, b in banded:
+        print(describe(name, b))
+    if banded:
+        print(f"({RULE})")
     for line in data.get("warnings", []):
         print(f"warning: {line}", file=sys.stderr)
     return 0
@@ -130,6 +143,7 @@ def _cmd_size(args: argparse.Namespace) -> int:
     result = size(
         args.scenario, args.rps, case=args.case, fleet=fleet, sla=sla or None,
         workers=args.workers, bcr_scan=scan, band_pct=args.band, constants_pct=args.constants,
+        seeds=args.seeds,
         progress=Progress(enabled=enabled),
     )  # fmt: skip
     if args.json:
@@ -148,7 +162,10 @@ def _cmd_size(args: argparse.Namespace) -> int:
         note = ""
         if fewer is not None:
             verdict = "meets" if fewer["met"] else "breaks"
-            note = f"  one fewer {verdict} the SLA (P90 {_figure(fewer['ttft_p90_s'])} s)"
+            note = (
+                f"  one fewer {verdict} the SLA (P90 {_figure(fewer['ttft_p90_s'])} s, "
+                f"P99 {_figure(fewer['ttft_p99_s'])} s)"
+            )
         print(f"  {key:28s} {count:4d}{note}")
     at = best["at"]
     print(
@@ -185,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--no-plots", action="store_true")
     run.add_argument("--jobs", type=int, default=1,
                      help="processes to run cases on (same results as one)")  # fmt: skip
+    run.add_argument("--band", type=float, default=5.0,
+                     help="also run each single-rate case at +-PCT%% and +-1%% rate and report "
+                     "its band and cliff flag (default 5; 0 = none)")  # fmt: skip
+    run.add_argument("--constants", type=float, default=0.0,
+                     help="also scale the fitted engine constants by +-PCT%% (0 = no)")  # fmt: skip
+    run.add_argument("--seeds", type=int, default=0,
+                     help="also run each single-rate case on N other seeds")  # fmt: skip
     run.set_defaults(func=_cmd_run)
     plan = sub.add_parser("plan", help="search pool counts for the best BCR under the SLA")
     plan.add_argument("scenario")
@@ -211,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     sz.add_argument("--band", type=float, default=5.0, help="rate band, percent (0 = none)")
     sz.add_argument("--constants", type=float, default=5.0,
                     help="band over the fitted engine constants, percent (0 = none)")  # fmt: skip
+    sz.add_argument("--seeds", type=int, default=2,
+                    help="other seeds run at the rate: the sampling spread")  # fmt: skip
     sz.add_argument(
         "--from-db",
         action="store_true",

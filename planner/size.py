@@ -116,10 +116,22 @@ def evaluate(job: tuple[Any, ...]) -> dict[str, Any]:
     from planner.api import _sla, _tariff, make_trace, run_fleet
 
     fleet, config, counts, rps, constants = job
-    spec = fleet_from_dict(_scaled(_fleet_dict(fleet, counts), dict(constants)))
+    mods = dict(constants)
+    # "rate_factor": the same requests, arriving f times faster (times and gaps divided by f):
+    # the rate changes but the sample does not (common random numbers), so the figure moves
+    # by what the rate does, not by a new draw. "seed": another draw at the same rate.
+    factor = float(mods.pop("rate_factor", 1.0))
+    seed = mods.pop("seed", None)
+    if seed is not None:
+        config = {**config, "workload": {**config.get("workload", {}), "seed": int(seed)}}
+    spec = fleet_from_dict(_scaled(_fleet_dict(fleet, counts), mods))
+    trace = make_trace(config, rps)
+    if factor != 1.0:
+        trace.arrival_s = trace.arrival_s / factor
+        trace.settle_s = trace.settle_s / factor
     summary, _ = run_fleet(
         spec,
-        make_trace(config, rps),
+        trace,
         _sla(config),
         number(config.get("warmup_s", 60.0), "warmup_s"),
         _tariff(config),
@@ -323,6 +335,7 @@ def size(
     bcr_scan: Iterable[float] = (0.5, 1.0, 2.0),
     band_pct: float = 5.0,
     constants_pct: float = 5.0,
+    seeds: int = 2,
     max_count: int = MAX_COUNT,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
@@ -331,7 +344,8 @@ def size(
     ``fleet`` replaces the case's fleet (e.g. the one built from the database); its pools'
     counts are the starting point. ``sla`` overrides the case's SLA fields. ``bcr_scan``:
     multiples of ``rps`` at which a cheapest fleet is a best-BCR candidate (empty: none).
-    ``band_pct`` / ``constants_pct``: the band around the found fleet's figures (0: none).
+    ``band_pct`` / ``constants_pct``: the band around the found fleet's figures (0: none);
+    ``seeds``: how many other seeds show the sampling spread at the rate.
     """
     from planner.api import _parse_case
     from planner.bands import band
@@ -353,6 +367,8 @@ def size(
         raise ValueError("size: needs a generated workload (a trace file has its own rate)")
     workers = available_cores() if workers is None else integer(workers, "workers", 1)
     max_count = integer(max_count, "max_count", 1)
+    seeds = integer(seeds, "seeds", 0, 16)
+    seed = int(config.get("workload", {}).get("seed", 0))
     scan = sorted({number(m, "bcr_scan", positive=True) for m in bcr_scan})
     _parse_case(name, config, "fleet")  # every field checked before any run
     fleet_spec = config["fleet"]
@@ -376,7 +392,7 @@ def size(
             "workers": workers,
             "cheapest": best,
         }
-        if best["found"] and (band_pct or constants_pct):
+        if best["found"] and (band_pct or constants_pct or seeds):
             counts = tuple(best["counts"].values())
             out["cheapest"]["band"] = band(
                 lambda pts, note="": runner.points(
@@ -385,7 +401,7 @@ def size(
                 rps,
                 band_pct,
                 constants_pct,
-                config.get("sla", {}),
+                tuple(seed + 1 + i for i in range(seeds)),
             )
         cands = []
         for m in scan:

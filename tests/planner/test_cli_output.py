@@ -42,7 +42,7 @@ def test_run_without_out_writes_under_var_not_bench(monkeypatch, tmp_path, capsy
     committed = ROOT / "bench" / "planner" / "paper-ttft" / "result.json"
     before = committed.stat().st_mtime_ns if committed.exists() else None
     monkeypatch.setenv("BATON_VAR_DIR", str(tmp_path))
-    monkeypatch.setattr(api, "simulate", lambda scenario, jobs=1: _fake_result("paper-ttft"))
+    monkeypatch.setattr(api, "simulate", lambda scenario, jobs=1, **_: _fake_result("paper-ttft"))
     assert cli.main(["run", "paper-ttft"]) == 0
     out = tmp_path / "planner" / "paper-ttft"
     assert json.loads((out / "result.json").read_text())["scenario"] == "paper-ttft"
