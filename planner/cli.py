@@ -138,12 +138,17 @@ def _cmd_size(args: argparse.Namespace) -> int:
         sla["ttft_p90_s"] = args.p90
     if args.p99 is not None:
         sla["ttft_p99_s"] = args.p99
+    workload = {}
+    if args.duration is not None:
+        workload["duration_s"] = args.duration
+    if args.settle is not None:
+        workload["settle_s"] = args.settle
     scan = [float(x) for x in args.bcr_scan.split(",") if x.strip()] if args.bcr_scan else []
     enabled = None if args.progress == "auto" else args.progress == "on"
     result = size(
         args.scenario, args.rps, case=args.case, fleet=fleet, sla=sla or None,
-        workers=args.workers, bcr_scan=scan, band_pct=args.band, constants_pct=args.constants,
-        seeds=args.seeds,
+        workload=workload or None, workers=args.workers, bcr_scan=scan, band_pct=args.band,
+        constants_pct=args.constants, seeds=args.seeds,
         progress=Progress(enabled=enabled),
     )  # fmt: skip
     if args.json:
@@ -226,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     sz.add_argument("--case", help="which case to size (default: its pdd case, else the first)")
     sz.add_argument("--p90", type=float, help="SLA: P90 TTFT below this many seconds")
     sz.add_argument("--p99", type=float, help="SLA: P99 TTFT below this many seconds")
+    sz.add_argument("--duration", type=float,
+                    help="simulated seconds measured per run (default: scenario's)")  # fmt: skip
+    sz.add_argument("--settle", type=float,
+                    help="simulated settle seconds before those (default: scenario's)")  # fmt: skip
     sz.add_argument("--workers", type=int, help="processes (default: the available cores)")
     sz.add_argument(
         "--bcr-scan",

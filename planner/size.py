@@ -243,12 +243,14 @@ def cheapest(
     keys, prices = _keys(fleet), _prices(fleet)
     lows = [MIN_COUNT.get(p["role"], 0) for p in fleet["pools"]]
     start = tuple(max(c, lo) for c, lo in zip(start, lows, strict=True))
-    # 1. An upper bound: double every count until the SLA holds (workers factors at a time).
+    # 1. An upper bound: double every count until the SLA holds (workers factors at a time;
+    # a start that meets it is kept).
     upper: tuple[int, ...] | None = None
     factor = 1
     while upper is None:
         factors = [factor * 2**i for i in range(max(runner.workers, 1))]
-        cands = [tuple(max(c * f, 1 if lo else 0) for c, lo in zip(start, lows, strict=True))
+        # A pool at 0 (e.g. no relay yet) grows too: 1, 2, 4, ... as the factor doubles.
+        cands = [tuple(max(c * f, f // 2, lo) for c, lo in zip(start, lows, strict=True))
                  for f in factors]  # fmt: skip
         cands = [c for c in cands if max(c) <= max_count] or []
         if not cands:
@@ -331,6 +333,7 @@ def size(
     case: str | None = None,
     fleet: Mapping[str, Any] | None = None,
     sla: Mapping[str, Any] | None = None,
+    workload: Mapping[str, Any] | None = None,
     workers: int | None = None,
     bcr_scan: Iterable[float] = (0.5, 1.0, 2.0),
     band_pct: float = 5.0,
@@ -342,8 +345,10 @@ def size(
     """Size a fleet for ``rps`` (default: the case's ``workload.rps``); see the module docstring.
 
     ``fleet`` replaces the case's fleet (e.g. the one built from the database); its pools'
-    counts are the starting point. ``sla`` overrides the case's SLA fields. ``bcr_scan``:
-    multiples of ``rps`` at which a cheapest fleet is a best-BCR candidate (empty: none).
+    counts are the starting point. ``sla`` / ``workload`` override the case's SLA / workload
+    fields (e.g. ``{"duration_s": 300, "settle_s": 600}`` for a quicker, rougher answer).
+    ``bcr_scan``: multiples of ``rps`` at which a cheapest fleet is a best-BCR candidate
+    (empty: none).
     ``band_pct`` / ``constants_pct``: the band around the found fleet's figures (0: none);
     ``seeds``: how many other seeds show the sampling spread at the rate.
     """
@@ -359,6 +364,8 @@ def size(
         config["fleet"] = copy.deepcopy(dict(fleet))
     if sla:
         config["sla"] = {**config.get("sla", {}), **sla}
+    if workload:
+        config["workload"] = {**config.get("workload", {}), **workload}
     if rps is None:
         rps = config.get("workload", {}).get("rps", 80.0)
     rps = number(rps, "rps", positive=True)
