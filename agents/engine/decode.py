@@ -178,6 +178,9 @@ class DecodeState:
         capacity = -(-(need + _CAPACITY_STEP) // _CAPACITY_STEP) * _CAPACITY_STEP
         shape = (layers, batch, heads, capacity, dim)
         device, dtype = k_flat.device, k_flat.dtype
+        if device.type == "cpu" and dtype != torch.float32:
+            # CPU half-precision bmm is slow; the copy holds the pool's rounded values in float32.
+            dtype = torch.float32
         if self.k is None or self.k.shape != shape or self.k.dtype != dtype:
             self.k = torch.zeros(shape, dtype=dtype, device=device)
             self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -188,8 +191,8 @@ class DecodeState:
         self.mask.masked_fill_((key_pos[None, :] >= lens[:, None])[:, None, None, :], -torch.inf)
         for b, (n, slots) in enumerate(zip(cached_lens, slot_lists, strict=True)):
             if n:
-                self.k[:, b, :, :n] = k_flat[:, slots].transpose(1, 2)
-                self.v[:, b, :, :n] = v_flat[:, slots].transpose(1, 2)
+                self.k[:, b, :, :n] = k_flat[:, slots].transpose(1, 2).to(dtype)
+                self.v[:, b, :, :n] = v_flat[:, slots].transpose(1, 2).to(dtype)
         self.positions = lens.clone()
         self.requests = list(requests)
         self.lengths = list(cached_lens)
@@ -232,7 +235,8 @@ def decode_forward(
     rows, positions = state.rows, state.positions
     state.mask[rows, 0, 0, positions] = 0.0  # the new position is a valid key from now on
     # Equal lengths (the usual steady batch) need no mask at all.
-    mask = state.mask[..., :k_max].to(x.dtype) if min(lengths) != k_max else None
+    attn_dtype = state.k.dtype  # float32 on the CPU whatever the model's dtype
+    mask = state.mask[..., :k_max].to(attn_dtype) if min(lengths) != k_max else None
     scale = dim**-0.5
     half = dim // 2
     for i, layer in enumerate(model.model.layers):
@@ -243,17 +247,18 @@ def decode_forward(
         rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
         qk = qk * cos + rotated * sin  # [B, H + KVH, D]
         k, v = qk[:, heads:], qkv[:, heads + kv_heads :]
-        k_flat[i][write_slots] = k.to(k_flat.dtype)
-        v_flat[i][write_slots] = v.to(v_flat.dtype)
+        k, v = k.to(k_flat.dtype), v.to(v_flat.dtype)
+        k_flat[i][write_slots] = k
+        v_flat[i][write_slots] = v
         k_all, v_all = state.k[i], state.v[i]  # [B, KVH, capacity, D]
-        k_all[rows, :, positions] = k.to(k_all.dtype)
-        v_all[rows, :, positions] = v.to(v_all.dtype)
-        q = qk[:, :heads].reshape(batch, kv_heads, group, dim) * scale
-        scores = torch.matmul(q, k_all[:, :, :k_max].transpose(-1, -2).to(q.dtype))
+        k_all[rows, :, positions] = k.to(attn_dtype)
+        v_all[rows, :, positions] = v.to(attn_dtype)
+        q = qk[:, :heads].reshape(batch, kv_heads, group, dim).to(attn_dtype) * scale
+        scores = torch.matmul(q, k_all[:, :, :k_max].transpose(-1, -2))
         if mask is not None:
             scores = scores + mask  # [B, KVH, G, K]
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.matmul(probs, v_all[:, :, :k_max].to(q.dtype))  # [B, KVH, G, D]
+        probs = torch.softmax(scores, dim=-1)
+        out = torch.matmul(probs, v_all[:, :, :k_max]).to(x.dtype)  # [B, KVH, G, D]
         o = attn.o_proj
         x = x + _linear(out.reshape(batch, heads * dim), o.weight, o.bias)
         h = _rms(x, layer.post_attention_layernorm)
