@@ -136,18 +136,20 @@ def link_report(fleet: FleetSpec) -> dict[str, Any]:
 
 
 def warnings_of(result: SimResult) -> list[str]:
-    """One line per distinct warning in a result's cases (a pool ceiling below its line)."""
-    out: list[str] = []
-    for case in result.cases.values():
+    """One line per distinct warning in a result's cases (a pool ceiling below its line),
+    naming the link and the cases it applies to."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for name, case in result.cases.items():
         links = case.summary.get("links") or {}
         if "link" in case.summary:
-            links = {"link": case.summary["link"]}
+            links = {"": case.summary["link"]}
         for dc, info in links.items():
             if info and info.get("warning"):
-                line = f"link {dc}: {info['warning']}"
-                if line not in out:
-                    out.append(line)
-    return out
+                seen.setdefault((dc, info["warning"]), []).append(name)
+    return [
+        f"link{' ' + dc if dc else ''} ({', '.join(names)}): {warning}"
+        for (dc, warning), names in seen.items()
+    ]
 
 
 def goodput_search(

@@ -147,4 +147,5 @@ def test_a_run_reports_the_link_and_warns() -> None:
     assert case.summary["link"]["bound_by"] == "pool"
     (line,) = warnings_of(result)
     assert "pool ceiling 76 connections" in line
+    assert line.startswith(f"link ({', '.join(result.cases)}): pool ceiling")
     assert result.to_dict()["warnings"] == [line]
