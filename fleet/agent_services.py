@@ -18,8 +18,9 @@ from django.utils import timezone
 from fleet import live
 from fleet.agent_client import AgentClient, AgentEndpointRefused, AgentError, AgentNotRegistered
 from fleet.choices import ActualState, DesiredState, NodeStatus
+from fleet.dispatch import enqueue_after_commit
+from fleet.events import event_record
 from fleet.models import Instance, Node, WANLink
-from fleet.services import event_record
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +151,6 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
     drift = plan_actions(desired=instances, reported=claimed, known_ids={i.pk for i in instances})
     if drift and node.registered_at is not None and _reconcile_due(node.pk):
         # Repair at once rather than at the next periodic round.
-        from fleet.services import enqueue_after_commit
-
         enqueue_after_commit("reconcile_node", node.pk)
     for instance in instances:
         item = reported.get(instance.pk)

@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
 from fleet.choices import InstanceRole, LinkStatus, PlanRunStatus
+from fleet.dispatch import enqueue_after_commit
 from fleet.models import Datacenter, GPUType, Node, PlanRun, UnitPrice, WANLink
 
 log = logging.getLogger(__name__)
@@ -411,21 +411,15 @@ def plan_run_create(
     )
     run_id = run.pk
 
-    def send() -> None:
-        from fleet import tasks
+    def failed(exc: Exception) -> None:
+        # A queued run nobody will start is worse than a failed one: say why.
+        PlanRun.objects.filter(pk=run_id, status=PlanRunStatus.QUEUED).update(
+            status=PlanRunStatus.FAILED,
+            error=f"could not queue the plan: {type(exc).__name__}: {exc}",
+            finished_at=timezone.now(),
+        )
 
-        try:
-            tasks.plan_execute.delay(run_id)
-        except Exception as exc:
-            # A queued run nobody will start is worse than a failed one: say why.
-            log.warning("could not queue plan %s", run_id, exc_info=True)
-            PlanRun.objects.filter(pk=run_id, status=PlanRunStatus.QUEUED).update(
-                status=PlanRunStatus.FAILED,
-                error=f"could not queue the plan: {type(exc).__name__}: {exc}",
-                finished_at=timezone.now(),
-            )
-
-    transaction.on_commit(send)
+    enqueue_after_commit("plan_execute", run_id, on_error=failed)
     return run
 
 

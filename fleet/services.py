@@ -9,16 +9,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery.exceptions import Retry
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Count, Q
 
-from fleet.agent_client import AgentUnreachable
 from fleet.choices import DesiredState, InstanceRole
+from fleet.dispatch import enqueue_after_commit
+from fleet.events import event_record
 from fleet.models import (
     Datacenter,
-    FleetEvent,
     GPUType,
     Instance,
     Node,
@@ -33,48 +32,6 @@ log = logging.getLogger(__name__)
 
 
 # --- events ---------------------------------------------------------------------------------
-
-
-def event_record(
-    *,
-    kind: str,
-    message: str,
-    node: Node | None = None,
-    instance: Instance | None = None,
-    data: dict[str, Any] | None = None,
-    actor: str = "",
-) -> FleetEvent:
-    if instance is not None and node is None:
-        node = instance.node
-    return FleetEvent.objects.create(
-        kind=kind,
-        message=message,
-        node=node,
-        instance=instance,
-        data=data or {},
-        actor=actor,
-    )
-
-
-def enqueue_after_commit(task_name: str, *args: Any) -> None:
-    """Queue a fleet task once the current transaction commits. A broker or agent failure is
-    logged, never raised into the operator's request: the periodic reconcile repairs it."""
-
-    def send() -> None:
-        from fleet import tasks
-
-        try:
-            getattr(tasks, task_name).delay(*args)
-        except (AgentUnreachable, Retry) as exc:
-            # Expected while an agent is starting or away (run eagerly without a broker, the
-            # task's own retry surfaces here): one line, no traceback.
-            log.warning("could not run %s%r now (%s); reconcile will retry", task_name, args, exc)
-        except Exception:
-            log.warning(
-                "could not run %s%r now; reconcile will retry", task_name, args, exc_info=True
-            )
-
-    transaction.on_commit(send)
 
 
 # --- agent tokens ---------------------------------------------------------------------------
@@ -186,37 +143,15 @@ def instance_check_placement(
     gpu_count: int,
     instance_id: int | None = None,
 ) -> None:
-    """Raise ValidationError naming the field if an instance cannot go where it asks to."""
-    allocated = node.gpus_allocated(exclude_instance_id=instance_id)
-    free = node.gpu_count - allocated
-    if gpu_count > free:
-        raise ValidationError(
-            {
-                "gpu_count": (
-                    f"Node {node.hostname} has {free} free GPU(s) of {node.gpu_count}; "
-                    f"this instance asks for {gpu_count}."
-                )
-            }
-        )
-    if role == InstanceRole.RELAY_DECODE:
-        # The relay exists to take KV over the fast fabric from a prefill in the same site.
-        prefill_here = Instance.objects.filter(
-            role=InstanceRole.PREFILL,
-            served_model=served_model,
-            node__datacenter_id=node.datacenter_id,
-        )
-        if instance_id is not None:
-            prefill_here = prefill_here.exclude(pk=instance_id)
-        if not prefill_here.exists():
-            raise ValidationError(
-                {
-                    "role": (
-                        f"A relay_decode instance needs a prefill instance of "
-                        f"{served_model.name} in datacenter {node.datacenter.name}; "
-                        "create the prefill instance first."
-                    )
-                }
-            )
+    """Raise ValidationError naming the field if an instance cannot go where it asks to (the
+    rules live with the model: ``Instance.check_placement``)."""
+    Instance.check_placement(
+        role=role,
+        node=node,
+        served_model=served_model,
+        gpu_count=gpu_count,
+        instance_id=instance_id,
+    )
 
 
 def _check_relays_keep_prefill(*, instance: Instance, leaving: bool) -> None:

@@ -8,6 +8,7 @@ from django.dispatch import receiver
 
 from controlplane.push import emit
 from fleet.consumers import FLEET_GROUP
+from fleet.dispatch import enqueue_after_commit
 from fleet.models import Instance, Node, WANLink
 
 
@@ -37,8 +38,6 @@ def instance_deleted(sender, instance: Instance, **kwargs) -> None:
 
 @receiver(post_save, sender=WANLink)
 def link_saved(sender, instance: WANLink, created: bool, **kwargs) -> None:
-    from fleet.services import enqueue_after_commit
-
     # Editing a link reaches the agents at both ends (bandwidth, RTT, pool size).
     enqueue_after_commit("link_apply", instance.pk)
     _push_after_commit(

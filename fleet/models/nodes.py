@@ -174,12 +174,51 @@ class Instance(models.Model):
     def datacenter(self):
         return self.node.datacenter
 
+    @staticmethod
+    def check_placement(
+        *,
+        role: str,
+        node: Node,
+        served_model,
+        gpu_count: int,
+        instance_id: int | None = None,
+    ) -> None:
+        """Raise ValidationError naming the field if an instance cannot go where it asks to."""
+        allocated = node.gpus_allocated(exclude_instance_id=instance_id)
+        free = node.gpu_count - allocated
+        if gpu_count > free:
+            raise ValidationError(
+                {
+                    "gpu_count": (
+                        f"Node {node.hostname} has {free} free GPU(s) of {node.gpu_count}; "
+                        f"this instance asks for {gpu_count}."
+                    )
+                }
+            )
+        if role == InstanceRole.RELAY_DECODE:
+            # The relay exists to take KV over the fast fabric from a prefill in the same site.
+            prefill_here = Instance.objects.filter(
+                role=InstanceRole.PREFILL,
+                served_model=served_model,
+                node__datacenter_id=node.datacenter_id,
+            )
+            if instance_id is not None:
+                prefill_here = prefill_here.exclude(pk=instance_id)
+            if not prefill_here.exists():
+                raise ValidationError(
+                    {
+                        "role": (
+                            f"A relay_decode instance needs a prefill instance of "
+                            f"{served_model.name} in datacenter {node.datacenter.name}; "
+                            "create the prefill instance first."
+                        )
+                    }
+                )
+
     def clean(self) -> None:
         super().clean()
-        from fleet.services import instance_check_placement
-
         if self.node_id and self.served_model_id and self.role and self.gpu_count:
-            instance_check_placement(
+            Instance.check_placement(
                 role=self.role,
                 node=self.node,
                 served_model=self.served_model,
