@@ -68,11 +68,17 @@ class PlanResult:
     cost_per_hour: float
     bcr: float
     summary: dict[str, Any]
+    # The goodput's band: the drawn rates between which the search stopped (the SLA held at
+    # the first, failed at the second), and whether it still held at the search's ceiling.
+    bracket: list[float] = field(default_factory=list)
+    at_ceiling: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "counts": self.counts,
             "goodput_rps": self.goodput_rps,
+            "goodput_bracket_rps": self.bracket,
+            "at_ceiling": self.at_ceiling,
             "cost_per_hour": self.cost_per_hour,
             "bcr": self.bcr,
             "summary": self.summary,
@@ -538,6 +544,8 @@ def plan(
                 fleet.cost_per_hour(),
                 found["goodput_rps"] / fleet.cost_per_hour(),
                 found["at"],
+                list(found["bracket"]),
+                bool(found.get("at_ceiling", False)),
             )
         )
     results.sort(key=lambda r: (-r.bcr, r.cost_per_hour))

@@ -23,6 +23,9 @@ def test_plan_ranks_configs_by_bcr_under_the_sla() -> None:
     best = results[0]
     assert best.goodput_rps > 0 and best.summary["sla"]["met"]
     assert best.bcr == pytest.approx(best.goodput_rps / best.cost_per_hour)
+    # The goodput comes with its band: the drawn rates the search stopped between.
+    lo, hi = best.to_dict()["goodput_bracket_rps"]
+    assert lo <= hi and lo >= best.goodput_rps * 0.5
     # Cost follows the counts and unit prices (GPU-A 1.0, GPU-B 1.25 per unit-hour).
     for r in results:
         expected = (
