@@ -13,7 +13,6 @@ import os
 import sys
 from pathlib import Path
 
-from agents.dataplane import ENV as DATA_TOKEN_ENV
 from agents.node.settings import (
     ROLES,
     WAIT_POLICIES,
@@ -23,6 +22,7 @@ from agents.node.settings import (
     read_config,
     resolve_thread_plan,
 )
+from pdd.dataplane import ENV as DATA_TOKEN_ENV
 
 
 def _serve_parser(sub) -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from agents.dataplane import check_data_token
 from controlplane.env import (
     env_bool,
     env_float,
@@ -21,6 +20,7 @@ from controlplane.env import (
     env_str,
     generated_secret_key,
 )
+from pdd.dataplane import check_data_token
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("BATON_VAR_DIR", str(BASE_DIR / "var")))

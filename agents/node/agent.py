@@ -18,20 +18,20 @@ import httpx
 import numpy as np
 import torch
 
-from agents.dataplane import bearer_headers
 from agents.engine import Engine, EngineConfig, load_model
 from agents.engine.loader import LoadedModel
 from agents.node.inflight import block_prefix_len
 from agents.node.served import ServedLedger
 from agents.node.settings import ROLES, AgentSettings, split_host_port
 from agents.node.worker import EngineWorker
-from agents.prefix import prefix_block_hashes, tree_block_hashes
 from agents.transfer.client import FabricClient
 from agents.transfer.counters import Direction, FabricCounters, FabricName
 from agents.transfer.pool import PoolStats
 from agents.transfer.records import Transfer
 from agents.transfer.server import FabricServer
 from agents.transfer.shaping import LinkSettings, LinkShaper
+from pdd.dataplane import bearer_headers
+from pdd.prefix import prefix_block_hashes, tree_block_hashes
 
 log = logging.getLogger(__name__)
 
@@ -615,7 +615,7 @@ class Agent:
         return best, best_len
 
     def incoming_block_hashes(self, instance_id: str, limit: int = 8192) -> list[str]:
-        """Prefix-block hashes (agents/prefix.py, this agent's block size) of the prompts whose
+        """Prefix-block hashes (pdd/prefix.py, this agent's block size) of the prompts whose
         KV is in flight to `instance_id`, newest request first, at most `limit`: the
         heartbeat's `incoming_prefix_blocks`, which routing counts as held here, as `reserve`
         counts that KV. Each request's hashes are computed once, on the event loop."""

@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
-from agents.dataplane import check_data_token
 from agents.node.agent import Agent
 from agents.node.settings import link_from_json
+from pdd.dataplane import check_data_token
 
 log = logging.getLogger(__name__)
 

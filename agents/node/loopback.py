@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from agents.dataplane import bearer_headers, env_data_token
 from agents.node.launch import AgentProcess
+from pdd.dataplane import bearer_headers, env_data_token
 from pdd.vocab import Pipeline
 
 

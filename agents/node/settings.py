@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from agents.dataplane import check_data_token
 from agents.transfer.shaping import LinkSettings
 from pdd.checks import check_number
+from pdd.dataplane import check_data_token
 from pdd.vocab import Role
 
 ROLES = tuple(Role)

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.conf import settings
 
-from agents.prefix import prefix_block_hashes
+from pdd.prefix import prefix_block_hashes
 from routing.gateway.errors import unavailable
 from routing.gateway.prepared import Prepared
 from routing.gateway.records import Outcome, admission_attempt, record_request

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from django.conf import settings
 
-from agents.dataplane import bearer_headers
+from pdd.dataplane import bearer_headers
 from routing.live import Endpoint, LiveView
 from routing.policy import Decision, Pipeline
 

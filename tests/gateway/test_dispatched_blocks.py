@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from agents.prefix import prefix_block_hashes
+from pdd.prefix import prefix_block_hashes
 from routing.live import DispatchedBlocks, LiveView, with_dispatched_blocks
 from routing.policy import (
     ClusterSnapshot,

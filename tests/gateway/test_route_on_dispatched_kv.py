@@ -13,12 +13,12 @@ import httpx
 import pytest
 from rest_framework.test import APIClient
 
-from agents.prefix import prefix_block_hashes
 from billing import services as billing
 from billing.models import Tenant
 from fleet import live as fleet_live
 from fleet.choices import InstanceRole, NodeStatus
 from fleet.models import Datacenter, GPUType, Instance, Node, ServedModel, WANLink
+from pdd.prefix import prefix_block_hashes
 from routing import analysis
 from routing.gateway import routes, runner
 from routing.models import RequestRecord

@@ -17,7 +17,7 @@ from agents.node.agent import Agent
 from agents.node.control import ControlPlaneLink
 from agents.node.http_api import build_app
 from agents.node.settings import AgentSettings
-from agents.prefix import prefix_block_hashes
+from pdd.prefix import prefix_block_hashes
 
 BS = 16
 HANG_S = 60.0  # the engine thread is held at most this long; a report that waited would hang

@@ -11,7 +11,7 @@ from agent_node_helpers import make_prompt
 from agents.node.agent import Agent
 from agents.node.pipelines import reserve_prefix
 from agents.node.settings import AgentSettings
-from agents.prefix import prefix_block_hashes
+from pdd.prefix import prefix_block_hashes
 
 BS = 16
 
@@ -46,7 +46,7 @@ def test_the_heartbeat_carries_the_blocks_of_the_kv_in_flight_to_md():
         assert _md_item(await agent.report(link_use=False))["incoming_prefix_blocks"] == []
         await reserve_prefix(agent, inst, "t1", p1)
         item = _md_item(await agent.report(link_use=False))
-        # The same chain hashes the gateway computes for the prompt (agents/prefix.py).
+        # The same chain hashes the gateway computes for the prompt (pdd/prefix.py).
         assert item["incoming_prefix_blocks"] == list(prefix_block_hashes(p1, BS))
         assert item["cached_prefix_blocks"] == []  # nothing has landed yet
         await reserve_prefix(agent, inst, "t2", p2)

@@ -317,7 +317,7 @@ def test_rld_only_finishes_on_the_relay_with_no_wan_transfer(cluster):
 
 def test_decode_agents_report_their_cached_prefix_blocks_as_gateway_hashes(cluster):
     """The heartbeat names MD's DRC blocks with the same chain hashes the gateway computes."""
-    from agents.prefix import prefix_block_hashes
+    from pdd.prefix import prefix_block_hashes
 
     prompt = make_prompt(70, 32)
     warm(cluster["md"], prompt)
@@ -331,7 +331,7 @@ def test_md_keeps_the_kv_when_rld_finishes_before_the_handoff(cluster):
     RLD finishes a request alone, MD still imports the KV P sent it into its cache."""
     import time
 
-    from agents.prefix import prefix_block_hashes
+    from pdd.prefix import prefix_block_hashes
 
     prompt = make_prompt(130, 33)
     # handoff_at beyond max_tokens: RLD finishes alone and just closes MD's stream.
