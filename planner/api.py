@@ -25,6 +25,7 @@ from planner.size import size  # noqa: F401  (re-exported: part of the public AP
 from planner.spec import build, integer, number
 from planner.wan import WanLinkSpec
 from planner.workload import Trace, WorkloadSpec, generate, read_trace
+from routing.policy import Role
 
 
 @dataclass(slots=True)
@@ -503,10 +504,28 @@ def plan(
     pools = search_space.get("pools")
     if not isinstance(pools, list) or not pools:
         raise ValueError("search_space.pools: needs a non-empty list")
+    gpu_types = fleet_spec.get("gpu_types", {}) if isinstance(fleet_spec, Mapping) else {}
     for i, p in enumerate(pools):
+        where = f"search_space.pools[{i}]"
         counts = p.get("counts") if isinstance(p, Mapping) else None
         if not isinstance(counts, list) or not counts:
-            raise ValueError(f"search_space.pools[{i}].counts: needs a non-empty list")
+            raise ValueError(f"{where}.counts: needs a non-empty list")
+        # Checked here: a bad pool would otherwise make every combination unservable, and
+        # those are skipped silently (an empty plan instead of an error).
+        unknown = sorted(str(k) for k in p if not str(k).startswith("_") and k not in
+                         ("role", "gpu", "datacenter", "counts"))  # fmt: skip
+        if unknown:
+            raise ValueError(f"{where}.{unknown[0]}: unknown field")
+        for j, c in enumerate(counts):
+            integer(c, f"{where}.counts[{j}]", 0)
+        if p.get("role") not in Role.CHOICES:
+            raise ValueError(
+                f"{where}.role: must be one of {', '.join(Role.CHOICES)}, got {p.get('role')!r}"
+            )
+        if p.get("gpu") not in gpu_types:
+            raise ValueError(f"{where}.gpu: unknown GPU type {p.get('gpu')!r}")
+        if not isinstance(p.get("datacenter"), str) or not p.get("datacenter"):
+            raise ValueError(f"{where}.datacenter: must be a non-empty string")
     bounds = search_bounds(
         search_space, "search_space", {"lo_rps": 1.0, "hi_rps": 100.0, "iters": 5},
         extra=("pools", "warmup_s"),

@@ -65,8 +65,18 @@ def test_plan_under_a_tariff_says_what_each_result_earns() -> None:
         ({"iters": 2.5}, "search_space.iters: must be an integer"),
         ({"warmup_s": -1}, "search_space.warmup_s: must be a number >= 0"),
         ({"top": 3}, "search_space.top: unknown field"),
+        ({"pools": [{"role": "prefill", "gpu": "GPU-A", "datacenter": "A", "counts": [1.5]}]},
+         "search_space.pools\\[0\\].counts\\[0\\]: must be an integer >= 0"),
+        ({"pools": [{"role": "prefill", "gpu": "GPU-A", "datacenter": "A", "counts": [-1]}]},
+         "search_space.pools\\[0\\].counts\\[0\\]: must be an integer >= 0"),
+        ({"pools": [{"role": "prefil", "gpu": "GPU-A", "datacenter": "A", "counts": [1]}]},
+         "search_space.pools\\[0\\].role: must be one of"),
+        ({"pools": [{"role": "prefill", "gpu": "GPU-Z", "datacenter": "A", "counts": [1]}]},
+         "search_space.pools\\[0\\].gpu: unknown GPU type 'GPU-Z'"),
+        ({"pools": [{"role": "prefill", "gpu": "GPU-A", "datacenter": "A", "count": [1],
+                     "counts": [1]}]}, "search_space.pools\\[0\\].count: unknown field"),
     ],
-)
+)  # fmt: skip
 def test_plan_names_a_bad_search_space_field_before_searching(change, message) -> None:
     config, space = tiny()
     with pytest.raises(ValueError, match=message):
