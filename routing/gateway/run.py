@@ -1,18 +1,19 @@
-"""Step 3 of a request's path: the run. One streaming call to P per attempt, whose token events
+"""Step 4 of a request's path: the run. One streaming call to P per attempt, whose token events
 become text pieces in order; the stall limit and the first-token timeout turn a silent agent
-into a failure, which `routes` answers with a retry or a migration. At the end the record and
-usage are written once (`records.record_request`), as a task no disconnect can cancel."""
+into a failure, which the caller's `recover` (views.py, through `routes`) answers with a retry
+or a migration. At the end the record and usage are written once (`records.record_request`),
+as a task no disconnect can cancel."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from django.conf import settings
 
 from pdd.stats import DoneStats
-from routing.gateway import routes
 from routing.gateway.openai_shapes import LogprobsCollector
 from routing.gateway.prepared import Prepared
 from routing.gateway.records import Outcome, admission_progress, record_request
@@ -21,6 +22,8 @@ from routing.gateway.stream import TextAssembler
 from routing.gateway.workers import in_worker, pending_records
 
 log = logging.getLogger(__name__)
+# recover(exc, delivered token ids, tokens still to make) -> whether a new attempt is routed.
+Recover = Callable[[AgentRunError, list[int], int], Awaitable[bool]]
 
 # How often a running request's delivered-token count is saved on its admission.
 PROGRESS_EVERY_S = 2.0
@@ -65,32 +68,28 @@ class Run:
         self.last_role = ""
         self.offset = 0  # tokens delivered before the current attempt (its index 0)
 
-    async def deltas(self):
+    async def deltas(self, recover: Recover):
         """Yield text pieces in order as tokens arrive; set finish_reason at the end.
 
-        A failure before the first token is retried on another path (``retry_elsewhere``);
-        one after tokens went out migrates the request (``routes.migrate``): a healthy path gets the
-        prompt plus the tokens already delivered and continues from there, so the user's stream
-        has no gap and no duplicate, and greedy output equals ``single``'s."""
+        When an attempt fails, ``recover(exc, delivered, remaining)`` (the caller's: it routes
+        again) decides whether another attempt follows: before the first token a retry on
+        another path, after tokens went out a migration, where a healthy path gets the prompt
+        plus the tokens already delivered and continues from there, so the user's stream has no
+        gap and no duplicate, and greedy output equals ``single``'s."""
         while True:
             try:
                 async for piece in self._attempt():
                     yield piece
                 return
             except AgentRunError as exc:
-                if not self.token_count:
-                    if not await in_worker(routes.retry_elsewhere)(self.p, exc):
-                        raise
-                    continue
                 remaining = self.p.greq.max_tokens - self.token_count
-                if remaining <= 0:  # every token is out; only the 'done' was lost
+                if self.token_count and remaining <= 0:  # every token is out; only 'done' lost
                     self.finish_reason = "length"
                     tail = self.text.flush()
                     if tail:
                         yield tail
                     return
-                delivered = list(self.token_ids)
-                if not await in_worker(routes.migrate)(self.p, exc, delivered, remaining):
+                if not await recover(exc, list(self.token_ids), remaining):
                     raise
                 self.offset = self.token_count
 
@@ -235,7 +234,7 @@ class Run:
 
     @property
     def migrations(self) -> int:
-        """Times this request moved to another decoder (``routes.migrate`` counts them)."""
+        """Times this request moved to another decoder (the migrations routing counts)."""
         return self.p.migrations
 
     def _save_progress(self) -> None:

@@ -66,6 +66,18 @@ def _prepare(request: HttpRequest, kind: str, watch: Stopwatch | None = None) ->
     return p
 
 
+def _recoverer(p: Prepared):
+    """What the run calls when an attempt fails: route again (``routes``), a retry before the
+    first token, a migration after it. True when a new attempt is ready."""
+
+    async def recover(exc: AgentRunError, delivered: list[int], remaining: int) -> bool:
+        if not delivered:
+            return await in_worker(routes.retry_elsewhere)(p, exc)
+        return await in_worker(routes.migrate)(p, exc, delivered, remaining)
+
+    return recover
+
+
 def _usage(p: Prepared, run: Run) -> dict:
     return openai_shapes.usage(len(p.prompt_ids), run.token_count, run.outcome().cached_tokens)
 
@@ -82,7 +94,7 @@ async def _stream(p: Prepared):
     try:
         if p.kind == "chat.completions":
             yield openai_shapes.sse(openai_shapes.role_chunk(p.request_id, p.model.name, created))
-        async for piece in run.deltas():
+        async for piece in run.deltas(_recoverer(p)):
             yield chunk(piece, None, logprobs=run.take_logprobs())
         # Every token is out: the request is complete. Start writing its record before the
         # last bytes go, so a client that closes right after [DONE] (the openai client does)
@@ -118,7 +130,7 @@ async def _complete(p: Prepared) -> JsonResponse:
     created = int(time.time())
     pieces: list[str] = []
     try:
-        async for piece in run.deltas():
+        async for piece in run.deltas(_recoverer(p)):
             pieces.append(piece)
     except AgentRunError as exc:
         run.status, run.error = "error", str(exc)
