@@ -1,0 +1,421 @@
+"""This engine vs `transformers` on the same random-weight checkpoint (bench/engine/checkpoint.py,
+Llama and Qwen2 layouts): decode tokens/s per batch, prefill tokens/s of one long prompt, the
+machine's memory-bandwidth floor and each decode step's share of it, and the handoff's
+recompute (`Engine.extend` of k tokens on a cached context). Runs are interleaved (engine,
+transformers, engine, transformers, ...) round by round; figures are medians over rounds with
+[min-max]. Prints a summary and writes every raw run as JSON.
+
+    OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE .venv/bin/python -m bench.engine \\
+        --out var/bench-engine/float32.json
+
+`--agreement` instead measures greedy-token agreement of `--dtype` with float32 on the engine
+over a fixed prompt set. The scenario (the defaults below) was fixed before the first run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from agents.engine import Engine, EngineConfig, SamplingParams, load_model
+from agents.engine.config import parse_dtype
+from bench.engine.checkpoint import LAYOUTS, make_checkpoint
+
+BLOCK_SIZE = 16
+CKPT_DIR = Path("var/bench-engine")
+
+
+def _prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch, length), generator=gen).tolist()
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def memory_bandwidth(device: torch.device, mb: int = 512, repeats: int = 7) -> dict[str, float]:
+    """Read bandwidth (a sum over a large tensor) and copy bandwidth (read + write), GB/s."""
+    n = mb * 1_000_000 // 4
+    src = torch.rand(n, device=device)
+    dst = torch.empty_like(src)
+    sums, copies = [], []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        src.sum()
+        _sync(device)
+        sums.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        copies.append(time.perf_counter() - start)
+    nbytes = n * 4
+    return {
+        "read_gbps": nbytes / min(sums) / 1e9,
+        "copy_gbps": 2 * nbytes / min(copies) / 1e9,
+        "read_gbps_median": nbytes / statistics.median(sums) / 1e9,
+    }
+
+
+class EngineArm:
+    """Decode / prefill / recompute runs on this engine."""
+
+    def __init__(self, loaded, dtype: str, device: str, name: str = "engine") -> None:
+        self.loaded, self.dtype, self.device, self.name = loaded, dtype, device, name
+
+    def _engine(self, batch: int, tokens_each: int) -> Engine:
+        blocks = batch * (-(-tokens_each // BLOCK_SIZE)) + 16
+        config = EngineConfig(
+            block_size=BLOCK_SIZE,
+            num_blocks=blocks,
+            max_running=batch,
+            max_queued=batch,
+            max_batch_tokens=max(2048, batch * tokens_each),
+            dtype=self.dtype,
+            device=self.device,
+        )
+        return Engine(self.loaded, config)
+
+    def decode(self, prompts: list[list[int]], steps: int) -> dict:
+        engine = self._engine(len(prompts), len(prompts[0]) + steps + 2)
+        params = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
+        for i, p in enumerate(prompts):
+            engine.add_request(f"r{i}", p, params)
+        tokens: dict[str, list[int]] = {}
+        first = engine.step()  # all prompts in one forward
+        assert len(first) == len(prompts)
+        step_s = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            outs = engine.step()
+            step_s.append(time.perf_counter() - start)
+            for o in outs:
+                tokens.setdefault(o.request_id, []).extend(o.token_ids)
+        return {
+            "step_ms": 1000 * statistics.median(step_s),
+            "tokens": [tokens[f"r{i}"] for i in range(len(prompts))],
+        }
+
+    def prefill(self, prompt: list[int]) -> float:
+        engine = self._engine(1, len(prompt) + 2)
+        start = time.perf_counter()
+        engine.prefill("p", prompt, SamplingParams(max_tokens=2, ignore_eos=True))
+        return time.perf_counter() - start
+
+    def recompute(self, context: list[int], k: int, repeats: int) -> float:
+        engine = self._engine(1, len(context) + k + 2)
+        times = []
+        for rep in range(repeats + 1):
+            rid = f"k{k}-{rep}"
+            engine.prefill(rid, context, SamplingParams(max_tokens=k + 1, ignore_eos=True))
+            handed = _prompts(1, k - 1, self.loaded.config.vocab_size, seed=rep)[0] if k > 1 else []
+            start = time.perf_counter()
+            engine.extend(rid, handed)  # one forward over the first token + k - 1 = k positions
+            elapsed = time.perf_counter() - start
+            engine.release(rid)
+            if rep:
+                times.append(1000 * elapsed)
+        return statistics.median(times)
+
+
+class HFArm:
+    """The same runs on `transformers`: a manual greedy loop over its KV cache (what
+    `generate(do_sample=False)` does, without its per-step bookkeeping)."""
+
+    name = "transformers"
+
+    def __init__(self, folder: Path, dtype: str, device: str) -> None:
+        import transformers
+
+        self.device = torch.device(device)
+        self.model = (
+            transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=parse_dtype(dtype))
+            .to(self.device)
+            .eval()
+        )
+
+    @torch.inference_mode()
+    def decode(self, prompts: list[list[int]], steps: int) -> dict:
+        ids = torch.tensor(prompts, device=self.device)
+        out = self.model(ids, use_cache=True)
+        past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1)
+        step_s, tokens = [], [[] for _ in prompts]
+        for _ in range(steps):
+            _sync(self.device)
+            start = time.perf_counter()
+            out = self.model(nxt[:, None], past_key_values=past, use_cache=True)
+            past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1)
+            got = nxt.tolist()
+            step_s.append(time.perf_counter() - start)
+            for row, t in zip(tokens, got, strict=True):
+                row.append(t)
+        return {"step_ms": 1000 * statistics.median(step_s), "tokens": tokens}
+
+    @torch.inference_mode()
+    def prefill(self, prompt: list[int]) -> float:
+        ids = torch.tensor([prompt], device=self.device)
+        start = time.perf_counter()
+        self.model(ids, use_cache=True).logits[:, -1].argmax(-1).tolist()
+        return time.perf_counter() - start
+
+
+def step_bytes(loaded, dtype: str, batch: int, context: int) -> int:
+    """Bytes a decode step must read: every weight but the embedding table (a few rows of it),
+    plus the batch's KV at `context` positions."""
+    elem = torch.empty((), dtype=parse_dtype(dtype)).element_size()
+    cfg, model = loaded.config, loaded.model
+    params = sum(p.numel() for p in model.parameters())
+    if not cfg.tie_word_embeddings:
+        params -= model.model.embed_tokens.weight.numel()
+    return params * elem + batch * context * cfg.kv_bytes_per_token(elem)
+
+
+def run(args) -> dict:
+    device = torch.device(args.device)
+    result: dict = {
+        "argv": sys.argv[1:],
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "device": str(device),
+            "loadavg_start": os.getloadavg(),
+        },
+        "scenario": {
+            "dtype": args.dtype,
+            "batches": args.batch,
+            "prompt_len": args.prompt_len,
+            "decode_steps": args.decode_steps,
+            "prefill_len": args.prefill_len,
+            "recompute_ks": args.recompute_ks,
+            "context_len": args.context_len,
+            "rounds": args.rounds,
+        },
+        "bandwidth": memory_bandwidth(device),
+        "layouts": {},
+    }
+    print(f"bandwidth: {result['bandwidth']}", flush=True)
+    for layout in args.layouts:
+        folder = make_checkpoint(layout, CKPT_DIR / f"ckpt-{layout}")
+        loaded = load_model(str(folder), parse_dtype(args.dtype))
+        arms = [EngineArm(loaded, args.dtype, args.device), HFArm(folder, args.dtype, args.device)]
+        if args.extra_dtype:  # a third arm: the engine in another dtype, its own model copy
+            extra = load_model(str(folder), parse_dtype(args.extra_dtype))
+            arms.append(
+                EngineArm(extra, args.extra_dtype, args.device, f"engine_{args.extra_dtype}")
+            )
+        vocab = loaded.config.vocab_size
+        runs: dict = {"decode": {}, "prefill": [], "recompute": {}}
+        for arm in arms:  # warm-up, not recorded
+            arm.decode(_prompts(2, 16, vocab), 4)
+        for rnd in range(args.rounds):
+            order = arms if rnd % 2 == 0 else arms[::-1]  # A, B, (C), then reversed
+            for batch in args.batch:
+                prompts = _prompts(batch, args.prompt_len, vocab, seed=batch)
+                for arm in order:
+                    r = arm.decode(prompts, args.decode_steps)
+                    runs["decode"].setdefault(str(batch), {}).setdefault(arm.name, []).append(r)
+                    print(f"{layout} r{rnd} b{batch} {arm.name}: {r['step_ms']:.2f} ms", flush=True)
+            prompt = _prompts(1, args.prefill_len, vocab, seed=99)[0]
+            runs["prefill"].append({arm.name: arm.prefill(prompt) for arm in order})
+            context = _prompts(1, args.context_len, vocab, seed=7)[0]
+            for k in args.recompute_ks:
+                ms = arms[0].recompute(context, k, repeats=3)
+                runs["recompute"].setdefault(str(k), []).append(ms)
+        result["layouts"][layout] = {"runs": runs, "summary": summarize(runs, loaded, args, result)}
+    return result
+
+
+def summarize(runs: dict, loaded, args, result: dict) -> dict:
+    bw = result["bandwidth"]["read_gbps"] * 1e9
+    out: dict = {"decode": {}, "prefill": {}, "recompute_ms": {}}
+    context = args.prompt_len + args.decode_steps // 2
+    for batch, arms in runs["decode"].items():
+        eng = [r["step_ms"] for r in arms["engine"]]
+        hf = [r["step_ms"] for r in arms["transformers"]]
+        floor_ms = 1000 * step_bytes(loaded, args.dtype, int(batch), context) / bw
+        same = total = 0
+        for a, b in zip(arms["engine"], arms["transformers"], strict=True):
+            for x, y in zip(a["tokens"], b["tokens"], strict=True):
+                same += sum(p == q for p, q in zip(x, y, strict=True))
+                total += len(x)
+        out["decode"][batch] = {
+            "engine_step_ms": _spread(eng),
+            "transformers_step_ms": _spread(hf),
+            "engine_tok_s": int(batch) * 1000 / statistics.median(eng),
+            "transformers_tok_s": int(batch) * 1000 / statistics.median(hf),
+            "ratio_engine_over_transformers": _spread([h / e for e, h in zip(eng, hf)]),  # noqa: B905
+            "floor_ms": floor_ms,
+            "engine_step_over_floor": statistics.median(eng) / floor_ms,
+            "transformers_step_over_floor": statistics.median(hf) / floor_ms,
+            "greedy_tokens_equal": f"{same}/{total}",
+        }
+        extra = f"engine_{args.extra_dtype}"
+        if args.extra_dtype and extra in arms:
+            other = [r["step_ms"] for r in arms[extra]]
+            out["decode"][batch][f"{extra}_step_ms"] = _spread(other)
+            out["decode"][batch][f"{extra}_tok_s"] = int(batch) * 1000 / statistics.median(other)
+            out["decode"][batch][f"{extra}_speedup_over_engine"] = _spread(
+                [e / o for e, o in zip(eng, other)]  # noqa: B905
+            )
+    if args.extra_dtype:
+        extra = f"engine_{args.extra_dtype}"
+        other = [r[extra] for r in runs["prefill"]]
+        out[f"prefill_{extra}_tok_s"] = args.prefill_len / statistics.median(other)
+    eng = [r["engine"] for r in runs["prefill"]]
+    hf = [r["transformers"] for r in runs["prefill"]]
+    out["prefill"] = {
+        "engine_tok_s": args.prefill_len / statistics.median(eng),
+        "transformers_tok_s": args.prefill_len / statistics.median(hf),
+        "ratio_engine_over_transformers": _spread([h / e for e, h in zip(eng, hf)]),  # noqa: B905
+    }
+    out["recompute_ms"] = {k: _spread(v) for k, v in runs["recompute"].items()}
+    return out
+
+
+@torch.inference_mode()
+def agreement(args) -> dict:
+    """Greedy tokens of the engine in --dtype vs float32, 8 fixed prompts x 32 tokens."""
+    out = {}
+    for layout in args.layouts:
+        folder = make_checkpoint(layout, CKPT_DIR / f"ckpt-{layout}")
+        vocab = load_model(str(folder)).config.vocab_size
+        prompts = _prompts(8, args.prompt_len, vocab, seed=123)
+        tokens = {}
+        for dtype in ("float32", args.dtype):
+            arm = EngineArm(load_model(str(folder), parse_dtype(dtype)), dtype, args.device)
+            tokens[dtype] = arm.decode(prompts, 32)["tokens"]
+        ref, got = tokens["float32"], tokens[args.dtype]
+        same = sum(a == b for x, y in zip(ref, got, strict=True) for a, b in zip(x, y, strict=True))
+        prefix = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x))  # noqa: B905
+                  for x, y in zip(ref, got, strict=True)]  # fmt: skip
+        out[layout] = {"tokens_equal": f"{same}/{8 * 32}", "agreeing_prefix_per_prompt": prefix}
+        print(layout, out[layout], flush=True)
+    return out
+
+
+def fast_vs_general(args) -> dict:
+    """The decode fast path against the general forward (the engine before it) on one model:
+    two engines over the same prompts, their decode steps interleaved one by one."""
+    out = {}
+    for layout in args.layouts:
+        folder = make_checkpoint(layout, CKPT_DIR / f"ckpt-{layout}")
+        loaded = load_model(str(folder), parse_dtype(args.dtype))
+        vocab = loaded.config.vocab_size
+        for batch in args.batch:
+            prompts = _prompts(batch, args.prompt_len, vocab, seed=batch)
+            arm = EngineArm(loaded, args.dtype, args.device)
+            engines = {}
+            for name in ("general", "fast"):
+                engine = arm._engine(batch, args.prompt_len + 2 * args.decode_steps + 2)
+                engine.runner.decode_fast_path = name == "fast"
+                params = SamplingParams(max_tokens=2 * args.decode_steps + 1, ignore_eos=True)
+                for i, p in enumerate(prompts):
+                    engine.add_request(f"r{i}", p, params)
+                engine.step()
+                engines[name] = engine
+            times = {name: [] for name in engines}
+            tokens = {name: [] for name in engines}
+            for _ in range(2 * args.decode_steps):
+                for name, engine in engines.items():
+                    start = time.perf_counter()
+                    outs = engine.step()
+                    times[name].append(1000 * (time.perf_counter() - start))
+                    tokens[name].append(sorted((o.request_id, o.token_ids) for o in outs))
+            gen, fast = times["general"], times["fast"]
+            out[f"{layout}/b{batch}"] = {
+                "general_step_ms": _spread(gen),
+                "fast_step_ms": _spread(fast),
+                "speedup": statistics.median(gen) / statistics.median(fast),
+                "tokens_identical": tokens["general"] == tokens["fast"],
+            }
+            print(f"{layout} b{batch}: {out[f'{layout}/b{batch}']}", flush=True)
+    return out
+
+
+def print_summary(result: dict) -> None:
+    for layout, data in result["layouts"].items():
+        s = data["summary"]
+        print(f"\n{layout}  ({result['scenario']['dtype']}, bandwidth "
+              f"{result['bandwidth']['read_gbps']:.1f} GB/s read)")  # fmt: skip
+        for batch, d in s["decode"].items():
+            e, h, r = (
+                d["engine_step_ms"],
+                d["transformers_step_ms"],
+                d["ratio_engine_over_transformers"],
+            )
+            print(
+                f"  decode b{batch}: engine {e['median']:.2f} ms [{e['min']:.2f}-{e['max']:.2f}] "
+                f"{d['engine_tok_s']:.0f} tok/s | transformers {h['median']:.2f} ms "
+                f"[{h['min']:.2f}-{h['max']:.2f}] {d['transformers_tok_s']:.0f} tok/s | "
+                f"ratio {r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}] | floor "
+                f"{d['floor_ms']:.2f} ms, engine {d['engine_step_over_floor']:.2f}x floor, "
+                f"transformers {d['transformers_step_over_floor']:.2f}x | tokens equal "
+                f"{d['greedy_tokens_equal']}"
+            )  # fmt: skip
+            for key in [k for k in d if k.endswith("_speedup_over_engine")]:
+                v, name = d[key], key.removesuffix("_speedup_over_engine")
+                print(f"    {name}: {d[name + '_step_ms']['median']:.2f} ms, "
+                      f"{d[name + '_tok_s']:.0f} tok/s, {v['median']:.2f}x the engine "
+                      f"[{v['min']:.2f}-{v['max']:.2f}]")  # fmt: skip
+        p = s["prefill"]
+        r = p["ratio_engine_over_transformers"]
+        print(f"  prefill: engine {p['engine_tok_s']:.0f} tok/s, transformers "
+              f"{p['transformers_tok_s']:.0f} tok/s, ratio {r['median']:.2f}x "
+              f"[{r['min']:.2f}-{r['max']:.2f}]")  # fmt: skip
+        for k, v in s["recompute_ms"].items():
+            print(f"  recompute k={k}: {v['median']:.2f} ms [{v['min']:.2f}-{v['max']:.2f}]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default=os.environ.get("BATON_ENGINE_DEVICE", "cpu"))
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--prefill-len", type=int, default=1024)
+    ap.add_argument("--recompute-ks", type=int, nargs="+", default=[1, 16, 64, 100])
+    ap.add_argument("--context-len", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--extra-dtype", choices=["float32", "bfloat16", "float16"], help="add an engine arm"
+    )
+    ap.add_argument("--agreement", action="store_true")
+    ap.add_argument("--fast-vs-general", action="store_true")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.agreement:
+        result = {"agreement": agreement(args)}
+    elif args.fast_vs_general:
+        result = {"fast_vs_general": fast_vs_general(args)}
+    else:
+        result = run(args)
+        print_summary(result)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

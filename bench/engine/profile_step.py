@@ -1,0 +1,63 @@
+"""Time (and with --profile, profile) one engine decode step at a given batch on the issue-24
+random Qwen2 checkpoint. Run with OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from agents.engine import Engine, EngineConfig, SamplingParams, load_model
+from bench.engine.checkpoint import make_checkpoint
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layout", default="qwen2")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--dtype", default="float32")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    folder = make_checkpoint(args.layout, Path("var/bench-engine") / f"ckpt-{args.layout}")
+    loaded = load_model(str(folder))
+    n = args.batch
+    cfg = EngineConfig(
+        block_size=16,
+        num_blocks=n * 20 + 8,
+        max_running=n,
+        max_queued=n,
+        max_batch_tokens=n * args.prompt_len,
+        dtype=args.dtype,
+    )
+    eng = Engine(loaded, cfg)
+    gen = torch.Generator().manual_seed(0)
+    for i in range(n):
+        ids = torch.randint(0, 8192, (args.prompt_len,), generator=gen).tolist()
+        eng.add_request(f"r{i}", ids, SamplingParams(max_tokens=args.steps + 2, ignore_eos=True))
+    eng.step()
+    times = []
+    for _ in range(args.steps):
+        t = time.perf_counter()
+        eng.step()
+        times.append(time.perf_counter() - t)
+    print(
+        f"batch {n}: decode step median {statistics.median(times) * 1e3:.2f} ms "
+        f"min {min(times) * 1e3:.2f} ms"
+    )
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            eng.step()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
+        print("ops:", sum(e.count for e in prof.key_averages()))
+
+
+if __name__ == "__main__":
+    main()
