@@ -152,7 +152,10 @@ class DecodeState:
         self.rebuilds = 0
 
     def invalidate(self) -> None:
+        """Forget the batch and free its KV copy (it only lives across consecutive decode
+        steps; the next decode step rebuilds it from the pool)."""
         self.requests, self.lengths = [], []
+        self.k = self.v = self.mask = None
 
     def continues(self, requests: Sequence[object], cached_lens: Sequence[int]) -> bool:
         """Whether this step is the next decode step of exactly the last step's requests."""
