@@ -19,7 +19,7 @@ from routing.gateway.prepared import Prepared
 from routing.gateway.records import Outcome, admission_progress, record_request
 from routing.gateway.runner import AgentRunError, run_events
 from routing.gateway.stream import TextAssembler
-from routing.gateway.workers import in_worker, pending_records
+from routing.gateway.workers import in_worker, pending_records, record_writer
 
 log = logging.getLogger(__name__)
 # recover(exc, delivered token ids, tokens still to make) -> whether a new attempt is routed.
@@ -267,17 +267,20 @@ class Run:
 
         async def write() -> None:
             try:
-                await in_worker(record_request)(
-                    request_id=p.request_id,
-                    api_key=p.key,
-                    model=p.model.name,
-                    endpoint=p.kind,
-                    stream=p.greq.stream,
-                    decision=p.decision,
-                    policy_version=p.version,
-                    decision_inputs=p.inputs,
-                    outcome=outcome,
-                    client_request_id=p.client_request_id,
+                await asyncio.wrap_future(
+                    record_writer.submit(
+                        record_request,
+                        request_id=p.request_id,
+                        api_key=p.key,
+                        model=p.model.name,
+                        endpoint=p.kind,
+                        stream=p.greq.stream,
+                        decision=p.decision,
+                        policy_version=p.version,
+                        decision_inputs=p.inputs,
+                        outcome=outcome,
+                        client_request_id=p.client_request_id,
+                    )
                 )
             except Exception:
                 log.exception("could not record request %s", p.request_id)

@@ -1,12 +1,16 @@
-"""Where the gateway's blocking work runs (a thread pool, with Django's connection upkeep),
-and the record writes in flight that a shutting-down process waits for."""
+"""Where the gateway's blocking work runs (a thread pool, with Django's connection upkeep), the
+batched record writer, and the record writes in flight that a shutting-down process waits
+for."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import queue
+import threading
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import close_old_connections, transaction
 
 # Blocking work (ORM, tokenizer, policy) runs in a thread pool, not Django's single
 # thread-sensitive thread: concurrent requests must not queue behind each other there.
@@ -39,3 +43,72 @@ async def drain_pending_records(timeout_s: float = 30.0) -> int:
         return 0
     _, left = await asyncio.wait(set(pending_records), timeout=timeout_s)
     return len(left)
+
+
+class BatchWriter:
+    """Record writes batched: a dedicated thread takes every write queued while it was busy
+    and runs them in one transaction (each in its own savepoint, so one bad write does not
+    undo the others), one commit for many requests.
+
+    The queue needs no disk of its own to keep the exactly-once guarantee: every request has
+    its durable admission row before any agent runs, so a write lost with a killed process is
+    finished by the next one as ``interrupted`` (records.finish_interrupted), and
+    ``record_request`` writes a request id at most once. Each write's future resolves after
+    its batch committed (or failed), so a caller that awaits it reads its own write."""
+
+    def __init__(self, max_batch: int = 256) -> None:
+        self.max_batch = max_batch
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.batches = 0  # committed batches, and the writes in them (for the tests and bench)
+        self.writes = 0
+
+    def submit(self, fn, /, **kwargs) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((fn, kwargs, future))
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="gateway-record-writer", daemon=True
+                )
+                self._thread.start()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            self._write(batch)
+
+    def _write(self, batch: list) -> None:
+        close_old_connections()
+        results: list[tuple[concurrent.futures.Future, object, BaseException | None]] = []
+        try:
+            with transaction.atomic():
+                for fn, kwargs, future in batch:
+                    try:
+                        with transaction.atomic():
+                            results.append((future, fn(**kwargs), None))
+                    except Exception as exc:  # noqa: BLE001 - that write only
+                        results.append((future, None, exc))
+        except Exception as exc:  # noqa: BLE001 - the commit itself failed: every write did
+            for _, _, future in batch:
+                future.set_exception(exc)
+            return
+        finally:
+            close_old_connections()
+        self.batches += 1
+        self.writes += len(batch)
+        for future, value, error in results:
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
+
+
+record_writer = BatchWriter()

@@ -1,0 +1,47 @@
+"""Record writes are batched: the writes queued while the writer thread was busy commit in
+one transaction, a failing one does not undo the others, and each caller's future resolves
+only after its batch committed."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from billing.models import Tenant
+from routing.gateway.workers import BatchWriter
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_writes_queued_behind_a_busy_writer_commit_together():
+    writer = BatchWriter()
+    release, started = threading.Event(), threading.Event()
+
+    def slow(name: str) -> str:
+        started.set()  # its batch is formed: what comes next queues behind it
+        release.wait(10)
+        Tenant.objects.create(name=name)
+        return name
+
+    def create(name: str) -> str:
+        Tenant.objects.create(name=name)
+        return name
+
+    def broken(name: str) -> None:
+        Tenant.objects.create(name=name)
+        raise RuntimeError("bad write")
+
+    first = writer.submit(slow, name="t0")
+    assert started.wait(10)
+    queued = [writer.submit(create, name=f"t{i}") for i in range(1, 6)]
+    bad = writer.submit(broken, name="t-bad")
+    assert not any(f.done() for f in queued)
+    release.set()
+    assert first.result(10) == "t0"
+    assert [f.result(10) for f in queued] == [f"t{i}" for i in range(1, 6)]
+    with pytest.raises(RuntimeError, match="bad write"):
+        bad.result(10)
+    assert writer.writes == 7 and writer.batches == 2  # t0 alone, then the six queued
+    names = set(Tenant.objects.values_list("name", flat=True))
+    assert names == {f"t{i}" for i in range(6)}  # the failed write's row was rolled back
