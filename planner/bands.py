@@ -14,10 +14,10 @@ RPS and 12.0 s at 80 RPS). Every headline figure is therefore reported with
   sampling noise the rate band leaves out;
 - where cheap, its *constants band*: the figure with each fitted engine constant
   (``prefill_efficiency``, ``decode_mem_efficiency``) scaled by 1 -+ c (c = 5% by default);
-- a *cliff* flag, by this rule: the operating point is on a cliff when P90 TTFT at 1% more
-  (or less) rate differs from P90 TTFT at the rate by more than ``CLIFF_PCT`` (10%) of it,
-  i.e. the tail's elasticity to the rate exceeds 10; an infinite (never served) P90 anywhere
-  in the 1% neighbourhood counts as a cliff;
+- a *cliff* flag, by this rule: the operating point is on a cliff when P90 or P99 TTFT (the
+  two figures the SLA bounds) at 1% more (or less) rate differs from its value at the rate by
+  more than ``CLIFF_PCT`` (10%) of it, i.e. the tail's elasticity to the rate exceeds 10; an
+  infinite (never served) figure anywhere in the 1% neighbourhood counts as a cliff;
 - ``sla_flips``: whether the SLA verdict differs anywhere in the rate band.
 """
 
@@ -31,8 +31,8 @@ CLIFF_PCT = 10.0
 FITTED = ("prefill_efficiency", "decode_mem_efficiency")
 FIGURES = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "relay_share")
 RULE = (
-    f"cliff: P90 TTFT at 1% more or less rate differs from P90 TTFT at the rate by more than "
-    f"{CLIFF_PCT:g}% (or is infinite)"
+    f"cliff: P90 or P99 TTFT at 1% more or less rate differs from its value at the rate by "
+    f"more than {CLIFF_PCT:g}% (or is infinite)"
 )
 
 Points = Callable[..., list[dict[str, Any]]]
@@ -103,6 +103,7 @@ def band_of(
     at = rate_rows[factors.index(1.0)]
     near = [row for row in rate_rows if row["factor"] in (0.99, 1.01)]
     change = max(_rel(row["ttft_p90_s"], at["ttft_p90_s"]) for row in near) * 100
+    change99 = max(_rel(row["ttft_p99_s"], at["ttft_p99_s"]) for row in near) * 100
     wide = [row for row in rate_rows if 1 - b - 1e-12 <= row["factor"] <= 1 + b + 1e-12]
     out: dict[str, Any] = {
         "rule": RULE,
@@ -113,7 +114,8 @@ def band_of(
         "ttft_p99_s": _span(at["ttft_p99_s"], [row["ttft_p99_s"] for row in wide]),
         "relay_share": _span(at["relay_share"], [row["relay_share"] for row in wide]),
         "p90_change_pct_per_1pct_rate": change,
-        "cliff": bool(change > CLIFF_PCT),
+        "p99_change_pct_per_1pct_rate": change99,
+        "cliff": bool(max(change, change99) > CLIFF_PCT),
         "sla_flips": len({row["met"] for row in wide}) > 1,
     }
     rest = results[len(factors) :]
@@ -156,8 +158,9 @@ def describe(name: str, b: Mapping[str, Any]) -> str:
         text += f"; {k['lo']:.3g}-{k['hi']:.3g} s over +-{b['constants_pct']:g}% constants"
     p99 = b["ttft_p99_s"]
     text += (
-        f"), P99 {p99['at']:.3g} s ({p99['lo']:.3g}-{p99['hi']:.3g} s); P90 moves "
-        f"{b['p90_change_pct_per_1pct_rate']:.3g}% per 1% rate"
+        f"), P99 {p99['at']:.3g} s ({p99['lo']:.3g}-{p99['hi']:.3g} s); P90 / P99 move "
+        f"{b['p90_change_pct_per_1pct_rate']:.3g}% / {b['p99_change_pct_per_1pct_rate']:.3g}% "
+        "per 1% rate"
     )
     if "ttft_p90_s_seeds" in b:
         k = b["ttft_p90_s_seeds"]

@@ -63,6 +63,22 @@ def test_just_under_the_rule_is_not_a_cliff() -> None:
     assert not b["cliff"]
 
 
+def test_a_p99_that_jumps_is_a_cliff_too() -> None:
+    def points(jobs, note=""):
+        out = []
+        for _rps, mods in jobs:
+            f = dict(mods).get("rate_factor", 1.0)
+            p99 = 14.1 if f <= 1.0 else 19.05  # paper-ttft sized for 100 RPS, at +1%
+            out.append({"met": p99 < 15, "ttft_p50_s": 1.6, "ttft_p90_s": 2.9 * f,
+                        "ttft_p99_s": p99, "relay_share": 0.07})  # fmt: skip
+        return out
+
+    b = band(points, 100.0, 5.0, 0.0)
+    assert b["p90_change_pct_per_1pct_rate"] == pytest.approx(1.0)
+    assert b["p99_change_pct_per_1pct_rate"] == pytest.approx(100 * (19.05 - 14.1) / 14.1)
+    assert b["cliff"] and b["sla_flips"]
+
+
 def test_an_unserved_neighbour_is_a_cliff() -> None:
     b = band(_fake(lambda f: math.inf if f > 1.0 else 5.0), 80.0, 5.0, 0.0)
     assert b["cliff"] and math.isinf(b["p90_change_pct_per_1pct_rate"])
