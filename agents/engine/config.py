@@ -104,6 +104,10 @@ class EngineConfig:
     max_queued: int = 256  # requests waiting for admission; beyond this submit raises EngineFull
     max_batch_tokens: int = 2048  # new tokens one forward may process (prefill chunking bound)
     dtype: str = "float32"
+    # "int8": decode steps multiply by int8 weight-only copies of the linears (one scale per
+    # output row, bf16 activations; CPU only, the float weights stay for prefill / extend).
+    # None: the model's own weights. Agreement with float32: bench/engine/REPORT.md.
+    decode_weights: str | None = None
     seed: int = 0
     # Where the model and its KV pool live: "cpu", "cuda" or "cuda:N". The default comes from
     # BATON_ENGINE_DEVICE (unset: "cpu"), so a GPU server's agents are pointed at it once.
@@ -124,6 +128,12 @@ class EngineConfig:
                 f"EngineConfig.max_batch_tokens must be >= 1, got {self.max_batch_tokens}"
             )
         parse_dtype(self.dtype)
+        if self.decode_weights not in (None, "int8"):
+            raise ValueError(
+                f"EngineConfig.decode_weights must be None or 'int8', got {self.decode_weights!r}"
+            )
+        if self.decode_weights == "int8" and parse_device(self.device).type != "cpu":
+            raise ValueError("EngineConfig.decode_weights='int8' is implemented for the CPU only")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -132,6 +132,42 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     return F.linear(x, weight, bias)
 
 
+def _decode_weights(model: CausalLM) -> list[torch.Tensor]:
+    """The weights a decode step multiplies by (fused where fused)."""
+    out = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        out += [attn._fused_qkv[0], attn.o_proj.weight, mlp._fused_gate_up[0]]
+        out.append(mlp.down_proj.weight)
+    return [*out, model.lm_head.weight]
+
+
+def quantize_int8(model: CausalLM) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Int8 weight-only copies (symmetric, one scale per output row) of the decode step's
+    weights, keyed by the float weight's data pointer; cached on the model, redone when the
+    weights were replaced (a cast, a move, a reload)."""
+    cached = getattr(model, "_int8_weights", None)
+    if cached is not None and model.lm_head.weight.data_ptr() in cached:
+        return cached
+    cached = {}
+    with torch.inference_mode(False), torch.no_grad():
+        for weight in _decode_weights(model):
+            w = weight.detach().float()
+            scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+            q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+            cached[weight.data_ptr()] = (q.contiguous(), scale.to(torch.bfloat16))
+    model._int8_weights = cached
+    return cached
+
+
+def _int8_linear(x: torch.Tensor, packed: tuple, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ dequant(W).T through aten's int8 weight-only kernel (bf16 activations: its float32
+    variant was 10-30x slower on this CPU), back in x's dtype."""
+    q, scale = packed
+    out = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), q, scale).to(x.dtype)
+    return out if bias is None else out + bias
+
+
 def _rms(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
     if x.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.eps)
@@ -215,6 +251,8 @@ def decode_forward(
     write_slots: torch.Tensor,  # [B] long, its flat pool slot
     k_cache: torch.Tensor,  # [L, num_blocks, block_size, KVH, D]
     v_cache: torch.Tensor,
+    *,
+    int8: bool = False,  # int8 weight-only linears (CPU), see quantize_int8
 ) -> torch.Tensor:  # [B, vocab] float32
     """One decode step over `state`'s requests (their KV copy must hold the cached positions);
     writes the new K/V to the pool and the copy, then advances `state`."""
@@ -242,10 +280,17 @@ def decode_forward(
     mask = state.mask[..., :k_max].to(attn_dtype) if min(lengths) != k_max else None
     scale = dim**-0.5
     half = dim // 2
+    if int8:
+        packed = quantize_int8(model)
+
+        def linear(x, weight, bias=None):
+            return _int8_linear(x, packed[weight.data_ptr()], bias)
+    else:
+        linear = _linear
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         h = _rms(x, layer.input_layernorm)
-        qkv = _linear(h, *attn._fused_qkv).view(batch, heads + 2 * kv_heads, dim)
+        qkv = linear(h, *attn._fused_qkv).view(batch, heads + 2 * kv_heads, dim)
         qk = qkv[:, : heads + kv_heads]
         rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
         qk = qk * cos + rotated * sin  # [B, H + KVH, D]
@@ -263,10 +308,10 @@ def decode_forward(
         probs = torch.softmax(scores, dim=-1)
         out = torch.matmul(probs, v_all[:, :, :k_max]).to(x.dtype)  # [B, KVH, G, D]
         o = attn.o_proj
-        x = x + _linear(out.reshape(batch, heads * dim), o.weight, o.bias)
+        x = x + linear(out.reshape(batch, heads * dim), o.weight, o.bias)
         h = _rms(x, layer.post_attention_layernorm)
-        gate, up = _linear(h, *mlp._fused_gate_up).chunk(2, dim=-1)
+        gate, up = linear(h, *mlp._fused_gate_up).chunk(2, dim=-1)
         down = mlp.down_proj
-        x = x + _linear(F.silu(gate) * up, down.weight, down.bias)
+        x = x + linear(F.silu(gate) * up, down.weight, down.bias)
     state.advance()
-    return _linear(_rms(x, model.model.norm), model.lm_head.weight).float()
+    return linear(_rms(x, model.model.norm), model.lm_head.weight).float()

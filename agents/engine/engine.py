@@ -69,7 +69,9 @@ class Engine:
         )
         self.cache = RadixCache(self.config.block_size)
         self.scheduler = Scheduler(self.config, self.pool, self.cache)
-        self.runner = ModelRunner(self.model, self.pool)
+        self.runner = ModelRunner(
+            self.model, self.pool, decode_int8=self.config.decode_weights == "int8"
+        )
         self.requests: dict[str, Request] = {}
         self._undelivered: list[TokenOutput] = []
         self._arrivals = itertools.count()

@@ -17,10 +17,18 @@ from agents.engine.request import Request
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, pool: PagedKVPool, *, decode_fast_path: bool = True):
+    def __init__(
+        self,
+        model: CausalLM,
+        pool: PagedKVPool,
+        *,
+        decode_fast_path: bool = True,
+        decode_int8: bool = False,
+    ) -> None:
         self.model = model
         self.pool = pool
         self.decode_fast_path = decode_fast_path
+        self.decode_int8 = decode_int8  # int8 weight-only linears in fast-path steps
         self.decode_state = DecodeState()
         self.fast_steps = 0
 
@@ -76,7 +84,13 @@ class ModelRunner:
             device=device,
         )
         logits = decode_forward(
-            self.model, state, input_ids, write_slots, pool.k_cache, pool.v_cache
+            self.model,
+            state,
+            input_ids,
+            write_slots,
+            pool.k_cache,
+            pool.v_cache,
+            int8=self.decode_int8,
         )
         for req in requests:
             req.cached_len += 1

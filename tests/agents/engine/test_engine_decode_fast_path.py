@@ -3,6 +3,8 @@ to float32 reassociation, the same KV written to the pool, identical greedy toke
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -120,3 +122,44 @@ def test_fusion_keeps_the_checkpoint_layout(qwen2) -> None:
     weight, bias = attn._fused_qkv
     assert attn.k_proj.weight.data_ptr() == weight[attn.q_proj.out_features].data_ptr()
     assert attn.v_proj.bias.data_ptr() == bias[-attn.v_proj.out_features].data_ptr()
+
+
+def test_int8_decode_weights_stay_close_to_float32(qwen2) -> None:
+    """int8 weight-only decode (EngineConfig.decode_weights="int8"): an approximation, so only
+    closeness is checked here; token agreement is measured in bench/engine/REPORT.md."""
+    from agents.engine.decode import quantize_int8
+
+    model, cfg = qwen2.model, qwen2.config
+    fuse_projections(model)
+    ids = _ids(20, seed=3, vocab=cfg.vocab_size)
+    logits = {}
+    for int8 in (False, True):
+        pool = PagedKVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 8, BS)
+        table = pool.allocate(4)
+        model(build_forward_batch([SeqChunk(ids[:-1], 0, table)], BS), pool.k_cache, pool.v_cache)
+        batch = build_forward_batch([SeqChunk(ids[-1:], 19, table)], BS)
+        state = DecodeState()
+        flat = (pool.k_cache.flatten(1, 2), pool.v_cache.flatten(1, 2))
+        state.rebuild([object()], [19], [pool.slots(table, 0, 19)], *flat)
+        logits[int8] = decode_forward(
+            model, state, batch.input_ids, batch.write_slots, pool.k_cache, pool.v_cache, int8=int8
+        )[0]
+    err = (logits[True] - logits[False]).abs().max() / logits[False].abs().max()
+    assert 0 < err < 0.05
+    assert len(quantize_int8(model)) == 4 * cfg.num_layers + 1
+
+
+@pytest.mark.skipif(
+    os.environ.get("BATON_ENGINE_DEVICE", "cpu") != "cpu", reason="int8 decode is CPU only"
+)
+def test_int8_decode_weights_run_in_an_engine_and_are_validated(tiny) -> None:
+    loaded = LoadedModel(*tiny)  # the session's model, float32, CPU
+    config = EngineConfig(
+        block_size=BS, num_blocks=32, max_running=2, decode_weights="int8", device="cpu"
+    )
+    out = Engine(loaded, config).generate(list(range(10, 30)), SamplingParams(max_tokens=8))
+    assert len(out.output_ids) == 8
+    with pytest.raises(ValueError, match="decode_weights must be None or 'int8'"):
+        EngineConfig(decode_weights="int4")
+    with pytest.raises(ValueError, match="CPU only"):
+        EngineConfig(decode_weights="int8", device="cuda")
