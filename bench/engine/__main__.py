@@ -8,8 +8,10 @@ transformers, engine, transformers, ...) round by round; figures are medians ove
     OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE .venv/bin/python -m bench.engine \\
         --out var/bench-engine/float32.json
 
-`--agreement` instead measures greedy-token agreement of `--dtype` with float32 on the engine
-over a fixed prompt set. The scenario (the defaults below) was fixed before the first run."""
+`--agreement` instead measures greedy-token agreement of `--dtype` (or `--decode-weights int8`)
+with float32 on the engine over a fixed prompt set; `--fast-vs-general` interleaves two engine
+configurations step by step (`--arms general fast`, or `fast int8`). The scenario (the
+defaults below) was fixed before the first run."""
 
 from __future__ import annotations
 
@@ -75,6 +77,7 @@ class EngineArm:
 
     def __init__(self, loaded, dtype: str, device: str, name: str = "engine") -> None:
         self.loaded, self.dtype, self.device, self.name = loaded, dtype, device, name
+        self.decode_weights: str | None = None
 
     def _engine(self, batch: int, tokens_each: int) -> Engine:
         blocks = batch * (-(-tokens_each // BLOCK_SIZE)) + 16
@@ -86,6 +89,7 @@ class EngineArm:
             max_batch_tokens=max(2048, batch * tokens_each),
             dtype=self.dtype,
             device=self.device,
+            decode_weights=self.decode_weights,
         )
         return Engine(self.loaded, config)
 
@@ -298,10 +302,13 @@ def agreement(args) -> dict:
         vocab = load_model(str(folder)).config.vocab_size
         prompts = _prompts(8, args.prompt_len, vocab, seed=123)
         tokens = {}
-        for dtype in ("float32", args.dtype):
+        other = args.decode_weights or args.dtype
+        for name in ("float32", other):
+            dtype = args.dtype if name == other and not args.decode_weights else "float32"
             arm = EngineArm(load_model(str(folder), parse_dtype(dtype)), dtype, args.device)
-            tokens[dtype] = arm.decode(prompts, 32)["tokens"]
-        ref, got = tokens["float32"], tokens[args.dtype]
+            arm.decode_weights = args.decode_weights if name == other else None
+            tokens[name] = arm.decode(prompts, 32)["tokens"]
+        ref, got = tokens["float32"], tokens[other]
         same = sum(a == b for x, y in zip(ref, got, strict=True) for a, b in zip(x, y, strict=True))
         prefix = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x))  # noqa: B905
                   for x, y in zip(ref, got, strict=True)]  # fmt: skip
@@ -322,9 +329,10 @@ def fast_vs_general(args) -> dict:
             prompts = _prompts(batch, args.prompt_len, vocab, seed=batch)
             arm = EngineArm(loaded, args.dtype, args.device)
             engines = {}
-            for name in ("general", "fast"):
+            for name in args.arms:  # general: fast path off; int8: fast path, int8 weights
                 engine = arm._engine(batch, args.prompt_len + 2 * args.decode_steps + 2)
-                engine.runner.decode_fast_path = name == "fast"
+                engine.runner.decode_fast_path = name != "general"
+                engine.runner.decode_int8 = name == "int8"
                 params = SamplingParams(max_tokens=2 * args.decode_steps + 1, ignore_eos=True)
                 for i, p in enumerate(prompts):
                     engine.add_request(f"r{i}", p, params)
@@ -338,12 +346,18 @@ def fast_vs_general(args) -> dict:
                     outs = engine.step()
                     times[name].append(1000 * (time.perf_counter() - start))
                     tokens[name].append(sorted((o.request_id, o.token_ids) for o in outs))
-            gen, fast = times["general"], times["fast"]
+            base, new = args.arms
             out[f"{layout}/b{batch}"] = {
-                "general_step_ms": _spread(gen),
-                "fast_step_ms": _spread(fast),
-                "speedup": statistics.median(gen) / statistics.median(fast),
-                "tokens_identical": tokens["general"] == tokens["fast"],
+                f"{base}_step_ms": _spread(times[base]),
+                f"{new}_step_ms": _spread(times[new]),
+                "speedup": statistics.median(times[base]) / statistics.median(times[new]),
+                "tokens_identical": tokens[base] == tokens[new],
+                "tokens_equal": sum(
+                    a == b
+                    for x, y in zip(tokens[base], tokens[new], strict=True)
+                    for a, b in zip(x, y, strict=True)
+                ),
+                "tokens": sum(len(x) for x in tokens[base]),
             }
             print(f"{layout} b{batch}: {out[f'{layout}/b{batch}']}", flush=True)
     return out
@@ -401,6 +415,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--agreement", action="store_true")
     ap.add_argument("--fast-vs-general", action="store_true")
+    ap.add_argument(
+        "--arms",
+        nargs=2,
+        default=["general", "fast"],
+        choices=["general", "fast", "int8"],
+        help="the pair --fast-vs-general runs",
+    )
+    ap.add_argument("--decode-weights", choices=["int8"], help="--agreement: int8 vs float32")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
