@@ -438,6 +438,21 @@ def collect_records(cluster: Cluster, reqs: list[dict], wait_s: float) -> dict:
         time.sleep(1.0)
 
 
+def _after_fault(trial: dict, req: dict, fired: dict) -> None:
+    """Note the fault time, the stall it caused at the client (from the fault to the next
+    piece, or the largest gap after it: a fault before the 1st piece shows in no gap between
+    pieces) and, once the probes are done, the recovery."""
+    trial["fault_at"] = fired["at"]
+    after = [x for x in req["times"] if x >= fired["at"]]
+    if after:
+        gaps = [b - a for a, b in zip(after, after[1:], strict=False)]
+        req["stall_s"] = max([after[0] - fired["at"], *gaps])
+    if "timer" in fired:
+        fired["timer"].join()
+    fired["prober"].join(100)
+    trial["recovery_s"] = fired.get("recovery")
+
+
 def agent_trial(cluster, fault, rep, refs, log_dir) -> dict:
     prompt, max_tokens = prompt_for(fault, rep, 0)
     host = "a-rld" if fault == "rld-kill-mid-relay" else "b-md"
@@ -478,17 +493,7 @@ def agent_trial(cluster, fault, rep, refs, log_dir) -> dict:
         # recovery (noted in the trial).
         trial["note"] = f"stream ended after {len(req['times'])} pieces, before the kill point"
         on_piece(at)
-    trial["fault_at"] = fired["at"]
-    # The stall the fault caused at the client: from the fault to the next piece, or the
-    # largest gap after it (a fault before the 1st piece shows in no gap between pieces).
-    after = [x for x in req["times"] if x >= fired["at"]]
-    if after:
-        gaps = [b - a for a, b in zip(after, after[1:], strict=False)]
-        req["stall_s"] = max([after[0] - fired["at"], *gaps])
-    if "timer" in fired:
-        fired["timer"].join()
-    fired["prober"].join(100)
-    trial["recovery_s"] = fired.get("recovery")
+    _after_fault(trial, req, fired)
     if fault != "md-freeze-handoff":
         restart_agent(cluster, host, log_dir)
     t0 = time.monotonic()
@@ -569,17 +574,7 @@ def wan_trial(cluster, fault, rep, refs, log_dir) -> dict:
         else:
             link.reset_all()
         at_fault(time.time())
-    trial["fault_at"] = fired["at"]
-    # The stall the fault caused at the client: from the fault to the next piece, or the
-    # largest gap after it (a fault before the 1st piece shows in no gap between pieces).
-    after = [x for x in req["times"] if x >= fired["at"]]
-    if after:
-        gaps = [b - a for a, b in zip(after, after[1:], strict=False)]
-        req["stall_s"] = max([after[0] - fired["at"], *gaps])
-    if "timer" in fired:
-        fired["timer"].join()
-    fired["prober"].join(100)
-    trial["recovery_s"] = fired.get("recovery")
+    _after_fault(trial, req, fired)
     trial["proxies"] = link.stats()
     try:
         cluster.wait_for(lambda: fleet_ready(cluster), 120, "the fleet ready")
