@@ -4,6 +4,7 @@ exactly `single`'s."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,12 +20,25 @@ from agents.node.loopback import pdd_body, summarize
 pytestmark = pytest.mark.slow
 
 
+@contextlib.contextmanager
+def _md(name: str):
+    """An MD agent in dc-b the test may freeze (SIGSTOP); woken, killed and cleaned up after."""
+    md = AgentProcess(agent_args("main_decode", "dc-b", "--link", f"dc-a={FAST_LINK}"), name)
+    md.start()
+    try:
+        yield md
+    finally:
+        try:
+            os.killpg(md.proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        md.kill()
+        md.cleanup()
+
+
 def test_md_silent_after_the_final_batch_stalls_the_stream_about_two_seconds(cluster):
     p, rld, single = cluster["p"], cluster["rld"], cluster["single"]
-    md = AgentProcess(
-        agent_args("main_decode", "dc-b", "--link", f"dc-a={FAST_LINK}"), "md-frozen"
-    ).start()
-    try:
+    with _md("md-frozen") as md:
         prompt = make_prompt(120, 61)
         max_tokens = 60
         body = pdd_body(
@@ -57,23 +71,13 @@ def test_md_silent_after_the_final_batch_stalls_the_stream_about_two_seconds(clu
         # The window is 1.5 s + 4 x 5 ms; generous slack for a loaded 2-core machine, far
         # below the 30 s it used to be.
         assert max(gaps) < 6.0, max(gaps)
-    finally:
-        try:
-            os.killpg(md.proc.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-        md.kill()
-        md.cleanup()
 
 
 def test_md_frozen_before_the_reservation_costs_the_reserve_timeout_not_ten_seconds(cluster):
     """P asks MD to pin its cached prefix while it prefills; a frozen MD never answers. P
     waits `reserve_timeout_s` (3 s), then RLD decodes the request alone: same greedy tokens."""
     p, rld, single = cluster["p"], cluster["rld"], cluster["single"]
-    md = AgentProcess(
-        agent_args("main_decode", "dc-b", "--link", f"dc-a={FAST_LINK}"), "md-frozen-early"
-    ).start()
-    try:
+    with _md("md-frozen-early") as md:
         prompt = make_prompt(80, 67)
         max_tokens = 12
         os.killpg(md.proc.pid, signal.SIGSTOP)
@@ -93,10 +97,3 @@ def test_md_frozen_before_the_reservation_costs_the_reserve_timeout_not_ten_seco
         assert "MD unreachable" in result["stats"]["main_error"]
         # 3 s of reserve timeout plus the request itself; it used to be 10 s.
         assert elapsed < 8.0, elapsed
-    finally:
-        try:
-            os.killpg(md.proc.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-        md.kill()
-        md.cleanup()
