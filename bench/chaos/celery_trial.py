@@ -10,6 +10,7 @@ production's are 120 s and 150 s (docs/faults.md)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,11 +48,12 @@ def celery_worker_kill(url: str, rep: int) -> dict:
     client = redis.Redis.from_url(url)
     queue = f"chaos-celery-{uuid.uuid4().hex[:8]}"
     key = f"chaos-ping-{uuid.uuid4().hex[:8]}"
+    var_dir = tempfile.mkdtemp(prefix="baton-chaos-celery-")
     env = {
         **os.environ,
         "REDIS_URL": url,
         "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-        "BATON_VAR_DIR": tempfile.mkdtemp(prefix="baton-chaos-celery-"),
+        "BATON_VAR_DIR": var_dir,
         "CELERY_TASK_ALWAYS_EAGER": "false",
         "CELERY_TASK_SOFT_TIME_LIMIT": "8",
         "CELERY_TASK_TIME_LIMIT": "10",
@@ -107,3 +109,4 @@ def celery_worker_kill(url: str, rep: int) -> dict:
         for worker in (first, second):
             stop_worker(worker)
         client.delete(f"{key}:started", f"{key}:done")
+        shutil.rmtree(var_dir, ignore_errors=True)
