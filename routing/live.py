@@ -65,7 +65,7 @@ _LINK_STATUS = {
 }
 
 
-def _instance_reports() -> dict[tuple[int, str], tuple[dict[str, Any], dict[str, Any]]]:
+def instance_reports() -> dict[tuple[int, str], tuple[dict[str, Any], dict[str, Any]]]:
     """(node id, instance id) -> (the node's latest report, its item for that instance).
 
     Keyed by the reporting node too: an instance is only ever read from its own node's report,
@@ -186,7 +186,7 @@ def connect_topology_invalidation() -> None:
 def build_live_view(model_name: str) -> LiveView:
     """Instances serving `model_name`, healthy only when the operator wants them running, the
     node is online and the agent's fresh report says running."""
-    reports = _instance_reports()
+    reports = instance_reports()
     rows, link_rows = topology.get(model_name, lambda: _load_topology(model_name))
     states: list[InstanceState] = []
     endpoints: dict[str, Endpoint] = {}

@@ -13,10 +13,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.filters import BoundedFilterSet
-from fleet import live as fleet_live
 from routing import analysis, services
 from routing.api import serializers as s
-from routing.live import suspect_ledger
+from routing.live import instance_reports, suspect_ledger
 from routing.models import RequestRecord, RoutingDecision
 
 
@@ -136,11 +135,10 @@ class SuspectInstancesView(APIView):
 
     @extend_schema(responses=SuspectInstanceSerializer(many=True))
     def get(self, request):
-        reported: dict[str, float] = {}
-        for entry in fleet_live.read_reports():
-            for item in (entry.get("report") or {}).get("instances") or []:
-                if isinstance(item, dict) and "instance_id" in item:
-                    reported[str(item["instance_id"])] = float(entry.get("received_at") or 0)
+        reported = {
+            instance: float(entry.get("received_at") or 0.0)
+            for (_, instance), (entry, _) in instance_reports().items()
+        }
         marks = sorted(suspect_ledger().marks().items(), key=lambda kv: -kv[1])
         rows = [
             {
