@@ -82,6 +82,7 @@ def pdd_body(
     *,
     catch_up_batch: int = 64,
     handoff_at: int = 0,
+    max_catch_up_batches: int | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "request_id": request_id,
@@ -91,6 +92,7 @@ def pdd_body(
         "handoff_mode": handoff,
         "catch_up_batch": catch_up_batch,
         "handoff_at": handoff_at,
+        **({} if max_catch_up_batches is None else {"max_catch_up_batches": max_catch_up_batches}),
         "main": {
             "http": md.http,
             "kv_host": "127.0.0.1",

@@ -44,7 +44,10 @@ def _same_logprobs(got: dict, want: dict) -> None:
     [
         ("p-md", "one-shot", {}),
         ("p-rld-md", "one-shot", {"handoff_at": 6}),
-        ("p-rld-md", "catch-up", {"handoff_at": 4, "catch_up_batch": 3}),
+        # At most 2 catch-up batches, then the final one (as test_agent_pipelines does): a
+        # catch-up left to converge on its own may never do so within 32 tokens when MD
+        # extends slower than RLD decodes, and RLD then finishes alone.
+        ("p-rld-md", "catch-up", {"handoff_at": 4, "catch_up_batch": 3, "max_catch_up_batches": 2}),
         ("rld-only", "one-shot", {}),
     ],
 )

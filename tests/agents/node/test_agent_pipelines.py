@@ -54,21 +54,16 @@ def test_greedy_output_is_token_identical_to_single(cluster, seed, pipeline, han
     prompt = make_prompt(40 + 30 * (seed - 11), seed)
     max_tokens = 40
     expected = run_single(cluster["single"], prompt, max_tokens)["output_token_ids"]
-    body_extra = {k: v for k, v in extra.items() if k != "max_catch_up_batches"}
-    result = (
-        run_pdd(
-            cluster["p"],
-            cluster["rld"],
-            cluster["md"],
-            f"ident-{pipeline}-{handoff}-{seed}-{extra.get('handoff_at', 0)}",
-            prompt,
-            max_tokens,
-            pipeline,
-            handoff,
-            **body_extra,
-        )
-        if "max_catch_up_batches" not in extra
-        else _run_with_max_batches(cluster, seed, prompt, max_tokens, extra)
+    result = run_pdd(
+        cluster["p"],
+        cluster["rld"],
+        cluster["md"],
+        f"ident-{pipeline}-{handoff}-{seed}-{extra.get('handoff_at', 0)}",
+        prompt,
+        max_tokens,
+        pipeline,
+        handoff,
+        **extra,
     )
     assert_one_ordered_stream(result)
     assert result["output_token_ids"] == expected
@@ -89,24 +84,6 @@ def test_greedy_output_is_token_identical_to_single(cluster, seed, pipeline, han
         # At least one catch-up batch of >= 4 tokens (8 were pending), at most two, then the
         # final one.
         assert 2 <= handoff_stats["batches"] <= 3
-
-
-def _run_with_max_batches(cluster, seed, prompt, max_tokens, extra):
-    body = pdd_body(
-        f"ident-catch-up-{seed}",
-        prompt,
-        max_tokens,
-        "p-rld-md",
-        "catch-up",
-        cluster["p"],
-        cluster["rld"],
-        cluster["md"],
-        catch_up_batch=extra["catch_up_batch"],
-        handoff_at=extra["handoff_at"],
-    )
-    body["max_catch_up_batches"] = extra["max_catch_up_batches"]
-    events, _, _ = stream_events(f"{cluster['p'].http}/v1/pdd/generate", body)
-    return summarize(events)
 
 
 def test_shared_prefix_sends_only_the_delta_over_the_wan(cluster):
