@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from agents.node.settings import (
+    DECODE_WEIGHTS,
+    DTYPES,
     ROLES,
     WAIT_POLICIES,
     apply_thread_plan,
@@ -94,6 +96,17 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--device",
         help="where engines run: cpu, cuda or cuda:N (default: $BATON_ENGINE_DEVICE, else cpu)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="the engines' weights and KV cache dtype (default float32)",
+    )
+    p.add_argument(
+        "--decode-weights",
+        choices=DECODE_WEIGHTS,
+        help="weights decode steps multiply by: full (the model's own, default) or int8 "
+        "(weight-only int8 copies; CPU only)",
     )
     p.add_argument("--num-blocks", type=int, help="KV blocks per engine instance")
     p.add_argument("--block-size", type=int)

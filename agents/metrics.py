@@ -194,8 +194,20 @@ def node_families(nodes: Iterable[tuple[str, str, Mapping[str, Any]]]) -> list[F
         "The node's WAN connection pool towards each peer datacenter: slots in use, waiters.",
         (*NODE_LABELS, "peer", "state"),
     )
+    # An info metric (value 1): the engine options every instance of the node runs with.
+    engine = Family(
+        "pdd_engine_info",
+        "gauge",
+        "1, labelled with the engine options of the node's instances: device, dtype and "
+        "decode_weights (full or int8).",
+        (*NODE_LABELS, "device", "dtype", "decode_weights"),
+    )
     for node, datacenter, doc in nodes:
         base = (node, datacenter)
+        options = doc.get("engine_options")
+        if isinstance(options, Mapping):
+            labels = tuple(str(options.get(k) or "") for k in ("device", "dtype", "decode_weights"))
+            engine.samples.append(((*base, *labels), 1.0))
         for role, n in sorted((doc.get("tokens_by_role") or {}).items()):
             if _num(n) is not None:
                 tokens.samples.append(((*base, str(role)), float(n)))
@@ -222,7 +234,7 @@ def node_families(nodes: Iterable[tuple[str, str, Mapping[str, Any]]]) -> list[F
                 value = _num(conns.get(state))
                 if value is not None:
                     pools.samples.append(((*base, str(peer), state), value))
-    return [tokens, fabric_bytes, transfers, failures, active, in_flight, pools]
+    return [tokens, fabric_bytes, transfers, failures, active, in_flight, pools, engine]
 
 
 def state_families(doc: Mapping[str, Any]) -> list[Family]:

@@ -290,6 +290,8 @@ class Agent:
             max_running=s.max_running,
             max_queued=s.max_queued,
             seed=s.seed,
+            dtype=s.dtype,
+            decode_weights=None if s.decode_weights == "full" else s.decode_weights,
             **({"device": s.device} if s.device else {}),
         )
         try:
@@ -763,6 +765,7 @@ class Agent:
                 for peer, s in self.links.items()
             },
             "threads": self.threads_json(),
+            "engine_options": self.settings.engine_options(),
         }
 
     def threads_json(self) -> dict[str, Any]:

@@ -140,6 +140,7 @@ def build_app(agent: Agent) -> Starlette:
                 "status": "draining" if agent.draining else "ok",
                 "node": agent.settings.node,
                 "protocol": 1,
+                "engine_options": agent.settings.engine_options(),
             }
         )
 

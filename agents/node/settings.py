@@ -22,6 +22,9 @@ from pdd.vocab import Role
 
 ROLES = tuple(Role)
 WAIT_POLICIES = ("auto", "passive", "active")
+# The engine options an agent passes to every engine it starts (agents.engine.EngineConfig).
+DTYPES = ("float32", "bfloat16")
+DECODE_WEIGHTS = ("full", "int8")
 # Fields a config file may not set (worked out by the agent itself).
 _DERIVED = frozenset({"thread_plan"})
 
@@ -58,6 +61,11 @@ class AgentSettings:
     # Where this agent's engines run: "cpu", "cuda" or "cuda:N"; None = $BATON_ENGINE_DEVICE,
     # else the CPU (agents.engine.EngineConfig.device).
     device: str | None = None
+    # The engines' weights and KV dtype, and the weights decode steps multiply by: "full" (the
+    # model's own) or "int8" (weight-only int8 copies, CPU only). Defaults: float32 / full;
+    # speed and agreement with float32 are in bench/engine/REPORT.md.
+    dtype: str = "float32"
+    decode_weights: str = "full"
     # Engine capacity of every instance this agent starts.
     num_blocks: int = 1024
     block_size: int = 16
@@ -105,6 +113,17 @@ class AgentSettings:
             raise ValueError(f"drain_grace_s must be >= 0, got {self.drain_grace_s}")
         if self.device is not None:
             check_device(self.device)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {'|'.join(DTYPES)}, got {self.dtype!r}")
+        if self.decode_weights not in DECODE_WEIGHTS:
+            raise ValueError(
+                f"decode_weights must be one of {'|'.join(DECODE_WEIGHTS)}, "
+                f"got {self.decode_weights!r}"
+            )
+        if self.decode_weights == "int8" and self.engine_device() != "cpu":
+            raise ValueError(
+                f"decode_weights int8 runs on the CPU only, not device {self.engine_device()!r}"
+            )
         if self.omp_wait_policy not in WAIT_POLICIES:
             raise ValueError(
                 f"omp_wait_policy must be one of {'|'.join(WAIT_POLICIES)}, "
@@ -124,6 +143,18 @@ class AgentSettings:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+    def engine_device(self) -> str:
+        """Where the engines run: --device, else $BATON_ENGINE_DEVICE, else the CPU (the
+        base name: "cuda:1" -> "cuda")."""
+        name = self.device or os.environ.get("BATON_ENGINE_DEVICE", "").strip() or "cpu"
+        return name.partition(":")[0]
+
+    def engine_options(self) -> dict[str, str]:
+        """The engine options every instance of this agent runs with (state document, /health
+        and the pdd_engine_info metric)."""
+        device = self.device or os.environ.get("BATON_ENGINE_DEVICE", "").strip() or "cpu"
+        return {"device": device, "dtype": self.dtype, "decode_weights": self.decode_weights}
 
 
 _DEVICE = re.compile(r"(cpu|cuda)(:\d+)?")
