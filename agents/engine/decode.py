@@ -114,6 +114,13 @@ def _onednn_linear_available() -> bool:
 
 
 _ONEDNN = _onednn_linear_available()
+
+
+def _onednn_linear(x, weight, bias):
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+_ONEDNN_DTYPES = {torch.float32, torch.bfloat16}  # a dtype oneDNN refused is dropped
 ONEDNN_MIN_ROWS = 2  # one row: MKL gemv was as fast or faster on small weights
 
 
@@ -125,10 +132,16 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
         _ONEDNN
         and x.device.type == "cpu"
         and x.shape[0] >= ONEDNN_MIN_ROWS
-        and x.dtype in (torch.float32, torch.bfloat16)
+        and x.dtype in _ONEDNN_DTYPES
         and weight.is_contiguous()
     ):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        try:
+            return _onednn_linear(x, weight, bias)
+        except RuntimeError:
+            # oneDNN builds its primitive for the CPU it finds; where it has none for this
+            # dtype (bfloat16 on a CPU without AVX512-BF16/AMX, seen on a CI machine) every
+            # later call would fail the same way: use MKL for that dtype from now on.
+            _ONEDNN_DTYPES.discard(x.dtype)
     return F.linear(x, weight, bias)
 
 

@@ -163,3 +163,26 @@ def test_int8_decode_weights_run_in_an_engine_and_are_validated(tiny) -> None:
         EngineConfig(decode_weights="int4")
     with pytest.raises(ValueError, match="CPU only"):
         EngineConfig(decode_weights="int8", device="cuda")
+
+
+def test_a_dtype_onednn_refuses_falls_back_to_mkl_for_good(monkeypatch) -> None:
+    """A CPU whose oneDNN has no bfloat16 inner product (no AVX512-BF16/AMX) raises on the
+    first call; the step goes on through F.linear and does not try oneDNN again."""
+    from agents.engine import decode
+
+    calls = []
+
+    def refuses(x, weight, bias):
+        calls.append(x.dtype)
+        raise RuntimeError("could not create a primitive descriptor")
+
+    monkeypatch.setattr(decode, "_ONEDNN", True)
+    monkeypatch.setattr(decode, "_ONEDNN_DTYPES", {torch.float32, torch.bfloat16})
+    monkeypatch.setattr(decode, "_onednn_linear", refuses)
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    w = torch.randn(8, 16, dtype=torch.bfloat16)
+    expected = torch.nn.functional.linear(x, w)
+    assert torch.equal(decode._linear(x, w), expected)
+    assert torch.equal(decode._linear(x, w), expected)
+    assert calls == [torch.bfloat16]  # tried once, then MKL only
+    assert decode._ONEDNN_DTYPES == {torch.float32}

@@ -40,7 +40,12 @@ def agent():
 
 
 def test_health_and_state_document(agent):
-    assert get(agent, "/health").json() == {"status": "ok", "node": "n1", "protocol": 1}
+    assert get(agent, "/health").json() == {
+        "status": "ok",
+        "node": "n1",
+        "protocol": 1,
+        "engine_options": {"device": "cpu", "dtype": "float32", "decode_weights": "full"},
+    }
     run_single(agent, make_prompt(40, 1), 4)
     state = get(agent, "/state").json()
     (inst,) = state["instances"]
