@@ -73,6 +73,7 @@ class _Handoff:
     failed: str | None = None
     bytes: int = 0
     tokens_handed: int = 0
+    batch_tokens: list[int] = field(default_factory=list)  # ids per batch sent, final last
     inflight: bool = False
     md_ready: bool = False
     slot_wait_s: float = 0.0  # how long MD waited for a decode slot before it was ready
@@ -86,6 +87,7 @@ class _Handoff:
             "completed": self.completed,
             "failed": self.failed,
             "tokens_handed": self.tokens_handed,
+            "batch_tokens": list(self.batch_tokens),
             "slot_wait_s": self.slot_wait_s,
         }
 
@@ -432,10 +434,15 @@ class RelaySession:
         if n < plan.handoff_at:
             return
         pending = self.rld_tokens[handoff.tokens_handed :]
+        # Catch-up goes on while it converges: a round must leave a smaller gap than the batch
+        # it sent (else RLD decodes faster than MD extends plus the round trip, and more rounds
+        # only chase it), and at most max_catch_up_batches rounds; then the final batch takes
+        # whatever is pending, as one-shot does.
         if (
             plan.mode == HandoffMode.CATCH_UP
             and len(pending) >= plan.catch_up_batch
             and handoff.batches < plan.max_catch_up_batches
+            and (not handoff.batch_tokens or len(pending) < handoff.batch_tokens[-1])
         ):
             handoff.inflight = True
             self.send_batch(pending, final=False)
@@ -460,6 +467,7 @@ class RelaySession:
         start = self.length + 1 + handoff.tokens_handed
         handoff.batches += 1
         handoff.tokens_handed += len(ids)
+        handoff.batch_tokens.append(len(ids))
         client = self.agent.wan_client(main.datacenter)
         host, port = main.kv_address(True)
         tid = transfer_id(self.rid, main.instance, name)

@@ -457,6 +457,45 @@ def test_catch_up_batches_then_the_final_one() -> None:
     run(scenario)
 
 
+def test_catch_up_rounds_go_on_while_each_leaves_a_smaller_gap() -> None:
+    async def scenario():
+        plan = HandoffPlan(mode="catch-up", catch_up_batch=2, max_catch_up_batches=8)
+        s, agent, _ = make(plan=plan)
+        await relaying(s)
+        await s.dispatch(out(11, 12, 13, 14))
+        await s.dispatch(READY)  # 4 pending: batch h0
+        await s.dispatch(out(15, 16))  # decoded while MD extends h0
+        await s.dispatch(MdEvent({"type": "extended", "upto": 5}))  # 2 < 4: batch h1
+        assert s.phase is Phase.RELAY
+        await s.dispatch(out(17))
+        await s.dispatch(MdEvent({"type": "extended", "upto": 7}))  # 1 < batch: the final
+        assert s.phase is Phase.FINAL
+        assert s.handoff.batch_tokens == [4, 2, 1]
+
+    run(scenario)
+
+
+def test_catch_up_that_does_not_shrink_the_gap_falls_back_to_the_final_batch() -> None:
+    """RLD decodes faster than MD extends plus the round trip: the gap grows each round, so
+    however many rounds are allowed, the next one is the final (one-shot) batch."""
+
+    async def scenario():
+        plan = HandoffPlan(mode="catch-up", catch_up_batch=2, max_catch_up_batches=1000)
+        s, agent, _ = make(plan=plan)
+        await relaying(s)
+        await s.dispatch(out(11, 12))
+        await s.dispatch(READY)  # batch h0 of 2
+        await s.dispatch(out(13, 14, 15))  # 3 decoded meanwhile: the gap grew
+        await s.dispatch(MdEvent({"type": "extended", "upto": 3}))
+        assert s.phase is Phase.FINAL
+        await asyncio.sleep(0)
+        assert [sent[0] for sent in agent.client.sent] == [f"{RID}|9|h0", f"{RID}|9|h1.final"]
+        assert s.handoff.batch_tokens == [2, 3]
+        assert s.handoff.to_json()["batch_tokens"] == [2, 3]
+
+    run(scenario)
+
+
 def test_a_batch_whose_send_fails_abandons_the_handoff() -> None:
     async def scenario():
         s, agent, _ = make()
@@ -493,6 +532,7 @@ def test_final_buffers_rld_and_mds_token_c_completes_the_handoff() -> None:
             "completed": True,
             "failed": None,
             "tokens_handed": 2,
+            "batch_tokens": [2],
             "slot_wait_s": 0.25,
         }
         assert stats["handoff_bytes"] == 20
