@@ -103,6 +103,8 @@ def bench_recompute(
     return {
         "runs": repeats,
         "mean_ms": statistics.fmean(times),
+        "median_ms": statistics.median(times),
+        "min_ms": min(times),
         "max_ms": max(times),
         "std_ms": statistics.pstdev(times),
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import sys
@@ -31,6 +32,8 @@ def summary(times_ms: list[float]) -> dict[str, float]:
     return {
         "runs": len(times_ms),
         "mean_ms": statistics.fmean(times_ms),
+        "median_ms": statistics.median(times_ms),
+        "min_ms": min(times_ms),
         "max_ms": max(times_ms),
         "std_ms": statistics.pstdev(times_ms),
     }
@@ -110,6 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
         "kv_bytes_per_token": cfg.kv_bytes_per_token(4),
         "torch": torch.__version__,
         "threads": args.threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
         "machine": platform.machine(),
         "processor": platform.processor(),
         "wan": {"bandwidth_gbps": args.wan_gbps, "rtt_ms": args.wan_rtt_ms},
