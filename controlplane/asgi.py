@@ -5,11 +5,16 @@ from __future__ import annotations
 import logging
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 # Django must be set up before anything imports models (consumers, routing).
-django_http = get_asgi_application()
+django.setup(set_prefix=False)
+
+from controlplane.middleware import ASGIHandler  # noqa: E402
+
+# Django's handler with its middleware run without thread hops (controlplane/middleware.py).
+django_http = ASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import JsonResponse
 
@@ -61,12 +62,30 @@ def error_response(
 
 
 class BodyLimitMiddleware:
-    """413 for a declared Content-Length over the path's limit, before the body is read."""
+    """413 for a declared Content-Length over the path's limit, before the body is read.
+    Sync and async (no thread hop under ASGI)."""
+
+    sync_capable = True
+    async_capable = True
 
     def __init__(self, get_response) -> None:
         self.get_response = get_response
+        self.async_mode = iscoroutinefunction(get_response)
+        if self.async_mode:
+            markcoroutinefunction(self)
 
     def __call__(self, request):
+        refused = self._refuse(request)
+        if self.async_mode:
+            return self._acall(request, refused)
+        return refused if refused is not None else self.get_response(request)
+
+    async def _acall(self, request, refused):
+        return refused if refused is not None else await self.get_response(request)
+
+    @staticmethod
+    def _refuse(request):
+        """The error response for a declared length that is not a number or over the limit."""
         try:
             declared = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
@@ -86,7 +105,7 @@ class BodyLimitMiddleware:
                 "body_too_large",
                 request.headers.get("X-Request-Id"),
             )
-        return self.get_response(request)
+        return None
 
 
 class BodyGuard:

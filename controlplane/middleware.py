@@ -1,0 +1,162 @@
+"""Django's middleware, without thread hops on the gateway's path.
+
+Under ASGI Django runs each ``MiddlewareMixin`` hook (``process_request``, ``process_view``,
+``process_response``) through ``sync_to_async``: a hop onto a thread and back, two or three per
+middleware, about fifteen per request with the stack in ``controlplane/settings.py``, and a
+middleware with only a sync ``__call__`` makes Django run the whole chain below it on one
+thread. On a loaded machine every hop waits for a scheduler slot (measured: a gateway request
+that fails fast took 1.2-1.8 ms with a free CPU and 7-8 ms with the CPUs busy, the difference
+being the hops; bench/gateway/REPORT.md).
+
+The wrappers here keep Django's behaviour and drop the hops:
+
+- ``inline(cls)``: a middleware whose hooks do no I/O (security headers, the common
+  redirects, X-Frame-Options) runs its hooks on the event loop, on every path.
+- ``pages_only(cls)``: sessions, CSRF, authentication and messages serve the web UI and the
+  REST API; the OpenAI-compatible gateway (``/v1/``) authenticates by API key, its views are
+  CSRF-exempt and never touch a session, so there these are skipped; elsewhere they run as
+  Django runs them.
+
+``settings.MIDDLEWARE`` names Django's own classes (its system checks, ``check --deploy``
+included, look for them by name); ``ASGIHandler`` below, the one ``controlplane/asgi.py``
+serves, builds its chain with each swapped for its wrapper (``ASYNC_MIDDLEWARE``). Under WSGI
+(the test client, ``runserver``) the chain is Django's.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.conf import settings
+from django.core.handlers.asgi import ASGIHandler as DjangoASGIHandler
+from django.utils.module_loading import import_string
+
+GATEWAY_PREFIX = "/v1/"
+
+
+def is_gateway_path(path: str) -> bool:
+    return path.startswith(GATEWAY_PREFIX)
+
+
+class _Wrapped:
+    sync_capable = True
+    async_capable = True
+    inner_class: type
+    on_gateway = True  # False: the gateway's path skips this middleware
+    hops = True  # True: off the gateway's path, hooks run as Django runs them (threads)
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+        self.inner = self.inner_class(get_response)
+        self.async_mode = iscoroutinefunction(get_response)
+        if self.async_mode:
+            markcoroutinefunction(self)
+        # Django collects process_view from each middleware when it builds the chain.
+        if hasattr(self.inner, "process_view"):
+            self.process_view = self._aprocess_view if self.async_mode else self.inner.process_view
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__qualname__} of {self.inner_class.__qualname__}>"
+
+    def __call__(self, request):
+        if not self.async_mode:
+            return self.inner(request)
+        return self.__acall__(request)
+
+    async def __acall__(self, request):
+        gateway = is_gateway_path(request.path_info)
+        if gateway and not self.on_gateway:
+            return await self.get_response(request)
+        if self.hops and not gateway:
+            return await self.inner.__acall__(request)
+        inner = self.inner
+        response = None
+        if hasattr(inner, "process_request"):
+            response = inner.process_request(request)
+        response = response or await self.get_response(request)
+        if hasattr(inner, "process_response"):
+            response = inner.process_response(request, response)
+        return response
+
+    async def _aprocess_view(self, request, view, args, kwargs):
+        gateway = is_gateway_path(request.path_info)
+        if gateway and not self.on_gateway:
+            return None
+        if self.hops and not gateway:
+            return await sync_to_async(self.inner.process_view, thread_sensitive=True)(
+                request, view, args, kwargs
+            )
+        return self.inner.process_view(request, view, args, kwargs)
+
+
+def _wrap(path: str, *, on_gateway: bool, hops: bool, prefix: str) -> type:
+    cls = import_string(path)
+    return type(
+        f"{prefix}{cls.__name__}",
+        (_Wrapped,),
+        {
+            "inner_class": cls,
+            "on_gateway": on_gateway,
+            "hops": hops,
+            "__doc__": f"{path}, {prefix.lower()} (controlplane/middleware.py).",
+            "__module__": __name__,
+        },
+    )
+
+
+def inline(path: str) -> type:
+    """``path``'s middleware with its hooks run on the event loop (they must do no I/O)."""
+    return _wrap(path, on_gateway=True, hops=False, prefix="Inline")
+
+
+def pages_only(path: str) -> type:
+    """``path``'s middleware, skipped on the gateway's path, as Django runs it elsewhere."""
+    return _wrap(path, on_gateway=False, hops=True, prefix="PagesOnly")
+
+
+InlineSecurityMiddleware = inline("django.middleware.security.SecurityMiddleware")
+InlineCommonMiddleware = inline("django.middleware.common.CommonMiddleware")
+InlineXFrameOptionsMiddleware = inline("django.middleware.clickjacking.XFrameOptionsMiddleware")
+PagesOnlySessionMiddleware = pages_only("django.contrib.sessions.middleware.SessionMiddleware")
+PagesOnlyCsrfViewMiddleware = pages_only("django.middleware.csrf.CsrfViewMiddleware")
+PagesOnlyAuthenticationMiddleware = pages_only(
+    "django.contrib.auth.middleware.AuthenticationMiddleware"
+)
+PagesOnlyMessageMiddleware = pages_only("django.contrib.messages.middleware.MessageMiddleware")
+
+
+ASYNC_MIDDLEWARE = {
+    "django.middleware.security.SecurityMiddleware": InlineSecurityMiddleware,
+    "django.middleware.common.CommonMiddleware": InlineCommonMiddleware,
+    "django.middleware.clickjacking.XFrameOptionsMiddleware": InlineXFrameOptionsMiddleware,
+    "django.contrib.sessions.middleware.SessionMiddleware": PagesOnlySessionMiddleware,
+    "django.middleware.csrf.CsrfViewMiddleware": PagesOnlyCsrfViewMiddleware,
+    "django.contrib.auth.middleware.AuthenticationMiddleware": PagesOnlyAuthenticationMiddleware,
+    "django.contrib.messages.middleware.MessageMiddleware": PagesOnlyMessageMiddleware,
+}
+"""Django's middleware -> the wrapper the ASGI handler runs instead."""
+
+_loading = threading.Lock()
+
+
+class ASGIHandler(DjangoASGIHandler):
+    """Django's ASGI handler, its middleware chain built from ``ASYNC_MIDDLEWARE``'s wrappers."""
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        if not is_async:
+            return super().load_middleware(is_async)
+        # Django's loader reads settings.MIDDLEWARE by path; for the moment it builds the
+        # chain, the paths are the wrappers' (once per process, at start-up).
+        with _loading:
+            names = list(settings.MIDDLEWARE)
+            settings.MIDDLEWARE = [_path(ASYNC_MIDDLEWARE.get(name)) or name for name in names]
+            try:
+                super().load_middleware(is_async)
+            finally:
+                settings.MIDDLEWARE = names
+        return None
+
+
+def _path(cls: type | None) -> str | None:
+    return f"{cls.__module__}.{cls.__qualname__}" if cls is not None else None
