@@ -25,6 +25,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from controlplane.embedded_beat import start_embedded_beat  # noqa: E402
 from controlplane.limits import BodyGuard  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
+from routing.caching import versions  # noqa: E402
 
 http_app = BodyGuard(ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http)
 
@@ -34,11 +35,16 @@ start_embedded_beat()
 async def lifespan(scope, receive, send):
     """uvicorn's start and stop: on stop (SIGTERM), after the server has stopped accepting and
     its open streams have ended, wait for the request records still being written."""
+    refresher = None
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
+            # The gateway caches' change counters, read off the request path.
+            refresher = versions.start_refresher()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
+            if refresher is not None:
+                refresher.set()
             from routing.gateway.views import drain_pending_records
 
             left = await drain_pending_records(timeout_s=30.0)

@@ -74,6 +74,7 @@ class CacheVersions:
         self._seen: dict[str, int] = {}
         self._checked_at = -math.inf
         self._lock = threading.Lock()
+        self._refresher: threading.Thread | None = None
 
     def register(self, name: str, cache: TtlCache) -> TtlCache:
         self._caches.setdefault(name, []).append(cache)
@@ -84,11 +85,41 @@ class CacheVersions:
             cache.clear()
 
     def check(self) -> None:
+        """Read the counters if nobody did for CHECK_EVERY_S (twice that while the refresher
+        runs: it reads them, a request reads them only if it fell behind)."""
         now = time.monotonic()
+        period = self.check_every_s * (2 if self._refresher_alive() else 1)
         with self._lock:
-            if now - self._checked_at < self.check_every_s:
+            if now - self._checked_at < period:
                 return
             self._checked_at = now  # one reader per period; the others use what is cached
+        self._read()
+
+    def _refresher_alive(self) -> bool:
+        thread = self._refresher
+        return thread is not None and thread.is_alive()
+
+    def start_refresher(self) -> threading.Event:
+        """Read the counters every CHECK_EVERY_S on a thread of their own (a serving process's
+        start-up), so that no request waits for the read; returns the event that stops it."""
+        from django.db import close_old_connections
+
+        stop = threading.Event()
+
+        def run() -> None:
+            while not stop.is_set():
+                close_old_connections()
+                with self._lock:
+                    self._checked_at = time.monotonic()
+                self._read()
+                stop.wait(self.check_every_s)
+            close_old_connections()
+
+        self._refresher = threading.Thread(target=run, name="cache-versions", daemon=True)
+        self._refresher.start()
+        return stop
+
+    def _read(self) -> None:
         try:
             found = dict(CacheVersion.objects.values_list("name", "version"))
         except Exception:  # noqa: BLE001 - cannot tell what changed: trust nothing cached
