@@ -58,6 +58,26 @@ def server_timing(header: str) -> dict[str, float]:
 
 
 TIMINGS: list[dict[str, float]] = []  # the gateway arm's Server-Timing, per request
+# Per arm, per request: seconds from sending to the response headers, to the first token, to
+# the last event; where in a request the gateway's extra time appears.
+MILESTONES: dict[str, list[tuple[float, float, float]]] = {"gateway": [], "direct": []}
+
+
+def milestone_medians() -> dict:
+    out = {}
+    for arm, rows in MILESTONES.items():
+        if rows:
+            out[arm] = {
+                name: round(statistics.median(r[k] for r in rows) * 1000, 2)
+                for k, name in enumerate(("headers_ms", "first_token_ms", "last_event_ms"))
+            }
+    if len(out) == 2:
+        out["overhead"] = {
+            k: round(out["gateway"][k] - out["direct"][k], 2) for k in out["gateway"]
+        }
+    for rows in MILESTONES.values():
+        rows.clear()
+    return out
 
 
 async def via_gateway(url: str, key: str, i: int, max_tokens: int) -> float:
@@ -77,12 +97,17 @@ async def via_gateway(url: str, key: str, i: int, max_tokens: int) -> float:
             headers={"Authorization": f"Bearer {key}"},
         ) as response:
             response.raise_for_status()
+            headers_at = time.perf_counter()
             TIMINGS.append(server_timing(response.headers.get("server-timing", "")))
-            done_at = None
+            done_at = first_at = None
             async for line in response.aiter_lines():
+                if first_at is None and '"content":"' in line and '"content":""' not in line:
+                    first_at = time.perf_counter()  # the first token's text
                 if done_at is None and line.strip() == "data: [DONE]":
                     done_at = time.perf_counter()  # what the user waits for (SSE clients stop)
-        return (done_at or time.perf_counter()) - t0
+        done_at = done_at or time.perf_counter()
+        MILESTONES["gateway"].append((headers_at - t0, (first_at or done_at) - t0, done_at - t0))
+        return done_at - t0
 
 
 async def direct(p_http: str, plan: dict, i: int, max_tokens: int) -> float:
@@ -100,11 +125,16 @@ async def direct(p_http: str, plan: dict, i: int, max_tokens: int) -> float:
             "POST", url, json=body, headers=bearer_headers(env_data_token())
         ) as response:
             response.raise_for_status()
-            done_at = None
+            headers_at = time.perf_counter()
+            done_at = first_at = None
             async for line in response.aiter_lines():
+                if first_at is None and '"type":"token"' in line:
+                    first_at = time.perf_counter()
                 if done_at is None and '"type":"done"' in line:
                     done_at = time.perf_counter()  # the agent's last event
-        return (done_at or time.perf_counter()) - t0
+        done_at = done_at or time.perf_counter()
+        MILESTONES["direct"].append((headers_at - t0, (first_at or done_at) - t0, done_at - t0))
+        return done_at - t0
 
 
 async def measure(fn, n: int, concurrency: int) -> list[float]:
@@ -185,6 +215,7 @@ def main() -> None:
         asyncio.run(measure(lambda i: gw(90_000 + i), 4, 1))  # warm-up, not counted
         asyncio.run(measure(lambda i: dr(90_000 + i), 4, 1))
         TIMINGS.clear()
+        milestone_medians()  # forget the warm-ups'
         results = {}
         # 1 stream: pairs, gateway then direct.
         gateway, straight = [], []
@@ -195,6 +226,7 @@ def main() -> None:
         results["concurrency_1"] = arm_summary(gateway, straight)
         results["concurrency_1"]["paired_difference_median_ms"] = round(statistics.median(pairs), 2)
         results["concurrency_1"]["gateway_stages_median_ms"] = stage_medians(TIMINGS)
+        results["concurrency_1"]["milestones_median"] = milestone_medians()
         # 32 streams: alternating rounds of 32 concurrent requests.
         TIMINGS.clear()
         gateway, straight = [], []
@@ -205,6 +237,7 @@ def main() -> None:
             straight += asyncio.run(measure(lambda i, b=base: dr(b + i), 32, 32))
         results["concurrency_32"] = arm_summary(gateway, straight)
         results["concurrency_32"]["gateway_stages_median_ms"] = stage_medians(TIMINGS)
+        results["concurrency_32"]["milestones_median"] = milestone_medians()
         # 128 streams through the gateway: does every one finish?
         errors: list[str] = []
 
