@@ -45,11 +45,14 @@ async def lifespan(scope, receive, send):
         elif message["type"] == "lifespan.shutdown":
             if refresher is not None:
                 refresher.set()
+            from routing.gateway.records import admission_journal
             from routing.gateway.views import drain_pending_records
 
             left = await drain_pending_records(timeout_s=30.0)
             if left:
                 logging.getLogger(__name__).error("%d request records were not written", left)
+            # Gone if every admission has its row; else kept for the next process to recover.
+            admission_journal().close()
             await send({"type": "lifespan.shutdown.complete"})
             return
 

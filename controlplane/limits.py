@@ -18,6 +18,7 @@ from django.conf import settings
 from django.http import JsonResponse
 
 from routing.gateway.request_ids import answer_id
+from routing.gateway.timing import RECEIVED
 
 MIB = 1024 * 1024
 
@@ -123,6 +124,7 @@ class BodyGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        scope[RECEIVED] = time.perf_counter()  # the gateway's first Server-Timing lap
         path = scope.get("path", "")
         limit = body_limit(path)
         for name, value in scope.get("headers", ()):

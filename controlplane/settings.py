@@ -24,6 +24,9 @@ from pdd.dataplane import check_data_token
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("BATON_VAR_DIR", str(BASE_DIR / "var")))
+# The gateway's admission journal, one file per process (routing/gateway/journal.py): a local
+# disk of the gateway's host.
+BATON_JOURNAL_DIR = Path(env_str("BATON_JOURNAL_DIR", str(VAR_DIR / "journal")))
 
 DEBUG = env_bool("DEBUG", default=False)
 # "development" (the default: the embedded demo, tests, a laptop) or "production": HTTPS-only

@@ -95,6 +95,19 @@ def anonymous(db) -> APIClient:
     return APIClient()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_admission_journal(tmp_path_factory):
+    """The gateway's admission journal (routing/gateway/journal.py) in a folder of this test
+    run's own: a journal left by another run must not be recovered into this run's database."""
+    try:
+        from django.conf import settings
+    except Exception:  # noqa: BLE001 - Django not set up in this test run
+        yield
+        return
+    settings.BATON_JOURNAL_DIR = tmp_path_factory.mktemp("journal")
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _fresh_gateway_caches():
     """The gateway keeps keys, models and the fleet's rows until their change counters move; a

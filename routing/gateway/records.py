@@ -8,11 +8,14 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -20,7 +23,9 @@ from django.utils import timezone
 from billing.models import ApiKey
 from billing.services import usage_record
 from fleet.endpoints import check_agent_endpoint
+from routing.gateway.journal import Journal, recover
 from routing.gateway.runner import data_plane_headers
+from routing.gateway.workers import record_writer
 from routing.models import Admission, RequestRecord, RoutingDecision
 from routing.policy import Decision
 
@@ -147,7 +152,7 @@ def this_process() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def admission_open(
+def _admission_entry(
     *,
     request_id: str,
     api_key: ApiKey,
@@ -161,24 +166,90 @@ def admission_open(
     attempt_request_id: str = "",
     prefill_url: str = "",
     client_request_id: str = "",
-) -> None:
-    """The durable trace of an accepted request, written before any agent is called."""
-    Admission.objects.create(
-        attempt_request_id=attempt_request_id,
-        prefill_url=prefill_url,
-        request_id=request_id,
-        client_request_id=client_request_id,
-        tenant=api_key.tenant,
-        api_key=api_key,
-        model=model,
-        endpoint=endpoint,
-        stream=stream,
-        prompt_tokens=prompt_tokens,
-        decision=decision.to_dict(),
-        decision_inputs=decision_inputs,
-        policy_version=policy_version,
-        owner=this_process(),
+) -> dict[str, Any]:
+    """An admission's fields as plain data (a journal line; an Admission row's fields)."""
+    return {
+        "request_id": request_id,
+        "client_request_id": client_request_id,
+        "tenant_id": api_key.tenant_id,
+        "api_key_id": api_key.pk,
+        "model": model,
+        "endpoint": endpoint,
+        "stream": stream,
+        "prompt_tokens": prompt_tokens,
+        "decision": decision.to_dict(),
+        "decision_inputs": decision_inputs,
+        "policy_version": policy_version,
+        "attempt_request_id": attempt_request_id,
+        "prefill_url": prefill_url,
+    }
+
+
+def _admission_row(entry: dict[str, Any], owner: str) -> Admission:
+    return Admission.objects.create(**entry, owner=owner)
+
+
+def admission_open(**fields: Any) -> None:
+    """The durable trace of an accepted request as a row, committed now (the journal's
+    ``admission_journaled`` is what the gateway's request path uses)."""
+    _admission_row(_admission_entry(**fields), this_process())
+
+
+def admission_journaled(**fields: Any) -> Future:
+    """The durable trace of an accepted request, before any agent is called: one line in this
+    process's journal (durable when this returns), its row in the record writer's next batch
+    (the future). The writer's queue is in order, so the request's later progress, attempts
+    and record find the row (routing/gateway/journal.py)."""
+    entry = _admission_entry(**fields)
+    journal = admission_journal()
+    journal.append(entry)
+    future = record_writer.submit(_admission_row, entry=entry, owner=this_process())
+    future.add_done_callback(lambda _: journal.committed(1))
+    return future
+
+
+_journals: dict[str, Journal] = {}
+
+
+def admission_journal() -> Journal:
+    """This process's journal, in ``BATON_JOURNAL_DIR``."""
+    directory = str(settings.BATON_JOURNAL_DIR)
+    if directory not in _journals:
+        _journals[directory] = Journal(Path(directory))
+    return _journals[directory]
+
+
+def _restore_admissions(owner: str, entries: list[dict[str, Any]]) -> int:
+    """Rows for a dead process's journaled admissions that have neither a row nor a record."""
+    ids = [e["request_id"] for e in entries]
+    done = set(Admission.objects.filter(request_id__in=ids).values_list("request_id", flat=True))
+    done |= set(
+        RequestRecord.objects.filter(request_id__in=ids).values_list("request_id", flat=True)
     )
+    fields = {f.name for f in Admission._meta.concrete_fields} | {"tenant_id", "api_key_id"}
+    restored = 0
+    with transaction.atomic():
+        for entry in entries:
+            if entry["request_id"] in done:
+                continue
+            entry = {k: v for k, v in entry.items() if k in fields}
+            if (
+                entry.get("api_key_id") is not None
+                and not ApiKey.objects.filter(pk=entry["api_key_id"]).exists()
+            ):
+                entry["api_key_id"] = None  # the key was deleted meanwhile
+            _admission_row(entry, owner)
+            done.add(entry["request_id"])
+            restored += 1
+    if restored:
+        log.warning("restored %d admissions from %s's journal", restored, owner)
+    return restored
+
+
+def recover_journals() -> int:
+    """Admission rows for what dead gateway processes on this host journaled but had not
+    committed; ``finish_interrupted`` records them."""
+    return recover(Path(settings.BATON_JOURNAL_DIR), _restore_admissions)
 
 
 def admission_progress(request_id: str, delivered_tokens: int) -> None:
@@ -247,6 +318,7 @@ def finish_interrupted(*, stale_after_s: float = 120.0, now=None) -> list[str]:
     prefill agent reports it streamed (or, when it cannot be asked, the count the process last
     saved). Idempotent: record_request writes each request once."""
     now = now or timezone.now()
+    recover_journals()
     finished: list[str] = []
     for admission in Admission.objects.select_related("api_key__tenant", "tenant"):
         if not _owner_dead(admission.owner, admission.updated_at, now, stale_after_s):

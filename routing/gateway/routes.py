@@ -15,6 +15,7 @@ from routing.gateway.errors import unavailable
 from routing.gateway.prepared import Prepared
 from routing.gateway.records import Outcome, admission_attempt, record_request
 from routing.gateway.runner import AgentRunError, Sampling, build_plan
+from routing.gateway.workers import record_writer
 from routing.live import (
     DispatchedBlocks,
     DispatchLedger,
@@ -181,7 +182,14 @@ def reroute(p: Prepared, exc: AgentRunError, record: dict[str, Any]) -> tuple[li
         return blamed, str(no_path) or "no healthy path"
     # Where the new attempt streams from, for a process that finishes this one's admissions.
     offset = len(p.continue_ids or p.prompt_ids) - len(p.prompt_ids)
-    admission_attempt(p.request_id, p.plan["request_id"], p.prefill_http, offset)
+    # In the record writer's queue, after the admission's row (which may not be committed yet).
+    record_writer.submit(
+        admission_attempt,
+        request_id=p.request_id,
+        attempt_request_id=p.plan["request_id"],
+        prefill_url=p.prefill_http,
+        token_offset=offset,
+    )
     return blamed, ""
 
 

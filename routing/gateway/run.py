@@ -19,7 +19,7 @@ from routing.gateway.prepared import Prepared
 from routing.gateway.records import Outcome, admission_progress, record_request
 from routing.gateway.runner import AgentRunError, run_events
 from routing.gateway.stream import TextAssembler
-from routing.gateway.workers import in_worker, pending_records, record_writer
+from routing.gateway.workers import pending_records, record_writer
 
 log = logging.getLogger(__name__)
 # recover(exc, delivered token ids, tokens still to make) -> whether a new attempt is routed.
@@ -238,12 +238,13 @@ class Run:
         return self.p.migrations
 
     def _save_progress(self) -> None:
-        """Save the delivered-token count on the admission, off the stream's path."""
-        task = asyncio.ensure_future(
-            in_worker(_quietly(admission_progress))(self.p.request_id, self.token_count)
+        """Save the delivered-token count on the admission, off the stream's path (the record
+        writer's queue: after the admission's row, before the record)."""
+        record_writer.submit(
+            _quietly(admission_progress),
+            request_id=self.p.request_id,
+            delivered_tokens=self.token_count,
         )
-        pending_records.add(task)
-        task.add_done_callback(pending_records.discard)
 
     async def record(self) -> None:
         """Write the record and usage once, whatever the client does meanwhile: the write runs

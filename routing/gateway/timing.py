@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import time
 
+# The ASGI scope key the outermost ASGI layer (controlplane.limits.BodyGuard) stamps with the
+# time.perf_counter() of the request's arrival, so the gateway's first lap counts from there.
+RECEIVED = "baton.received"
+
 
 class Stopwatch:
     """Laps in milliseconds since the previous lap (or the start), in order."""
 
     __slots__ = ("_last", "laps")
 
-    def __init__(self) -> None:
-        self._last = time.perf_counter()
+    def __init__(self, start: float | None = None) -> None:
+        """``start``: a ``time.perf_counter()`` reading to count the first lap from (the
+        moment the ASGI app got the request, ``RECEIVED``), else now."""
+        self._last = time.perf_counter() if start is None else start
         self.laps: dict[str, float] = {}
 
     def lap(self, stage: str) -> None:

@@ -6,7 +6,8 @@ earlier one (routing/gateway/README.md):
 1. ``admission.admit``: API key, parsed request, token ids, context and rate limits.
 2. ``routes.route_first``: live view, decision, plan for P (``routes`` also retries and
    migrates when the run fails).
-3. ``records.admission_open``: the durable admission row, before any agent is called.
+3. ``records.admission_journaled``: the durable admission (a journal line, its row in the
+   record writer's next batch), before any agent is called.
 4. ``run.Run``: the agent stream, its stall limits, the record and usage at the end.
 5. here: the answer framed in OpenAI's shapes (``openai_shapes``), streamed or whole.
 """
@@ -24,11 +25,11 @@ from fleet.models import ServedModel
 from routing.gateway import admission, openai_shapes, routes
 from routing.gateway.errors import GatewayError, notify_error
 from routing.gateway.prepared import Prepared
-from routing.gateway.records import admission_open
+from routing.gateway.records import admission_journaled
 from routing.gateway.request_ids import with_request_id
 from routing.gateway.run import Run
 from routing.gateway.runner import AgentRunError
-from routing.gateway.timing import Stopwatch
+from routing.gateway.timing import RECEIVED, Stopwatch
 from routing.gateway.workers import drain_pending_records, in_worker, pending_records
 
 __all__ = [
@@ -47,8 +48,9 @@ def _prepare(request: HttpRequest, kind: str, watch: Stopwatch | None = None) ->
     p = admission.admit(request, kind, watch)
     routes.route_first(p)
     watch.lap("route")
-    # Durable before any agent is called: if this process dies, a later one records it.
-    admission_open(
+    # Durable before any agent is called (a journal line; the row follows in the record
+    # writer's next batch): if this process dies, a later one records it.
+    admission_journaled(
         request_id=p.request_id,
         api_key=p.key,
         model=p.model.name,
@@ -164,7 +166,12 @@ async def _handle(request: HttpRequest, kind: str):
         notify_error(405, "method_not_allowed")
         return GatewayError(405, "Use POST.", code="method_not_allowed").response()
     try:
-        watch = Stopwatch()
+        # From the request's arrival at the ASGI app (its body read, Django's request
+        # signals, middleware and URL resolution: "django") when served over ASGI.
+        scope = getattr(request, "scope", None) or {}
+        watch = Stopwatch(scope.get(RECEIVED))
+        if RECEIVED in scope:
+            watch.lap("django")
         p = await in_worker(_prepare)(request, kind, watch)
         watch.lap("resume")  # back on the event loop
         if p.greq.stream:

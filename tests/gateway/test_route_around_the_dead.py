@@ -319,14 +319,16 @@ def test_a_migration_notes_the_new_attempt_on_the_admission(two_decoders, monkey
     client, made, plans = two_decoders
     noted = []
     real = routes.admission_attempt
-    monkeypatch.setattr(routes, "admission_attempt", lambda *a: (noted.append(a), real(*a))[1])
+    monkeypatch.setattr(routes, "admission_attempt", lambda **kw: (noted.append(kw), real(**kw))[1])
     response = client.post(
         "/v1/completions",
         {"model": "baton-tiny", "prompt": "hello", "max_tokens": 8},
         format="json",
     )
     assert response.json()["choices"][0]["text"] == "abcdefgh"
-    ((request_id, attempt_id, prefill_url, offset),) = noted
+    (attempt,) = noted
+    request_id, attempt_id = attempt["request_id"], attempt["attempt_request_id"]
+    prefill_url, offset = attempt["prefill_url"], attempt["token_offset"]
     assert attempt_id == plans[1]["request_id"] == f"{request_id}-r1"
     assert prefill_url.startswith("http://10.0.0.1:9000") and offset == 3
 
