@@ -63,6 +63,38 @@ TIMINGS: list[dict[str, float]] = []  # the gateway arm's Server-Timing, per req
 MILESTONES: dict[str, list[tuple[float, float, float]]] = {"gateway": [], "direct": []}
 
 
+# Gateway request id -> (seconds to the first token at the client, its Server-Timing).
+FIRST_TOKENS: dict[str, tuple[float, dict[str, float]]] = {}
+
+
+def first_token_split(api) -> dict:
+    """The gateway arm's time to first token at the client, split by the gateway's clocks:
+    before admission (``django`` + ``queue`` laps), from admission to the first token leaving
+    the gateway (the record's ``ttft_s``, which includes the call to P and P's own prefill),
+    and the rest: outside the gateway's clocks (the client's connection and send, uvicorn,
+    the token's way back to the client)."""
+    rows = []
+    for request_id, (first_s, stages) in FIRST_TOKENS.items():
+        found = api.get("/api/v1/requests/", params={"request_id": request_id}).json()
+        results = found.get("results") or []
+        if not results or results[0].get("ttft_s") is None:
+            continue
+        before = stages.get("django", 0.0) + stages.get("queue", 0.0)
+        ttft_ms = results[0]["ttft_s"] * 1000
+        prefill_ms = (results[0].get("prefill_s") or 0.0) * 1000
+        rows.append(
+            (first_s * 1000, before, ttft_ms, prefill_ms, first_s * 1000 - before - ttft_ms)
+        )
+    FIRST_TOKENS.clear()
+    if not rows:
+        return {}
+    names = ("client_first_token", "before_admission", "record_ttft", "p_prefill", "outside")
+    return {
+        "requests": len(rows),
+        **{f"{n}_ms": round(statistics.median(r[k] for r in rows), 2) for k, n in enumerate(names)},
+    }
+
+
 def milestone_medians() -> dict:
     out = {}
     for arm, rows in MILESTONES.items():
@@ -107,6 +139,10 @@ async def via_gateway(url: str, key: str, i: int, max_tokens: int) -> float:
                     done_at = time.perf_counter()  # what the user waits for (SSE clients stop)
         done_at = done_at or time.perf_counter()
         MILESTONES["gateway"].append((headers_at - t0, (first_at or done_at) - t0, done_at - t0))
+        FIRST_TOKENS[response.headers.get("x-request-id", "")] = (
+            (first_at or done_at) - t0,
+            TIMINGS[-1],
+        )
         return done_at - t0
 
 
@@ -215,6 +251,7 @@ def main() -> None:
         asyncio.run(measure(lambda i: gw(90_000 + i), 4, 1))  # warm-up, not counted
         asyncio.run(measure(lambda i: dr(90_000 + i), 4, 1))
         TIMINGS.clear()
+        FIRST_TOKENS.clear()
         milestone_medians()  # forget the warm-ups'
         results = {}
         # 1 stream: pairs, gateway then direct.
@@ -227,8 +264,11 @@ def main() -> None:
         results["concurrency_1"]["paired_difference_median_ms"] = round(statistics.median(pairs), 2)
         results["concurrency_1"]["gateway_stages_median_ms"] = stage_medians(TIMINGS)
         results["concurrency_1"]["milestones_median"] = milestone_medians()
+        with cluster.api() as api:
+            results["concurrency_1"]["first_token_split_median"] = first_token_split(api)
         # 32 streams: alternating rounds of 32 concurrent requests.
         TIMINGS.clear()
+        FIRST_TOKENS.clear()
         gateway, straight = [], []
         rounds = max(4, args.requests // 8)
         for r in range(rounds):
@@ -238,6 +278,8 @@ def main() -> None:
         results["concurrency_32"] = arm_summary(gateway, straight)
         results["concurrency_32"]["gateway_stages_median_ms"] = stage_medians(TIMINGS)
         results["concurrency_32"]["milestones_median"] = milestone_medians()
+        with cluster.api() as api:
+            results["concurrency_32"]["first_token_split_median"] = first_token_split(api)
         # 128 streams through the gateway: does every one finish?
         errors: list[str] = []
 
