@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "fleet",
     "billing",
     "routing",
+    "plans",
     "frontend",
 ]
 

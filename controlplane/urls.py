@@ -17,6 +17,7 @@ urlpatterns = [
     path("api/v1/", include("fleet.api.urls")),
     path("api/v1/", include("billing.api.urls")),
     path("api/v1/", include("routing.api.urls")),
+    path("api/v1/", include("plans.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("api-auth/", include("rest_framework.urls")),

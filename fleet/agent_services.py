@@ -151,7 +151,7 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
     drift = plan_actions(desired=instances, reported=claimed, known_ids={i.pk for i in instances})
     if drift and node.registered_at is not None and _reconcile_due(node.pk):
         # Repair at once rather than at the next periodic round.
-        enqueue_after_commit("reconcile_node", node.pk)
+        enqueue_after_commit("fleet.reconcile_node", node.pk)
     for instance in instances:
         item = reported.get(instance.pk)
         if item is None:

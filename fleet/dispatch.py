@@ -1,8 +1,8 @@
-"""Sending fleet work to Celery once the current transaction commits.
+"""Sending work to Celery once the current transaction commits.
 
-This is the one place the fleet's services reach its tasks, and the link is lazy (the task
-module imports the services that call this): nothing else in ``fleet`` imports
-``fleet.tasks``."""
+A task is named as Celery registers it (``"fleet.link_apply"``) and found in Celery's registry,
+which every process fills at start-up (``controlplane.apps``): the services that queue work never
+import the task modules that call them, so there is no import circle, not even a lazy one."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from celery import current_app
 from celery.exceptions import Retry
 from django.db import transaction
 
@@ -21,15 +22,13 @@ log = logging.getLogger(__name__)
 def enqueue_after_commit(
     task_name: str, *args: Any, on_error: Callable[[Exception], None] | None = None
 ) -> None:
-    """Queue a fleet task once the current transaction commits. A broker or agent failure is
-    logged, never raised into the operator's request: the periodic reconcile repairs it;
-    `on_error(exc)` runs too, for work nothing repairs (a queued plan)."""
+    """Queue the task registered as `task_name` once the current transaction commits. A broker
+    or agent failure is logged, never raised into the operator's request: the periodic
+    reconcile repairs it; `on_error(exc)` runs too, for work nothing repairs (a queued plan)."""
 
     def send() -> None:
-        from fleet import tasks
-
         try:
-            getattr(tasks, task_name).delay(*args)
+            current_app.tasks[task_name].delay(*args)
         except (AgentUnreachable, Retry) as exc:
             # Expected while an agent is starting or away (run eagerly without a broker, the
             # task's own retry surfaces here): one line, no traceback.

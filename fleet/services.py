@@ -211,7 +211,7 @@ def instance_create(
         instance=instance,
         actor=actor,
     )
-    enqueue_after_commit("instance_apply", node.pk, instance.pk)
+    enqueue_after_commit("fleet.instance_apply", node.pk, instance.pk)
     return instance
 
 
@@ -253,10 +253,10 @@ def instance_update(*, instance: Instance, actor: str = "", **changes: Any) -> I
             data={"previous": changed},
             actor=actor,
         )
-        enqueue_after_commit("instance_apply", locked.node_id, locked.pk)
+        enqueue_after_commit("fleet.instance_apply", locked.node_id, locked.pk)
         if "node" in changed:
             # Moved: the old node must stop it too.
-            enqueue_after_commit("instance_apply", instance.node_id, locked.pk)
+            enqueue_after_commit("fleet.instance_apply", instance.node_id, locked.pk)
     return locked
 
 
@@ -279,7 +279,7 @@ def instance_delete(*, instance: Instance, actor: str = "") -> None:
         data={"instance_id": locked.pk, "role": locked.role},
         actor=actor,
     )
-    enqueue_after_commit("instance_apply", locked.node_id, locked.pk)
+    enqueue_after_commit("fleet.instance_apply", locked.node_id, locked.pk)
     locked.delete()
 
 

@@ -39,7 +39,7 @@ def instance_deleted(sender, instance: Instance, **kwargs) -> None:
 @receiver(post_save, sender=WANLink)
 def link_saved(sender, instance: WANLink, created: bool, **kwargs) -> None:
     # Editing a link reaches the agents at both ends (bandwidth, RTT, pool size).
-    enqueue_after_commit("link_apply", instance.pk)
+    enqueue_after_commit("fleet.link_apply", instance.pk)
     _push_after_commit(
         {
             "type": "wan_link",

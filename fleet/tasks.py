@@ -72,22 +72,3 @@ def health_check() -> list[int]:
 
 def enqueue_instance_apply(instance: Instance) -> None:
     instance_apply.delay(instance.node_id, instance.pk)
-
-
-# A plan simulates every combination of counts (up to 64), each a goodput bisection: minutes,
-# not the seconds the default limits allow. The soft limit fails the run with its reason.
-PLAN_SOFT_TIME_LIMIT_S = 30 * 60
-PLAN_TIME_LIMIT_S = PLAN_SOFT_TIME_LIMIT_S + 60
-
-
-@shared_task(
-    name="fleet.plan_execute",
-    soft_time_limit=PLAN_SOFT_TIME_LIMIT_S,
-    time_limit=PLAN_TIME_LIMIT_S,
-)
-def plan_execute(plan_run_id: int) -> str:
-    """Run one queued capacity plan; a run that is not queued (already started) is left alone."""
-    from fleet import planning
-
-    run = planning.plan_run_execute(plan_run_id=plan_run_id)
-    return run.status if run is not None else "missing"

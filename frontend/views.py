@@ -19,17 +19,18 @@ from django.views.generic import TemplateView
 
 from controlplane.permissions import user_is_operator
 from fleet.choices import PlanRunStatus
-from fleet.models import FleetEvent, Instance, Node, PlanRun, WANLink
-from fleet.planning import (
+from fleet.models import FleetEvent, Instance, Node, WANLink
+from frontend.selectors import RequestLogFilter, request_log, topology_layout
+from frontend.telemetry.fleet import link_name
+from frontend.telemetry.histogram import RESOLUTION
+from frontend.telemetry.snapshot import build_history, build_snapshot
+from plans.models import PlanRun
+from plans.services import (
     DEFAULT_SCENARIO,
     MAX_COMBINATIONS,
     plan_scenarios,
     scenario_default_counts,
 )
-from frontend.selectors import RequestLogFilter, request_log, topology_layout
-from frontend.telemetry.fleet import link_name
-from frontend.telemetry.histogram import RESOLUTION
-from frontend.telemetry.snapshot import build_history, build_snapshot
 from routing.analysis import RELAYED_DESPITE_CACHE_THRESHOLD, relayed_despite_cache
 from routing.models import RequestRecord
 

@@ -96,32 +96,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _db_fleet(scenario: str) -> dict[str, Any]:
-    """The fleet in the database as a planner fleet (GPU types, prices, WAN link from the
-    inventory, model and engine from ``scenario``), its pool counts the nodes now running each
-    role (at least one prefill and one main-decode node)."""
+    """The fleet in the database as a planner fleet (``plans.services.planner_fleet_from_db``:
+    GPU types, prices and the WAN link from the inventory, the pools the nodes now running
+    each role). This command line is an entry point: it sets Django up and composes the two."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     import django
 
     django.setup()
-    from fleet import planning
-    from fleet.models.nodes import Instance
+    from plans.services import planner_fleet_from_db
 
-    nodes = {
-        role: Instance.objects.filter(role=role).values("node").distinct().count()
-        for _, role in planning.COUNT_FIELDS
-    }
-    counts = {
-        field: [max(nodes[role], 0 if field == "relay_counts" else 1)]
-        for field, role in planning.COUNT_FIELDS
-    }
-    inputs = planning.plan_inputs_from_fleet(scenario=scenario, **counts)
-    fleet = inputs["fleet_spec"]
-    fleet["pools"] = [
-        {k: p[k] for k in ("role", "gpu", "datacenter")} | {"count": p["counts"][0]}
-        for p in inputs["search_space"]["pools"]
-    ]
-    fleet["_source"] = "; ".join(inputs["notes"])
-    return fleet
+    return planner_fleet_from_db(scenario)
 
 
 def _figure(value: Any) -> str:

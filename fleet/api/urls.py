@@ -14,7 +14,6 @@ router.register("models", views.ServedModelViewSet, basename="servedmodel")
 router.register("nodes", views.NodeViewSet, basename="node")
 router.register("instances", views.InstanceViewSet, basename="instance")
 router.register("events", views.FleetEventViewSet, basename="fleetevent")
-router.register("plans", views.PlanRunViewSet, basename="planrun")
 
 urlpatterns = [
     path("topology/", views.TopologyView.as_view(), name="topology"),

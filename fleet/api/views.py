@@ -9,7 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from fleet import planning, services
+from fleet import services
 from fleet.api import serializers as s
 from fleet.filtersets import (
     DatacenterFilterSet,
@@ -27,7 +27,6 @@ from fleet.models import (
     GPUType,
     Instance,
     Node,
-    PlanRun,
     ServedModel,
     UnitPrice,
     WANLink,
@@ -184,29 +183,3 @@ class TopologyView(APIView):
     @extend_schema(responses=s.TopologySerializer)
     def get(self, request):
         return Response(services.topology_snapshot(), status=status.HTTP_200_OK)
-
-
-class PlanRunViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
-                     viewsets.GenericViewSet):  # fmt: skip
-    """Capacity plans over the fleet in the database. POST queues a search (operators); it runs
-    as a Celery task. Without a broker (embedded default) the task runs in-process after the
-    request commits, so the POST returns only when the plan is done."""
-
-    queryset = PlanRun.objects.select_related("created_by")
-    serializer_class = s.PlanRunSerializer
-    ordering_fields = ["created_at", "status"]
-
-    def get_serializer_class(self):
-        if self.action == "list":
-            return s.PlanRunListSerializer
-        return super().get_serializer_class()
-
-    @extend_schema(request=s.PlanRunCreateSerializer, responses={201: s.PlanRunSerializer})
-    def create(self, request, *args, **kwargs):
-        body = s.PlanRunCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        try:
-            run = planning.plan_run_create(**body.validated_data, created_by=request.user)
-        except planning.PlanInputError as exc:
-            raise serializers.ValidationError({exc.field: [exc.message]}) from exc
-        return Response(s.PlanRunSerializer(run).data, status=status.HTTP_201_CREATED)

@@ -5,7 +5,6 @@ from fleet.models.events import FleetEvent
 from fleet.models.gpus import GPUType
 from fleet.models.links import WANLink
 from fleet.models.nodes import Instance, Node
-from fleet.models.plans import PlanRun
 from fleet.models.pricing import UnitPrice
 from fleet.models.served_models import ServedModel
 
@@ -15,7 +14,6 @@ __all__ = [
     "GPUType",
     "Instance",
     "Node",
-    "PlanRun",
     "ServedModel",
     "UnitPrice",
     "WANLink",

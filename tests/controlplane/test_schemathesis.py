@@ -159,11 +159,11 @@ def fleet(db) -> dict[str, str]:
         FleetEvent,
         GPUType,
         Node,
-        PlanRun,
         ServedModel,
         UnitPrice,
         WANLink,
     )
+    from plans.models import PlanRun
     from routing.models import RequestRecord, RoutingDecision
 
     dc_a = Datacenter.objects.create(name="dc-a", region="city-a")

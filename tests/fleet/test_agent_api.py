@@ -279,7 +279,7 @@ def test_an_unreachable_agent_is_one_warning_line_and_an_unexpected_error_a_trac
 
     monkeypatch.setattr(tasks.link_apply, "delay", unreachable)
     with caplog.at_level("WARNING", logger="fleet.dispatch"):
-        services.enqueue_after_commit("link_apply", 1)
+        services.enqueue_after_commit("fleet.link_apply", 1)
     (record,) = caplog.records
     assert "reconcile will retry" in record.getMessage() and "connection refused" in (
         record.getMessage()
@@ -288,6 +288,6 @@ def test_an_unreachable_agent_is_one_warning_line_and_an_unexpected_error_a_trac
     caplog.clear()
     monkeypatch.setattr(tasks.link_apply, "delay", broken)
     with caplog.at_level("WARNING", logger="fleet.dispatch"):
-        services.enqueue_after_commit("link_apply", 1)
+        services.enqueue_after_commit("fleet.link_apply", 1)
     (record,) = caplog.records
     assert record.exc_info is not None

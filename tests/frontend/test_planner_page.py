@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import Group, User
 
-from fleet import planning
 from fleet.choices import PlanRunStatus
-from fleet.models import PlanRun
+from plans import services as planning
+from plans.models import PlanRun
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Capacity planning over the fleet in the database: the planner's inputs built from fleet rows,
-and plan runs (create, execute) that the REST API, the Celery task and `manage.py plan` share.
+and plan runs (create, execute) that the REST API, the Celery task and `manage.py plan` share;
+``python -m planner size --from-db`` starts from the same fleet (``planner_fleet_from_db``).
 
 The planner (``planner/``) knows nothing of Django. Hardware, prices, datacenters and the WAN
 link come from the database; the model, engine, workload, SLA and routing policy come from a
@@ -23,7 +24,8 @@ from django.utils import timezone
 
 from fleet.choices import InstanceRole, LinkStatus, PlanRunStatus
 from fleet.dispatch import enqueue_after_commit
-from fleet.models import Datacenter, GPUType, Node, PlanRun, UnitPrice, WANLink
+from fleet.models import Datacenter, GPUType, Instance, Node, UnitPrice, WANLink
+from plans.models import PlanRun
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,9 @@ GIB_IN_GB = 1024**3 / 1e9
 # A scenario without a search_space (only tiny-plan has one) is searched with the planner's
 # own defaults; hi_rps is raised to twice the scenario's offered load when that is higher.
 DEFAULT_SEARCH = {"lo_rps": 1.0, "hi_rps": 100.0, "iters": 5}
+# The Celery name of the task that runs a plan (plans/tasks.py): the one of the days when plan
+# runs lived in ``fleet``, so runs queued before an upgrade still reach the new workers.
+PLAN_EXECUTE = "fleet.plan_execute"
 COUNT_FIELDS = (
     ("prefill_counts", InstanceRole.PREFILL),
     ("relay_counts", InstanceRole.RELAY_DECODE),
@@ -323,6 +328,28 @@ def plan_inputs_from_fleet(
     }
 
 
+def planner_fleet_from_db(scenario: str) -> dict[str, Any]:
+    """The fleet in the database as a planner fleet (GPU types, prices, WAN link from the
+    inventory, model and engine from ``scenario``), its pool counts the nodes now running each
+    role (at least one prefill and one main-decode node)."""
+    nodes = {
+        role: Instance.objects.filter(role=role).values("node").distinct().count()
+        for _, role in COUNT_FIELDS
+    }
+    counts = {
+        field: [max(nodes[role], 0 if field == "relay_counts" else 1)]
+        for field, role in COUNT_FIELDS
+    }
+    inputs = plan_inputs_from_fleet(scenario=scenario, **counts)
+    fleet = inputs["fleet_spec"]
+    fleet["pools"] = [
+        {k: p[k] for k in ("role", "gpu", "datacenter")} | {"count": p["counts"][0]}
+        for p in inputs["search_space"]["pools"]
+    ]
+    fleet["_source"] = "; ".join(inputs["notes"])
+    return fleet
+
+
 # --- running a search ------------------------------------------------------------------------
 
 
@@ -419,7 +446,7 @@ def plan_run_create(
             finished_at=timezone.now(),
         )
 
-    enqueue_after_commit("plan_execute", run_id, on_error=failed)
+    enqueue_after_commit(PLAN_EXECUTE, run_id, on_error=failed)
     return run
 
 

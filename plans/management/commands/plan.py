@@ -6,7 +6,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from fleet import planning
+from plans import services
 
 FLAGS = {
     "scenario": "--scenario",
@@ -38,7 +38,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--scenario", default=planning.DEFAULT_SCENARIO)
+        parser.add_argument("--scenario", default=services.DEFAULT_SCENARIO)
         parser.add_argument("--prefill", help="prefill node counts to try, e.g. 2,4")
         parser.add_argument("--relay", help="relay-decode node counts to try, e.g. 1")
         parser.add_argument("--main", help="main-decode node counts to try, e.g. 1,2")
@@ -54,16 +54,16 @@ class Command(BaseCommand):
             "relay_counts": _counts("relay", opts["relay"]),
             "main_counts": _counts("main", opts["main"]),
         }
-        if not 1 <= opts["top"] <= planning.MAX_TOP:
-            raise CommandError(f"--top: must be 1..{planning.MAX_TOP}, got {opts['top']}")
+        if not 1 <= opts["top"] <= services.MAX_TOP:
+            raise CommandError(f"--top: must be 1..{services.MAX_TOP}, got {opts['top']}")
         try:
-            defaults = planning.scenario_default_counts(opts["scenario"])
+            defaults = services.scenario_default_counts(opts["scenario"])
             counts = {k: v if v is not None else defaults[k] for k, v in given.items()}
-            inputs = planning.plan_inputs_from_fleet(
+            inputs = services.plan_inputs_from_fleet(
                 scenario=opts["scenario"], duration_s=opts["duration"], **counts
             )
-            results = planning.plan_inputs_run(inputs=inputs, top=opts["top"])
-        except planning.PlanInputError as exc:
+            results = services.plan_inputs_run(inputs=inputs, top=opts["top"])
+        except services.PlanInputError as exc:
             flag = FLAGS.get(exc.field, exc.field)
             if exc.field in given and given[exc.field] is None:
                 flag += f" (default from scenario {opts['scenario']!r})"

@@ -71,6 +71,8 @@ class PlanRun(models.Model):
     )
 
     class Meta:
+        # The table of the days when plan runs lived in ``fleet``: moving the model kept its rows.
+        db_table = "fleet_planrun"
         ordering = ["-created_at", "-id"]
         verbose_name = "plan run"
         constraints = [

@@ -11,10 +11,12 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from fleet import planning, services
+from fleet import services
 from fleet.choices import LinkStatus, PlanRunStatus
-from fleet.models import Datacenter, PlanRun, UnitPrice, WANLink
-from fleet.tasks import plan_execute
+from fleet.models import Datacenter, UnitPrice, WANLink
+from plans import services as planning
+from plans.models import PlanRun
+from plans.tasks import plan_execute
 
 ONE = {"prefill_counts": [2], "relay_counts": [1], "main_counts": [1]}
 # tiny-plan warms up for 20 s; 40 s of load keeps one combination well under a second.

@@ -1,0 +1,23 @@
+"""The Celery task that runs a queued capacity plan."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from plans import services
+
+# A plan simulates every combination of counts (up to 64), each a goodput bisection: minutes,
+# not the seconds the default limits allow. The soft limit fails the run with its reason.
+PLAN_SOFT_TIME_LIMIT_S = 30 * 60
+PLAN_TIME_LIMIT_S = PLAN_SOFT_TIME_LIMIT_S + 60
+
+
+@shared_task(
+    name=services.PLAN_EXECUTE,
+    soft_time_limit=PLAN_SOFT_TIME_LIMIT_S,
+    time_limit=PLAN_TIME_LIMIT_S,
+)
+def plan_execute(plan_run_id: int) -> str:
+    """Run one queued capacity plan; a run that is not queued (already started) is left alone."""
+    run = services.plan_run_execute(plan_run_id=plan_run_id)
+    return run.status if run is not None else "missing"
