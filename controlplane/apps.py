@@ -11,5 +11,8 @@ class ControlPlaneConfig(AppConfig):
         # at start-up. Celery's autodiscovery is lazy: a web process that had not enqueued a
         # task yet ran the embedded beat into NotRegistered('fleet.health_check') for ever.
         from controlplane.celery import app
+        from controlplane.push import connect_pushes
 
         app.autodiscover_tasks(force=True)
+        # The apps' change signals reach the dashboards' websocket groups.
+        connect_pushes()

@@ -1,19 +1,24 @@
-"""Push fleet changes to open dashboards once the write has committed."""
+"""Fleet changes, told once the write has committed: ``fleet_changed`` carries one small
+payload per saved or deleted instance, node or WAN link. The fleet only offers the signal; the
+control plane connects it to the dashboards' websocket group (controlplane/push.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
-from django.dispatch import receiver
+from django.dispatch import Signal, receiver
 
-from controlplane.push import emit
-from fleet.consumers import FLEET_GROUP
 from fleet.dispatch import enqueue_after_commit
 from fleet.models import Instance, Node, WANLink
 
+# Sent with payload=dict (JSON-ready: type, event, id and the changed fields) after commit.
+fleet_changed = Signal()
 
-def _push_after_commit(payload: dict) -> None:
-    transaction.on_commit(lambda: emit(FLEET_GROUP, payload))
+
+def _push_after_commit(payload: dict[str, Any]) -> None:
+    transaction.on_commit(lambda: fleet_changed.send(sender=None, payload=payload))
 
 
 @receiver(post_save, sender=Instance)
