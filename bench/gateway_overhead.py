@@ -29,9 +29,9 @@ from pathlib import Path
 
 import httpx
 
-from agents.engine.tokenizer import ByteTokenizer, apply_chat_template
 from bench.testbed import start_cluster
 from pdd.dataplane import bearer_headers, env_data_token
+from pdd.tokenizer import ByteTokenizer, apply_chat_template
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -12,7 +12,7 @@ import torch
 
 from agents.engine.config import ModelConfig
 from agents.engine.model import CausalLM, rope_inv_freq
-from agents.engine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from pdd.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 BATON_TINY = "baton-tiny"
 # A gain above 1 keeps greedy decoding from settling into short loops; see build_baton_tiny.

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import httpx
 
-from agents.engine.tokenizer import ByteTokenizer
 from bench.chaos import celery_trial
 from bench.chaos.accounting import count_tokens, max_gap, record_counts, summarise_fault
 from bench.chaos.report import render
 from bench.testbed import ROOT, Cluster, start_cluster, start_web
 from pdd.dataplane import bearer_headers, env_data_token
+from pdd.tokenizer import ByteTokenizer
 
 REPORT_DIR = Path(__file__).resolve().parent
 RAW_DIR = ROOT / "var" / "chaos"

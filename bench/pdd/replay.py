@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 from openai import AsyncOpenAI
 
-from agents.engine.tokenizer import apply_chat_template
 from bench.pdd import scaling
+from pdd.tokenizer import apply_chat_template
 from planner.workload import Trace
 
 WORDS = (

@@ -216,7 +216,7 @@ def summarise(run: dict, records: list, wan: dict, fleet: Fleet, sla: dict, dura
 
 def spot_check(fleet: Fleet) -> list[dict]:
     """Greedy requests through the gateway vs the `single` pipeline on the MD agent."""
-    from agents.engine.tokenizer import ByteTokenizer, apply_chat_template
+    from pdd.tokenizer import ByteTokenizer, apply_chat_template
 
     tok = ByteTokenizer()
     rng = random.Random(7)

@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.engine.tokenizer import ByteTokenizer, Tokenizer
+from pdd.tokenizer import ByteTokenizer, Tokenizer
 
 
 @dataclass(slots=True)

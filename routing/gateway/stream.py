@@ -3,7 +3,7 @@ change (a multi-byte character completed, a stop string ruled out)."""
 
 from __future__ import annotations
 
-from agents.engine.tokenizer import Tokenizer
+from pdd.tokenizer import Tokenizer
 
 _REPLACEMENT = "\ufffd"
 

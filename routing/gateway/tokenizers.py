@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from agents.engine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, apply_chat_template
+from pdd.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, apply_chat_template
 from routing.gateway.errors import GatewayError
 
 _cache: dict[tuple[str, str], Tokenizer] = {}

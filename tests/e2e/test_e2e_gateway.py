@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from agents.engine.tokenizer import ByteTokenizer, apply_chat_template
+from pdd.tokenizer import ByteTokenizer, apply_chat_template
 
 pytestmark = pytest.mark.slow
 

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from agents.engine.tokenizer import ByteTokenizer
 from billing import services as billing
 from billing.models import Tenant, UsageEntry
 from fleet.models import ServedModel
+from pdd.tokenizer import ByteTokenizer
 from routing.gateway import run as gw_run
 from routing.gateway import views
 from routing.gateway.parsing import GatewayRequest

@@ -8,7 +8,7 @@ import pytest
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.validation import validate_schema
 
-from agents.engine.tokenizer import apply_chat_template
+from pdd.tokenizer import apply_chat_template
 from routing.gateway import openai_fields, parsing
 from routing.gateway.errors import GatewayError
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from agents.engine.tokenizer import ByteTokenizer, apply_chat_template
 from billing import services as billing
 from billing.models import Tenant
 from fleet.models import ServedModel
+from pdd.tokenizer import ByteTokenizer, apply_chat_template
 from routing.gateway import parsing
 from routing.gateway.errors import GatewayError
 from routing.gateway.stream import TextAssembler

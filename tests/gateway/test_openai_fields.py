@@ -9,12 +9,12 @@ import pytest
 from asgiref.sync import async_to_sync
 from rest_framework.test import APIClient
 
-from agents.engine.tokenizer import apply_chat_template
 from billing import services as billing
 from billing.models import Tenant
 from fleet import live as fleet_live
 from fleet.choices import InstanceRole
 from fleet.models import ServedModel
+from pdd.tokenizer import apply_chat_template
 from routing.gateway import parsing
 from routing.gateway import run as gw_run
 from routing.gateway.errors import GatewayError

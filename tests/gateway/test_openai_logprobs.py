@@ -201,7 +201,7 @@ def test_without_asking_there_are_no_logprobs(fleet, stream):
 
 
 def test_a_legacy_entry_keeps_the_sampled_token_beside_the_top_ones():
-    from agents.engine.tokenizer import ByteTokenizer
+    from pdd.tokenizer import ByteTokenizer
     from routing.gateway.openai_shapes import DeliveredToken
 
     shaped = completion_logprobs(

@@ -1,5 +1,8 @@
 """Tokenizers behind one small protocol: a byte-level one for baton-tiny and a wrapper over a
-Hugging Face `tokenizer.json`, plus the chat template that turns OpenAI messages into a prompt."""
+Hugging Face `tokenizer.json`, plus the chat template that turns OpenAI messages into a prompt.
+
+The tokenizer front the engines and the gateway share: no torch (the `tokenizers` package is
+imported only when a `tokenizer.json` is loaded); `agents.engine` re-exports it."""
 
 from __future__ import annotations
 
