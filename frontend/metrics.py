@@ -33,13 +33,13 @@ from prometheus_client.core import (
     Metric,
 )
 
-from agents import metrics as agent_metrics
 from fleet.live import read_reports
 from frontend import conf
 from frontend.telemetry import histogram
 from frontend.telemetry.aggregator import TOKEN_BUCKETS, summarize
 from frontend.telemetry.fleet import fleet_state
 from frontend.telemetry.service import ensure_rebuilt, get_aggregator, tail_new_records
+from pdd import metrics as agent_metrics
 
 HISTOGRAMS = {
     "ttft": (
@@ -258,7 +258,7 @@ class TelemetryCollector:
 
     def _instances(self) -> Iterator[Metric]:
         """Per-instance and per-node figures from the nodes' fresh heartbeats (the same
-        families each agent's own /metrics serves: agents/metrics.py)."""
+        families each agent's own /metrics serves: pdd/metrics.py)."""
         nodes = [
             (str(e.get("hostname") or ""), str(e.get("datacenter") or ""), e.get("report") or {})
             for e in sorted(read_reports(), key=lambda e: str(e.get("hostname")))

@@ -19,9 +19,6 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from agents.engine import EngineFull
-from agents.metrics import CONTENT_TYPE as METRICS_TYPE
-from agents.metrics import render as render_metrics
-from agents.metrics import state_families
 from agents.node import pipelines
 from agents.node.agent import Agent, AgentError, Instance, link_json
 from agents.node.settings import link_from_json
@@ -37,6 +34,9 @@ from agents.node.wire import (
     need_dict,
     parse_sampling,
 )
+from pdd.metrics import CONTENT_TYPE as METRICS_TYPE
+from pdd.metrics import render as render_metrics
+from pdd.metrics import state_families
 from pdd.vocab import Pipeline
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ def build_app(agent: Agent) -> Starlette:
 
     async def metrics(request: Request) -> Response:
         # Open, like /health: counters and gauges only, no ids beyond instance and node names.
-        # From the state document, which never waits for an engine (agents/metrics.py).
+        # From the state document, which never waits for an engine (pdd/metrics.py).
         return Response(render_metrics(state_families(agent.state())), media_type=METRICS_TYPE)
 
     async def state(request: Request) -> Response:

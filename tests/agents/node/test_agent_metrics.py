@@ -9,10 +9,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents.engine import SamplingParams
-from agents.metrics import Family, render, state_families
 from agents.node.agent import Agent
 from agents.node.http_api import build_app
 from agents.node.settings import AgentSettings
+from pdd.metrics import Family, render, state_families
 
 PROMPT = [32 + (i * 7) % 90 for i in range(40)]
 

@@ -2,8 +2,8 @@
 
 Shared by the agent's own ``GET /metrics`` (rendered here as text, so agents need no metrics
 library) and the control plane's ``/metrics`` (which reads the same documents from the nodes'
-heartbeats and wraps the samples in prometheus_client families). Pure Python: no Django, no
-torch.
+heartbeats and wraps the samples in prometheus_client families), so it lives in ``pdd``, which
+both import. Pure Python: no Django, no torch.
 
 Per-instance families carry vLLM's names where the figure is the one vLLM reports
 (``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``, ``vllm:prefix_cache_hits`` ...),
