@@ -11,7 +11,7 @@ sk-baton-...``), shaped like OpenAI's organization usage API; a key only ever se
 
 Usage buckets are UTC days. As in OpenAI's API, ``input_tokens`` counts every prompt token,
 cached ones included, and ``input_cached_tokens`` is the cached part of it. Errors use the
-OpenAI error shape of the gateway.
+OpenAI error shape, as the gateway's do (``pdd.openai_errors``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from billing.api.serializers import (
 from billing.models import ApiKey, Statement, StatementStatus, UsageEntry
 from billing.services import api_key_authenticate
 from controlplane.filters import INT64_MAX
-from routing.gateway.errors import GatewayError, bad_request, unauthorized
+from pdd.openai_errors import OpenAIError, bad_request, unauthorized
 
 DAY = timedelta(days=1)
 GROUPS = {"model": "model", "api_key_id": "api_key__prefix"}
@@ -57,8 +57,8 @@ def _handled(view):
     def wrapper(request: HttpRequest, *args, **kwargs):
         try:
             return view(request, _key(request), *args, **kwargs)
-        except GatewayError as exc:
-            return exc.response()
+        except OpenAIError as exc:
+            return JsonResponse(exc.body(), status=exc.status)
 
     wrapper.__name__ = view.__name__
     wrapper.__doc__ = view.__doc__
@@ -205,7 +205,7 @@ def _own_statement(key: ApiKey, statement_id: int) -> Statement:
     if statement_id <= INT64_MAX:
         statement = _own_statements(key).prefetch_related("lines").filter(pk=statement_id).first()
     if statement is None:  # another tenant's statement is as absent as a missing one
-        raise GatewayError(404, "No such statement.", param="statement_id", code="not_found")
+        raise OpenAIError(404, "No such statement.", param="statement_id", code="not_found")
     return statement
 
 
