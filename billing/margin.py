@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
@@ -227,26 +229,21 @@ def _margin(start: datetime, end: datetime, *, model: str | None, now: datetime)
     )
 
 
+# The live telemetry's figures over the last hour, set by the app that aggregates it
+# (frontend.apps): called with no argument, it returns goodput_rps, cost_per_hour, currency and
+# bcr. Billing only reads it; without one (or when it fails) every live figure is null.
+live_bcr_source: Callable[[], dict[str, Any]] | None = None
+
+
 def live_bcr() -> dict:
     """The dashboard's BCR: goodput requests/s over the last hour per fleet cost per hour now.
     Every figure is null when the telemetry is not available in this process."""
-    import time
-
     out = {"window": "1h", "goodput_rps": None, "cost_per_hour": None, "currency": "", "bcr": None}
+    source = live_bcr_source
+    if source is None:
+        return out
     try:
-        from frontend.telemetry.aggregator import summarize
-        from frontend.telemetry.fleet import fleet_cost_per_hour
-        from frontend.telemetry.service import get_aggregator
-
-        cost, currency, _ = fleet_cost_per_hour()
-        p, span = get_aggregator().window("1h", now=time.time())
-        summary = summarize(p, seconds=span, cost_per_hour=cost)
-        out.update(
-            goodput_rps=summary["goodput_rps"],
-            cost_per_hour=cost,
-            currency=currency,
-            bcr=summary["bcr"],
-        )
+        out.update(source())
     except Exception:  # telemetry is optional here: the money figures stand on their own
         pass
     return out

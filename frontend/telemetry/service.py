@@ -204,3 +204,20 @@ def ensure_rebuilt() -> None:
         log.info("telemetry: replayed %d request records into in-process state", n)
     except Exception:
         log.warning("telemetry rebuild failed; starting empty", exc_info=True)
+
+
+def live_bcr() -> dict[str, Any]:
+    """Goodput requests/s over the last hour, the fleet's cost per hour now and their ratio
+    (BCR), in the fleet's currency: what billing's margin shows live (billing.margin)."""
+    from frontend.telemetry.aggregator import summarize
+    from frontend.telemetry.fleet import fleet_cost_per_hour
+
+    cost, currency, _ = fleet_cost_per_hour()
+    p, span = get_aggregator().window("1h", now=time.time())
+    summary = summarize(p, seconds=span, cost_per_hour=cost)
+    return {
+        "goodput_rps": summary["goodput_rps"],
+        "cost_per_hour": cost,
+        "currency": currency,
+        "bcr": summary["bcr"],
+    }
