@@ -108,27 +108,34 @@ class Run:
         black-holed) is a failure after the stall limit, so the request migrates. An attempt
         with no token after FIRST_TOKEN_TIMEOUT_S (a frozen P) fails over the same way."""
         events = run_events(self.p.url, self.p.plan)
+        loop = asyncio.get_running_loop()
+        limit: float | None = None
         try:
-            while True:
-                limit = self._stall_limit_s()
-                try:
-                    event = await asyncio.wait_for(
-                        events.__anext__(), FIRST_TOKEN_TIMEOUT_S if limit is None else limit
+            # One deadline for the whole stream, moved per event (asyncio.wait_for made a task
+            # per event) and lifted while the event is with the caller, whose time (the
+            # client's back-pressure included) is not the agent's silence.
+            async with asyncio.timeout(None) as deadline:
+                while True:
+                    limit = self._stall_limit_s()
+                    deadline.reschedule(
+                        loop.time() + (FIRST_TOKEN_TIMEOUT_S if limit is None else limit)
                     )
-                except StopAsyncIteration:
-                    return
-                except TimeoutError:
-                    if limit is None:
-                        raise AgentRunError(
-                            f"no first token from the prefill agent within "
-                            f"{FIRST_TOKEN_TIMEOUT_S:g} s"
-                        ) from None
-                    role = {"md": "MD", "rld": "RLD"}.get(self.last_role, self.last_role)
-                    raise AgentRunError(
-                        f"stream stalled: no token for {limit:.1f} s (the last one from {role})",
-                        at_prefill=False,
-                    ) from None
-                yield event
+                    try:
+                        event = await events.__anext__()
+                    except StopAsyncIteration:
+                        return
+                    deadline.reschedule(None)
+                    yield event
+        except TimeoutError:
+            if limit is None:
+                raise AgentRunError(
+                    f"no first token from the prefill agent within {FIRST_TOKEN_TIMEOUT_S:g} s"
+                ) from None
+            role = {"md": "MD", "rld": "RLD"}.get(self.last_role, self.last_role)
+            raise AgentRunError(
+                f"stream stalled: no token for {limit:.1f} s (the last one from {role})",
+                at_prefill=False,
+            ) from None
         finally:
             await events.aclose()
 

@@ -336,3 +336,54 @@ def test_every_answer_says_where_the_gateway_spent_its_time(cached_key):
     watch.lap("route")
     assert list(watch.laps) == ["auth", "route"]
     assert re.fullmatch(r"auth;dur=\d+\.\d{3}, route;dur=\d+\.\d{3}", watch.header())
+
+
+def test_released_text_is_the_whole_decode_for_any_text():
+    """However the bytes fall, the pieces join to what the whole sequence decodes to, and the
+    offsets the logprobs use are the whole decode's lengths."""
+    import random
+
+    rng = random.Random(7)
+    alphabet = "ab \u00e9\u20ac\U0001f600xyz\n"
+    tok = ByteTokenizer()
+    for _ in range(200):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        assembler = TextAssembler(tok)
+        pieces, lengths = [], []
+        for token in tok.encode(text):
+            piece, _ = assembler.push(token)
+            pieces.append(piece)
+            lengths.append(assembler.decoded_len)
+        pieces.append(assembler.flush())
+        assert "".join(pieces) == text
+        ids = tok.encode(text)
+        assert lengths == [len(tok.decode(ids[: i + 1])) for i in range(len(ids))]
+
+
+def test_invalid_bytes_do_not_hold_the_text_back_for_ever():
+    tok = ByteTokenizer()
+    assembler = TextAssembler(tok)
+    ids = [0xFF] * 40 + tok.encode("ok")
+    out = "".join(assembler.push(i)[0] for i in ids) + assembler.flush()
+    assert out == tok.decode(ids)
+
+
+def test_a_leading_space_marker_tokenizer_streams_the_whole_decode(tmp_path):
+    """Sentencepiece-style tokenizers drop the space marker of a sequence's first token; the
+    window decode must not lose the spaces between words."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from pdd.tokenizer import HFTokenizer
+
+    words = ["\u2581hello", "\u2581world", "\u2581a", "\u2581b", "[UNK]", "</s>"]
+    raw = RawTokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Metaspace()
+    raw.decoder = decoders.Metaspace()
+    path = tmp_path / "tokenizer.json"
+    raw.save(str(path))
+    tok = HFTokenizer(path)
+    ids = [0, 1, 2, 3, 1, 0, 2]
+    assembler = TextAssembler(tok)
+    out = "".join(assembler.push(i)[0] for i in ids) + assembler.flush()
+    assert out == tok.decode(ids) == "hello world a b world hello a"

@@ -1,0 +1,124 @@
+"""The gateway's CPU per relayed token: a streamed request's events from a stand-in prefill
+agent (no network, no engine) through the run (stall deadline, text assembly, logprobs off)
+and the OpenAI chunk framing, as the view streams them; the record written at the end.
+
+Scenario (fixed before the first run): completions requests of 16, 256 and 3,000 tokens of
+ASCII text from the byte tokenizer, 5 rounds, each round running every length once in turn;
+the figure is microseconds per token (wall time of one request / its tokens), median and
+spread over the rounds. One process, embedded defaults (SQLite test database in memory).
+Run:
+    .venv/bin/python -m bench.gateway_relay --out var/gw/relay.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+LENGTHS = (16, 256, 3000)
+
+
+def _setup():
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    import django
+
+    django.setup()
+    from django.db import connection
+    from django.test.utils import setup_test_environment
+
+    setup_test_environment()
+    connection.creation.create_test_db(verbosity=0)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    _setup()
+
+    from billing import services as billing
+    from billing.models import Tenant
+    from fleet.models import ServedModel
+    from pdd.tokenizer import ByteTokenizer
+    from routing.gateway import run as gw_run
+    from routing.gateway import views
+    from routing.gateway.parsing import GatewayRequest
+    from routing.policy import Decision
+
+    tenant = Tenant.objects.create(name="bench")
+    key, _ = billing.api_key_create(tenant=tenant)
+    model = ServedModel.objects.create(
+        name="baton-tiny", source="baton-tiny", num_layers=4, kv_bytes_per_token=4096
+    )
+
+    async def events(url, plan):
+        for i in range(plan["max_tokens"]):
+            yield {"type": "token", "index": i, "token_id": 97 + i % 26, "role": "md"}
+        yield {"type": "done", "finish_reason": "length", "stats": {"cached_tokens": 0}}
+
+    gw_run.run_events = events
+
+    def prepared(request_id: str, tokens: int) -> views.Prepared:
+        return views.Prepared(
+            key=key,
+            greq=GatewayRequest(
+                endpoint="completions",
+                model="baton-tiny",
+                prompt_text="hi",
+                max_tokens=tokens,
+                temperature=0.0,
+                top_p=1.0,
+                stream=True,
+                include_usage=True,
+                seed=None,
+            ),
+            model=model,
+            tokenizer=ByteTokenizer(),
+            prompt_ids=[104, 105],
+            request_id=request_id,
+            decision=Decision("p-md", "one-shot", "1", None, "2", 0, 2, 0.01, "bench"),
+            version=1,
+            inputs={},
+            kind="completions",
+            url="http://p.invalid/v1/pdd/generate",
+            plan={"request_id": request_id, "max_tokens": tokens},
+        )
+
+    async def one(request_id: str, tokens: int) -> float:
+        p = prepared(request_id, tokens)
+        t0 = time.perf_counter()
+        async for _ in views._stream(p):
+            pass
+        return (time.perf_counter() - t0) / tokens * 1e6
+
+    per_token: dict[int, list[float]] = {n: [] for n in LENGTHS}
+    asyncio.run(one("warm-up", 64))
+    for r in range(args.rounds):
+        for n in LENGTHS:
+            per_token[n].append(asyncio.run(one(f"relay-{r}-{n}", n)))
+    result = {
+        "rounds": args.rounds,
+        "us_per_token": {
+            str(n): {
+                "median": round(statistics.median(v), 2),
+                "min": round(min(v), 2),
+                "max": round(max(v), 2),
+            }
+            for n, v in per_token.items()
+        },
+    }
+    print(json.dumps(result, indent=2))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
