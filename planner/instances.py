@@ -15,7 +15,6 @@ from planner.hardware import (
     EngineSpec,
     GpuType,
     ModelSpec,
-    decode_step_time,
     prefill_batch_time,
 )
 from routing.policy import InstanceState
@@ -61,12 +60,17 @@ class PrefillInstance:
         self.busy_s = 0.0
         self.tokens = 0  # new (uncached) prompt tokens computed
         self.passes = 0
+        # A list the simulator ranks instances by, and this one's slot: kept = state.load.
+        self.rank_keys: list | None = None
+        self.rank_idx = 0
 
     def submit(self, req: int, new_tokens: int, cached_tokens: int, done: Callable[[int], None]):
         self._push([req, new_tokens, cached_tokens, done])
         self.backlog_tokens += new_tokens
         # Load as backlog in units of eight full batches: only the order matters to the policy.
-        self.state.load = self.backlog_tokens / (8 * self.engine.prefill_batch_tokens)
+        self.state.load = load = self.backlog_tokens / (8 * self.engine.prefill_batch_tokens)
+        if self.rank_keys is not None:
+            self.rank_keys[self.rank_idx] = load
         if not self.busy:
             self._start_batch()
 
@@ -121,7 +125,9 @@ class PrefillInstance:
     def _finish_batch(self, finished: list, tokens: int) -> None:
         self.backlog_tokens -= tokens
         self.tokens += tokens
-        self.state.load = self.backlog_tokens / (8 * self.engine.prefill_batch_tokens)
+        self.state.load = load = self.backlog_tokens / (8 * self.engine.prefill_batch_tokens)
+        if self.rank_keys is not None:
+            self.rank_keys[self.rank_idx] = load
         self.busy = False
         if self.queued:
             self._start_batch()
@@ -140,6 +146,12 @@ class DecodeInstance:
     recomputes the step time. Requests beyond ``max_decode_batch`` or the KV memory wait FIFO.
     On MD it also holds the decode-side prefix cache (DRC): session -> tokens of its context,
     LRU-evicted to a capacity.
+
+    The next mark's event is rescheduled whenever the step time or the marks change; a
+    superseded event is skipped when it comes due (``_version``). Where a change is certain to
+    be followed by another within the same call (an admission's start callback, a mark's done
+    callbacks), the event is held back and pushed only if nothing superseded it, under the
+    sequence number it would have had: the loop runs the same events in the same order.
     """
 
     def __init__(
@@ -159,6 +171,7 @@ class DecodeInstance:
         self.engine = engine
         self.loop = loop
         self.kv_capacity = kv_capacity_tokens
+        self.max_batch = engine.max_decode_batch
         self.running = 0
         self.ctx_sum = 0
         # Requests routed here whose KV has not arrived yet (still in prefill or transfer): a
@@ -176,6 +189,11 @@ class DecodeInstance:
         # sent its context (a superset of those that hold it now), so a router looks at those
         # few instead of every MD's cache.
         self.holders = holders
+        # decode_step_time's terms that do not change: weight bytes by batch, the divisor.
+        self._weight_bytes: dict[int, float] = {}
+        self._overhead_s = engine.decode_overhead_s
+        self._kv_bytes = model.kv_bytes_per_token
+        self._bytes_per_s = gpu.mem_bw_tbps * 1e12 * engine.decode_mem_efficiency
         # Token clock.
         self.clock = 0.0
         self._last = 0.0
@@ -183,6 +201,9 @@ class DecodeInstance:
         self._marks: list[tuple[float, int, Callable[..., None], tuple]] = []
         self._seq = 0
         self._version = 0
+        # A list the simulator ranks instances by, and this one's slot: kept = (load, queue).
+        self.rank_keys: list | None = None
+        self.rank_idx = 0
 
     # --- batch slots --------------------------------------------------------------------------
     def assign(self) -> None:
@@ -211,11 +232,13 @@ class DecodeInstance:
         self._advance()
         self.running -= 1
         self.ctx_sum -= ctx_tokens
-        while self.queue and self._fits(self.queue[0][0]):
-            ctx, start = self.queue.popleft()
+        queue = self.queue
+        while queue and self._fits(queue[0][0]):
+            ctx, start = queue.popleft()
             self._start(ctx, start)
         self._update_load()
-        self._restep()
+        self.step = self.step_time()
+        self._reschedule()
 
     def run(self, job: float, tokens: float, done: Callable[..., None], *args) -> None:
         """Call ``done(*args)`` when the request started at ``job`` has made ``tokens`` steps."""
@@ -230,25 +253,28 @@ class DecodeInstance:
         return self.clock - job
 
     def step_time(self) -> float:
-        return decode_step_time(
-            self.ctx_sum, self.model, self.gpu, self.engine, max(self.running, 1)
-        )
+        """decode_step_time(ctx_sum, model, gpu, engine, max(running, 1)), the same float."""
+        batch = self.running if self.running > 1 else 1
+        weights = self._weight_bytes.get(batch)
+        if weights is None:
+            weights = self._weight_bytes[batch] = self.model.decode_weight_bytes(batch)
+        return self._overhead_s + (weights + self.ctx_sum * self._kv_bytes) / self._bytes_per_s
 
     def _fits(self, ctx_tokens: int) -> bool:
         if self.running == 0:
             return True  # an oversized request still runs alone
-        return (
-            self.running < self.engine.max_decode_batch
-            and self.ctx_sum + ctx_tokens <= self.kv_capacity
-        )
+        return self.running < self.max_batch and self.ctx_sum + ctx_tokens <= self.kv_capacity
 
     def _start(self, ctx_tokens: int, start: Callable[[float, float], None]) -> None:
         self._advance()
         self.running += 1
         self.ctx_sum += ctx_tokens
         self._update_load()
-        self._restep()
-        start(self.step, self.clock)
+        self.step = step = self.step_time()
+        held = self._hold()  # start() nearly always runs or releases, which reschedules
+        start(step, self.clock)
+        if held is not None:
+            self._push(held)
 
     def _advance(self) -> None:
         now = self.loop.now
@@ -256,32 +282,58 @@ class DecodeInstance:
             self.clock += (now - self._last) / self.step
             self._last = now
 
-    def _restep(self) -> None:
-        self.step = self.step_time()
-        self._reschedule()
-
     def _reschedule(self) -> None:
         self._version += 1
         if self._marks:
-            left = max(self._marks[0][0] - self.clock, 0.0)
-            self.loop.at(self.loop.now + left * self.step, self._on_mark, self._version)
+            left = self._marks[0][0] - self.clock
+            if left < 0.0:
+                left = 0.0
+            loop = self.loop
+            loop.at(loop.now + left * self.step, self._on_mark, self._version)
+
+    def _hold(self) -> tuple[int, int] | None:
+        """``_reschedule`` with its event held back: (version, its sequence number), or None
+        when there is no mark. ``_push`` pushes it unless a later change superseded it."""
+        self._version += 1
+        if not self._marks:
+            return None
+        loop = self.loop
+        loop._seq += 1
+        return self._version, loop._seq
+
+    def _push(self, held: tuple[int, int]) -> None:
+        version, seq = held
+        if version != self._version:
+            return  # superseded: the event would have been skipped
+        # Nothing changed since the hold (a change bumps the version): the same time.
+        left = self._marks[0][0] - self.clock
+        if left < 0.0:
+            left = 0.0
+        loop = self.loop
+        heapq.heappush(loop._heap, (loop.now + left * self.step, seq, self._on_mark, (version,)))
 
     def _on_mark(self, version: int) -> None:
         if version != self._version:
             return  # the step time or the marks changed since this was scheduled
         self._advance()
+        marks = self._marks
         due = []
-        while self._marks and self._marks[0][0] <= self.clock + 1e-6:
-            due.append(heapq.heappop(self._marks))
-        self._reschedule()
+        limit = self.clock + 1e-6
+        while marks and marks[0][0] <= limit:
+            due.append(heapq.heappop(marks))
+        held = self._hold()  # the done callbacks release, which reschedules
         for _, _, done, args in due:
             done(*args)
+        if held is not None:
+            self._push(held)
 
     def _update_load(self) -> None:
-        self.state.load = (
-            self.running + len(self.queue) + self.assigned
-        ) / self.engine.max_decode_batch
-        self.state.queue_depth = len(self.queue)
+        state = self.state
+        queued = len(self.queue)
+        state.load = load = (self.running + queued + self.assigned) / self.max_batch
+        state.queue_depth = queued
+        if self.rank_keys is not None:
+            self.rank_keys[self.rank_idx] = (load, queued)
 
     # --- decode-side prefix cache ----------------------------------------------------------------
     # An entry is (version, tokens): ``version`` is the session's append counter when this MD
@@ -293,9 +345,17 @@ class DecodeInstance:
 
     def expect(self, session: int, version: int) -> None:
         """P has committed to send this session's context at ``version`` to this MD."""
-        self.incoming.setdefault(session, {}).setdefault(version, [])
+        pending = self.incoming.get(session)
+        if pending is None:
+            self.incoming[session] = {version: []}
+        elif version not in pending:
+            pending[version] = []
         if self.holders is not None:
-            self.holders.setdefault(session, {})[self.state.id] = self
+            held = self.holders.get(session)
+            if held is None:
+                self.holders[session] = {self.state.id: self}
+            else:
+                held[self.state.id] = self
 
     def incoming_version(self, session: int) -> int | None:
         """Newest version of the session's context still on its way here, if any."""
@@ -324,13 +384,19 @@ class DecodeInstance:
     def cache_put(self, session: int, version: int, tokens: int) -> None:
         """Record that this MD holds the session's context at ``version`` (mutates the LRU)."""
         if self.holders is not None:
-            self.holders.setdefault(session, {})[self.state.id] = self
-        old = self.cache.pop(session, None)
+            held = self.holders.get(session)
+            if held is None:
+                self.holders[session] = {self.state.id: self}
+            else:
+                held[self.state.id] = self
+        cache = self.cache
+        old = cache.pop(session, None)
         if old is not None:
             self.cache_tokens -= old[1]
-            version = max(version, old[0])  # an older turn finishing late must not regress it
+            if old[0] > version:
+                version = old[0]  # an older turn finishing late must not regress it
         self.cache_tokens += tokens
-        self.cache[session] = (version, tokens)
-        while self.cache_tokens > self.cache_capacity and self.cache:
-            _, (_, evicted) = self.cache.popitem(last=False)
+        cache[session] = (version, tokens)
+        while self.cache_tokens > self.cache_capacity and cache:
+            _, (_, evicted) = cache.popitem(last=False)
             self.cache_tokens -= evicted

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from routing.policy import (
 
 PIPELINE_CODES = {p: i for i, p in enumerate(Pipeline.CHOICES)}
 NO_PIPELINE = -1
+P_MD, P_RLD_MD = PIPELINE_CODES[Pipeline.P_MD], PIPELINE_CODES[Pipeline.P_RLD_MD]
 
 
 @dataclass(slots=True)
@@ -137,6 +139,22 @@ class Simulator:
             prefix_hits={},
         )
         self._main_list = list(self.main.values())
+        self._snap = ClusterSnapshot(wan_links=link_states)
+        # Settings read on every request, looked up once.
+        self._kv_bytes = model.kv_bytes_per_token
+        self._yield = fleet.relay_transfers_yield
+        self._fabric_terms: dict[tuple[float, float], tuple[float, float]] = {}
+        self._p_rld = fleet.system == System.P_RLD
+        self._drc_in_flight = fleet.drc_counts_in_flight
+        self._decision_in_flight = fleet.decision_counts_in_flight
+        self._pool_wait_aware = fleet.pool_wait_aware
+        self._link_pairs = [(link, link_states[dc]) for dc, link in self.links.items()]
+        # Each role's instances in id order, with their (load, queue depth) in a parallel list
+        # the instances keep current: the candidates the policy can pick are found from these.
+        self._prefill_by_id = _rank(list(self.prefill.values()), lambda p: p.state.load)
+        self._relay_by_id = _rank(list(self.relay.values()), _decode_key)
+        self._main_by_id = _rank(self._main_list, _decode_key)
+        self.check_decisions = False
 
     # --- run ------------------------------------------------------------------------------------
     def run(self, trace, drain_s: float | None = None) -> RunRecord:
@@ -171,6 +189,9 @@ class Simulator:
         self.md_tokens = [0] * n
         self.md_hit = [0] * n
         self.route: list[tuple[str, str | None, str | None]] = [("", None, None)] * n
+        self._route_obj: list[tuple] = [(None, None, None)] * n  # the same, as instances
+        # Tokens a request holds on a decode instance (``_ctx``).
+        self.ctx = (trace.input_tokens + trace.output_tokens // 2).tolist()
         self.rld_start = [nan] * n
         self.rld_job = [0.0] * n
         self.handed = [False] * n
@@ -184,14 +205,19 @@ class Simulator:
         self._window_hits = [0, 0]
         last = self.arr[-1] if n else 0.0
         self._last_arrival = last
-        for i in range(n):
-            self.loop.at(self.arr[i], self._arrive, i)
+        # The arrivals are the loop's stream (ahead of any other event at the same time, as if
+        # scheduled first), in the order of (drawn time, index).
+        times = list(self.arr)
+        order = list(range(n))
+        if n and bool(np.any(np.diff(trace.arrival_s) < 0)):
+            order.sort(key=times.__getitem__)  # stable: ties keep index order
+            times = [times[i] for i in order]
         self.loop.at(0.0, self._sample)
         # Link utilisation is measured over the arrival window, not the drain after it.
         self._link_window: tuple[float, list[tuple[float, float]]] | None = None
         self.loop.at(last, self._close_link_window)
         drain = drain_s if drain_s is not None else max(600.0, last)
-        self.loop.run(until=last + drain)
+        self.loop.run(until=last + drain, stream=(times, order, self._arrive))
         return self._record(trace)
 
     def _close_link_window(self) -> None:
@@ -274,122 +300,176 @@ class Simulator:
             self.waiting_turn[i] = False
             self.arr[i] = math.nan
             return
-        session, cached, n_in = self.session[i], self.cached[i], self.n_in[i]
-        if not self.idc:
-            if session not in self.seen_sessions:
+        session, cached, n_in, n_out = self.session[i], self.cached[i], self.n_in[i], self.n_out[i]
+        idc = self.idc
+        if not idc:
+            appended = self.appended.get(session)
+            if appended is None:
                 # Warm start: a session first seen in the trace began before it, so its prefix
                 # sits in the cache of one MD (its home by id), as a long-running fleet's would.
                 self.seen_sessions.add(session)
-                self.appended[session] = 0
+                self.appended[session] = appended = 0
                 self._main_list[session % len(self._main_list)].cache_put(session, 0, cached)
-            appended = self.appended[session]
             hits = {}  # what each MD's prefix match gives (``reserve``: may count KV in flight)
             landed_hits = {}  # what its cache holds (the heartbeat's blocks)
-            in_flight = self.fleet.drc_counts_in_flight
             waits: dict[str, int] = {}
-            for mid, md in self._holders.get(session, {}).items():
-                entry = md.cache.get(session)
-                version = entry[0] if entry is not None else None
-                if version is not None:
-                    landed_hits[mid] = max(0, cached - (appended - version))
-                if in_flight:
-                    coming = md.incoming_version(session)
-                    if coming is not None and (version is None or coming > version):
-                        version = waits[mid] = coming  # counts, but must land before use
-                if version is not None:
-                    hits[mid] = max(0, cached - (appended - version))
-            self.snapshot.prefix_hits = (
-                hits if self.fleet.decision_counts_in_flight else landed_hits
-            )
+            holders = self._holders.get(session)
+            if holders:
+                in_flight = self._drc_in_flight
+                for mid, md in holders.items():
+                    entry = md.cache.get(session)
+                    if entry is not None:
+                        version = entry[0]
+                        landed_hits[mid] = max(0, cached - (appended - version))
+                    else:
+                        version = None
+                    if in_flight:
+                        pending = md.incoming.get(session)
+                        if pending:
+                            coming = max(pending)
+                            if version is None or coming > version:
+                                version = waits[mid] = coming  # counts, but must land first
+                    if version is not None:
+                        hits[mid] = max(0, cached - (appended - version))
+            self.snapshot.prefix_hits = hits if self._decision_in_flight else landed_hits
             # This turn appends its new prompt tokens and its output to the session's context.
-            self.appended[session] = appended + (n_in - cached) + self.n_out[i]
-            self.version[i] = self.appended[session]
-            for dc, link in self.links.items():
+            self.appended[session] = self.version[i] = appended + (n_in - cached) + n_out
+            pool_wait_aware = self._pool_wait_aware
+            for link, state in self._link_pairs:
                 # A queue for connections means a new transfer sees a full link, and it first
                 # waits for a connection: the pool's expected wait (WanLink.expected_wait_s).
                 # Only urgent transfers queue ahead of a new one (background ones yield).
-                busy = 1.0 if link.waiting else link.utilisation
-                state = self.link_states[dc]
-                state.utilisation = busy
-                state.pool_wait_s = link.expected_wait_s() if self.fleet.pool_wait_aware else 0.0
-        request = RequestInfo(prompt_tokens=n_in, max_tokens=self.n_out[i])
+                state.utilisation = 1.0 if link.waiting else link.utilisation
+                state.pool_wait_s = link.expected_wait_s() if pool_wait_aware else 0.0
+        request = RequestInfo(prompt_tokens=n_in, max_tokens=n_out)
         try:
-            decision = routing_policy.decide(request, self.snapshot, self.settings)
+            decision = routing_policy.decide(request, self._narrowed(), self.settings)
         except NoHealthyPath:
             self._send_next_turn(i)  # counted as never served; the agent carries on
             return
+        if self.check_decisions:
+            full = routing_policy.decide(request, self.snapshot, self.settings)
+            assert full == decision, (i, full, decision)
         pipeline = decision.pipeline
-        if self.fleet.system == System.P_RLD and pipeline == Pipeline.P_RLD_MD:
+        if pipeline == Pipeline.P_RLD_MD and self._p_rld:
             pipeline = Pipeline.P_RLD  # finish on RLD: the design PDD excludes
         self.pipe[i] = PIPELINE_CODES[pipeline]
-        self.md_hit[i] = decision.cached_tokens if decision.main_id else 0
-        if decision.main_id and not self.idc and not self.fleet.decision_counts_in_flight:
-            # P's reservation at the chosen MD counts its KV in flight: the delta P sends.
-            self.md_hit[i] = hits.get(decision.main_id, 0)
-        if decision.main_id:
-            self._window_hits[0] += self.md_hit[i]
-            self._window_hits[1] += n_in
+        chosen = decision.main_id
+        if chosen:
+            if not idc and not self._decision_in_flight:
+                # P's reservation at the chosen MD counts its KV in flight: the delta P sends.
+                self.md_hit[i] = hit = hits.get(chosen, 0)
+            else:
+                self.md_hit[i] = hit = decision.cached_tokens
+            window_hits = self._window_hits
+            window_hits[0] += hit
+            window_hits[1] += n_in
         if pipeline == Pipeline.P_RLD_MD:
             self.mode[i] = 1 if decision.handoff_mode == HandoffMode.ONE_SHOT else 2
             self.relay[decision.relay_id].state.handoff_mode = decision.handoff_mode
-        main_id = decision.main_id if pipeline in (Pipeline.P_MD, Pipeline.P_RLD_MD) else None
+        main_id = chosen if pipeline == Pipeline.P_MD or pipeline == Pipeline.P_RLD_MD else None
         relay_id = decision.relay_id if pipeline != Pipeline.P_MD else None
         self.route[i] = (decision.prefill_id, relay_id, main_id)
+        rld = md = None
         if relay_id is not None:
-            self.relay[relay_id].assign()
+            rld = self.relay[relay_id]
+            rld.assign()
         if main_id is not None:
-            self.main[main_id].assign()
-        if main_id is not None and not self.idc:
             md = self.main[main_id]
-            if main_id in waits:
-                self.depends[i] = waits[main_id]
-            md.expect(session, self.version[i])
+            md.assign()
+            if not idc:
+                if main_id in waits:
+                    self.depends[i] = waits[main_id]
+                md.expect(session, self.version[i])
+        p = self.prefill[decision.prefill_id]
+        self._route_obj[i] = (p, rld, md)
         # P's own prefix cache holds the reusable prefix, so P computes only the uncached part.
-        self.prefill[decision.prefill_id].submit(i, n_in - cached, cached, self._prefilled)
+        p.submit(i, n_in - cached, cached, self._prefilled)
+
+    def _narrowed(self) -> ClusterSnapshot:
+        """The snapshot with only the instances that can win the policy's choice.
+
+        The policy takes, per role, the first healthy candidate in (saturated, -prefix hit,
+        load, queue depth, id) order (``routing.policy._first_in_order``). Every simulated
+        instance is healthy and every MD reachable, saturation is a threshold on the load, and
+        only MDs in ``prefix_hits`` can have a hit, so the winner is among: the first P by
+        (load, id) (a P's queue depth is always 0), the first RLD by (load, queue depth, id),
+        the MDs in ``prefix_hits`` and the first MD by (load, queue depth, id). Those come from
+        the id-ordered keys the instances keep, at the speed of ``min`` over a list rather than
+        the policy's loop over every instance; the decision is the same (``check_decisions``
+        asserts it against the full snapshot).
+        """
+        snap = self._snap
+        states, keys = self._prefill_by_id
+        snap.prefill = (states[keys.index(min(keys))],)
+        states, keys = self._relay_by_id
+        if keys:
+            snap.relay_decode = (states[keys.index(min(keys))],)
+        states, keys = self._main_by_id
+        least = states[keys.index(min(keys))]
+        hits = self.snapshot.prefix_hits
+        if hits:
+            main = [self.main[m].state for m in hits]
+            if least.id not in hits:
+                main.append(least)
+            snap.main_decode = tuple(main)
+        else:
+            snap.main_decode = (least,)
+        snap.prefix_hits = hits
+        return snap
 
     def _fabric_s(self, nbytes: float, a, b) -> float:
         gbps = min(a.gpu.interconnect_gbps, b.gpu.interconnect_gbps)
         return self.fleet.fabric.latency_ms / 1000.0 + nbytes * 8 / (gbps * 1e9)
 
+    def _fabric(self, a, b) -> tuple[float, float]:
+        """``_fabric_s``'s two constants for a pair of instances: its latency and divisor."""
+        key = (a.gpu.interconnect_gbps, b.gpu.interconnect_gbps)
+        got = self._fabric_terms.get(key)
+        if got is None:
+            got = self._fabric_terms[key] = (
+                self.fleet.fabric.latency_ms / 1000.0,
+                min(key) * 1e9,
+            )
+        return got
+
     def _prefilled(self, i: int) -> None:
-        p_id, r_id, m_id = self.route[i]
-        pipeline = Pipeline.CHOICES[self.pipe[i]]
-        kv = self.fleet.model.kv_bytes_per_token
+        p, r, m = self._route_obj[i]
+        kv = self._kv_bytes
         now = self.loop.now
         self.prefill_done[i] = now
         if self.idc:
-            md = self.main[m_id]
-            delay = self._fabric_s(self.n_in[i] * kv, self.prefill[p_id], md)
+            latency, per_s = self._fabric(p, m)
+            delay = latency + self.n_in[i] * kv * 8 / per_s  # = _fabric_s
             self.loop.at(now + delay, self._kv_at_main, i, 0.0, 0.0)
             return
-        if r_id is not None and pipeline != Pipeline.P_MD:
-            rld = self.relay[r_id]
-            delay = self._fabric_s(self.n_in[i] * kv, self.prefill[p_id], rld)
+        if r is not None and self.pipe[i] != P_MD:
+            latency, per_s = self._fabric(p, r)
+            delay = latency + self.n_in[i] * kv * 8 / per_s  # = _fabric_s
             self.loop.at(now + delay, self._kv_at_relay, i)
-        if m_id is not None:
-            md = self.main[m_id]
+        if m is not None:
             # MD lacks what its DRC does not hold; P sends that delta (from its own cache too).
             delta = self.n_in[i] - self.md_hit[i]
-            link = self.links[md.state.datacenter]
+            link = self.links[m.state.datacenter]
             # A relayed request's user is already served by RLD: its KV to MD can yield the
             # connection queue to transfers a first token waits on.
-            background = r_id is not None and self.fleet.relay_transfers_yield
-            link.send(delta * kv, lambda t, w, i=i: self._kv_at_main(i, t, w), background)
+            background = r is not None and self._yield
+            link.send(delta * kv, partial(self._kv_at_main, i), background)
 
     def _ctx(self, i: int) -> int:
         return self.n_in[i] + self.n_out[i] // 2
 
     def _kv_at_relay(self, i: int) -> None:
-        rld = self.relay[self.route[i][1]]
+        rld = self._route_obj[i][1]
         self.relay_kv_at[i] = self.loop.now
         rld.unassign()
-        rld.admit(self._ctx(i), lambda tpot, job, i=i: self._relay_start(i, tpot, job))
+        rld.admit(self.ctx[i], partial(self._relay_start, i))
 
     def _relay_start(self, i: int, tpot: float, job: float) -> None:
-        rld = self.relay[self.route[i][1]]
+        rld = self._route_obj[i][1]
         now = self.loop.now
         if self.md_took_all[i]:
-            rld.release(self._ctx(i))  # MD got the KV first and took the whole request
+            rld.release(self.ctx[i])  # MD got the KV first and took the whole request
             return
         self.rld_start[i], self.rld_job[i] = now, job
         # First token one step after joining (at the step time of the batch it joins).
@@ -400,44 +480,46 @@ class Simulator:
     def _relay_end(self, i: int) -> None:
         if self.handed[i]:
             return
-        self.relay[self.route[i][1]].release(self._ctx(i))
+        self._route_obj[i][1].release(self.ctx[i])
         self.rld_tokens[i] = self.n_out[i]
         self._finished(i)
 
     def _kv_at_main(self, i: int, transfer_s: float, wait_s: float) -> None:
-        md = self.main[self.route[i][2]]
+        md = self._route_obj[i][2]
         if not self.idc:
             self.wan_s[i], self.wan_wait[i] = transfer_s, wait_s
-            needed = self.depends.pop(i, None)
             session = self.session[i]
-            if needed is not None and md.when_landed(
-                session, needed, lambda: self._kv_at_main(i, transfer_s, wait_s)
-            ):
-                return  # the earlier turn's KV this delta builds on is still on its way
+            if self.depends:
+                needed = self.depends.pop(i, None)
+                if needed is not None and md.when_landed(
+                    session, needed, partial(self._kv_at_main, i, transfer_s, wait_s)
+                ):
+                    return  # the earlier turn's KV this delta builds on is still on its way
             md.landed(session, self.version[i])
         self.md_kv_at[i] = self.loop.now
         md.unassign()
-        if not math.isnan(self.finish[i]):
+        if self.finish[i] == self.finish[i]:  # not NaN
             # RLD already produced every token: MD only ingests the context to stay aligned.
             md.cache_put(self.session[i], self.version[i], self.n_in[i] + self.n_out[i])
             return
-        md.admit(self._ctx(i), lambda tpot, job, i=i: self._main_start(i, tpot, job))
+        md.admit(self.ctx[i], partial(self._main_start, i))
 
     def _main_start(self, i: int, tpot: float, job: float) -> None:
-        md = self.main[self.route[i][2]]
+        md = self._route_obj[i][2]
         now = self.loop.now
         n_out = self.n_out[i]
-        ctx = self._ctx(i)
+        ctx = self.ctx[i]
         md.cache_put(self.session[i], self.version[i], self.n_in[i] + n_out)
-        if self.pipe[i] != PIPELINE_CODES[Pipeline.P_RLD_MD] or math.isnan(self.rld_start[i]):
-            if self.pipe[i] == PIPELINE_CODES[Pipeline.P_RLD_MD]:
+        relayed = self.pipe[i] == P_RLD_MD
+        if not relayed or self.rld_start[i] != self.rld_start[i]:  # NaN: RLD never started
+            if relayed:
                 self.md_took_all[i] = True
             self.ttft[i] = now + tpot - self.arr[i]
             self.first_kv[i], self.first_start[i] = self.md_kv_at[i], now
             self.md_tokens[i] = n_out
             md.run(job, n_out, self._main_end, i, ctx)
             return
-        if not math.isnan(self.finish[i]):
+        if self.finish[i] == self.finish[i]:  # not NaN: RLD has finished
             self.loop.at(now + tpot, md.release, ctx)  # ingest only: one extend step
             return
         rtt = self.fleet.links[md.state.datacenter].rtt_ms / 1000.0
@@ -446,7 +528,7 @@ class Simulator:
         # MD catches up on a first batch, so RLD stops one round later and nobody stalls.
         one_shot = self.mode[i] == 1
         stop = now if one_shot else now + rtt + tpot
-        rld = self.relay[self.route[i][1]]
+        rld = self._route_obj[i][1]
         # Tokens RLD has made by ``stop``: its clock now plus the rest at its current step time.
         generated = int(rld.produced(self.rld_job[i]) + (stop - now) / rld.step)
         if generated >= n_out:
@@ -462,7 +544,7 @@ class Simulator:
         md.run(job, (resume - now) / tpot + n_out - generated, self._main_end, i, ctx)
 
     def _main_end(self, i: int, ctx: int) -> None:
-        self.main[self.route[i][2]].release(ctx)
+        self._route_obj[i][2].release(ctx)
         self._finished(i)
 
     def _finished(self, i: int) -> None:
@@ -479,3 +561,18 @@ class Simulator:
         else:
             self.arr[j] = self.loop.now  # j's time has passed: the agent sends it now
             self._arrive(j)
+
+
+def _decode_key(inst: DecodeInstance) -> tuple[float, int]:
+    return inst.state.load, inst.state.queue_depth
+
+
+def _rank(instances: list, key) -> tuple[list[InstanceState], list]:
+    """The instances' states in id order and their keys, which each instance keeps current
+    (``rank_keys[rank_idx]``) from now on."""
+    ordered = sorted(instances, key=lambda inst: inst.state.id)
+    keys = [key(inst) for inst in ordered]
+    for idx, inst in enumerate(ordered):
+        assert inst.state.queue_depth == 0 or isinstance(inst, DecodeInstance)
+        inst.rank_keys, inst.rank_idx = keys, idx
+    return [inst.state for inst in ordered], keys

@@ -92,6 +92,7 @@ class WanLink:
         self.capacity = spec.bandwidth_gbps * 1e9 / 8  # bytes/s
         self.cap = spec.connection_gbps * 1e9 / 8
         self.rtt = spec.rtt_ms / 1000.0
+        self.pool_size = spec.pool_size
         self.attained = 0.0  # bytes every active transfer has received since the link began
         self.last = 0.0
         self.active: list[tuple[float, int, float, float, Done]] = []  # finish mark heap
@@ -114,11 +115,11 @@ class WanLink:
     @property
     def utilisation(self) -> float:
         n = len(self.active)
-        return min(n * self.rate / self.capacity, 1.0) if n else 0.0
+        return min(n * min(self.cap, self.capacity / n) / self.capacity, 1.0) if n else 0.0
 
     @property
     def pool_utilisation(self) -> float:
-        return len(self.active) / self.spec.pool_size
+        return len(self.active) / self.pool_size
 
     def expected_wait_s(self) -> float:
         """Expected seconds a transfer sent now would wait for a pool connection.
@@ -131,11 +132,11 @@ class WanLink:
         times the mean transfer time, over the pool size. The mean size is that of every
         transfer started on this link so far (no constant to choose).
         """
-        if len(self.active) < self.spec.pool_size:
+        if len(self.active) < self.pool_size:
             return 0.0
         mean_bytes = self.bytes_sent / self.transfers if self.transfers else 0.0
         # Background transfers queue behind every urgent one, so they do not delay it.
-        return (len(self.waiting) + 1) * mean_bytes / (self.spec.pool_size * self.rate)
+        return (len(self.waiting) + 1) * mean_bytes / (self.pool_size * self.rate)
 
     # --- transfers ------------------------------------------------------------------------------
     def send(self, nbytes: float, done: Done, background: bool = False) -> None:
@@ -145,7 +146,7 @@ class WanLink:
         """
         self._advance()
         now = self.loop.now
-        if len(self.active) < self.spec.pool_size:
+        if len(self.active) < self.pool_size:
             self._start(now, nbytes, done, 0.0)
         else:
             (self.background if background else self.waiting).append((now, nbytes, done))
@@ -166,31 +167,45 @@ class WanLink:
         now = self.loop.now
         n = len(self.active)
         if n:
-            self.attained += self.rate * (now - self.last)
-            self.pool_busy_integral += n / self.spec.pool_size * (now - self.last)
+            rate = self.capacity / n
+            if self.cap < rate:
+                rate = self.cap
+            self.attained += rate * (now - self.last)
+            self.pool_busy_integral += n / self.pool_size * (now - self.last)
         self.last = now
 
     def _reschedule(self) -> None:
         self.version += 1
-        if self.active:
-            remaining = max(self.active[0][0] - self.attained, 0.0)
-            self.loop.at(self.loop.now + remaining / self.rate, self._on_finish, self.version)
+        active = self.active
+        if active:
+            remaining = active[0][0] - self.attained
+            if remaining < 0.0:
+                remaining = 0.0
+            rate = self.capacity / len(active)
+            if self.cap < rate:
+                rate = self.cap
+            loop = self.loop
+            loop.at(loop.now + remaining / rate, self._on_finish, self.version)
 
     def _on_finish(self, version: int) -> None:
         if version != self.version:
             return  # superseded by a later arrival or departure
         self._advance()
         now = self.loop.now
+        active = self.active
         finished = []
         # A relative tolerance absorbs float drift in the attained-bytes clock.
-        while self.active and self.active[0][0] <= self.attained * (1 + 1e-12) + 1e-3:
-            finished.append(heapq.heappop(self.active))
-        while (self.waiting or self.background) and len(self.active) < self.spec.pool_size:
-            queued_at, nbytes, done = (self.waiting or self.background).popleft()
+        limit = self.attained * (1 + 1e-12) + 1e-3
+        while active and active[0][0] <= limit:
+            finished.append(heapq.heappop(active))
+        waiting, background = self.waiting, self.background
+        while (waiting or background) and len(active) < self.pool_size:
+            queued_at, nbytes, done = (waiting or background).popleft()
             self._start(now, nbytes, done, now - queued_at)
         self._reschedule()
+        at = self.loop.at
         for _, _, enqueued, wait, done in finished:
             # The last byte lands half an RTT later and the receiver's ack/notify takes the
             # other half, so the sender learns of completion one RTT after the data drains.
             self.waits.append(wait)
-            self.loop.at(now + self.rtt, done, now + self.rtt - enqueued, wait)
+            at(now + self.rtt, done, now + self.rtt - enqueued, wait)
