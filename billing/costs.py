@@ -19,7 +19,7 @@ unpriced GPU-hours (amount 0), as billing/rating.py does with unpriced usage.
 **Rounding rule.** Time is counted in whole microseconds, so a piece's cost
 ``GPU-microseconds x price / 3.6e9`` is an exact rational; the GPU-microseconds x price products
 are summed exactly per reported line and divided once, and each line's amount is rounded once
-to the currency's minor unit (0.01) with ``ROUND_HALF_EVEN`` (billing.rating.round_amount).
+to the currency's minor unit (0.01) with ``ROUND_HALF_EVEN`` (billing.amounts.round_amount).
 GPU-hours are shown rounded half-even to 6 decimals. A total (per currency) is the sum of the
 rounded lines it is the total of; lines of different breakdowns (per pool, per model, per model
 and day) are each rounded on their own, so their sums may differ by a cent or so.
@@ -40,7 +40,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from billing.rating import round_amount
+from billing.amounts import round_amount
 from fleet.choices import ActualState
 from fleet.models import FleetEvent, Instance, UnitPrice
 

@@ -2,7 +2,7 @@
 
 Revenue is the rated usage: the ledger entries made in [start, end), each priced with the
 price in force when it was made (contract, else list), as on the statements
-(billing.rating.PriceBook and billing.rating.component). The database groups the entries by
+(billing.rating.PriceBook and billing.amounts.component). The database groups the entries by
 tenant, model, UTC day and price bucket and sums their tokens (one query, whatever the number
 of entries). Cost is billing.costs.fleet_cost over the same period, per model and day.
 
@@ -33,9 +33,10 @@ from django.core.cache import cache
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from billing.amounts import component, round_amount
 from billing.costs import FleetCost, fleet_cost
 from billing.models import ModelPrice, UsageEntry
-from billing.rating import PriceBook, component, grouped_sums, round_amount
+from billing.rating import PriceBook, grouped_sums
 
 BCR_EXPONENT = Decimal("1e-4")
 

@@ -7,6 +7,7 @@ from decimal import Decimal
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from billing.amounts import component
 from fleet.choices import Currency
 from fleet.models.pricing import EffectivePeriodQuerySet, check_effective_period
 from fleet.validators import slug_name
@@ -164,14 +165,12 @@ class UsageEntry(models.Model):
         )
 
     # Which statement bills an entry is not stored on the entry (that took an UPDATE of every
-    # row of the month): it follows from the tenant's statements, see billing/statements.py.
+    # row of the month): it follows from the tenant's statements (the rule: billing/statements.py).
     @property
     def statement(self) -> Statement | None:
         """The statement that bills this entry, or None while no statement covers it yet."""
         if not hasattr(self, "_statement_cache"):
-            from billing.statements import statement_of
-
-            self._statement_cache = statement_of(self)
+            self._statement_cache = Statement.objects.billing(self)
         return self._statement_cache
 
     @property
@@ -291,6 +290,19 @@ class StatementStatus(models.TextChoices):
     CLOSED = "closed", "Closed"
 
 
+class StatementQuerySet(models.QuerySet):
+    def billing(self, entry: UsageEntry) -> Statement | None:
+        """The statement that bills `entry` (the rule in billing/statements.py), or None: the
+        tenant's earliest statement ending after the entry that is open or was closed with the
+        entry's id at or under its last one."""
+        return (
+            self.filter(tenant_id=entry.tenant_id, period_end__gt=entry.created_at)
+            .filter(models.Q(status=StatementStatus.OPEN) | models.Q(last_entry_id__gte=entry.pk))
+            .order_by("period_start")
+            .first()
+        )
+
+
 class Statement(models.Model):
     """A tenant's bill for one calendar month (UTC), [period_start, period_end).
 
@@ -341,6 +353,8 @@ class Statement(models.Model):
         help_text="Version of the price book at the last rating (re-rated when it changes).",
     )
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = StatementQuerySet.as_manager()
 
     class Meta:
         ordering = ["tenant__name", "-period_start"]
@@ -403,20 +417,14 @@ class StatementLine(models.Model):
     # The components at full precision, from the tokens and the unit prices on the line.
     @property
     def input_amount(self) -> Decimal:
-        from billing.rating import component
-
         return component(self.input_tokens, self.input_per_mtok)
 
     @property
     def cached_amount(self) -> Decimal:
-        from billing.rating import component
-
         return component(self.cached_tokens, self.cached_input_per_mtok)
 
     @property
     def output_amount(self) -> Decimal:
-        from billing.rating import component
-
         return component(self.output_tokens, self.output_per_mtok)
 
 

@@ -157,12 +157,7 @@ def _lock_tenants(tenant_ids) -> None:
 
 def statement_of(entry: UsageEntry) -> Statement | None:
     """The statement that bills `entry` (the rule in the module docstring), or None."""
-    return (
-        Statement.objects.filter(tenant_id=entry.tenant_id, period_end__gt=entry.created_at)
-        .filter(Q(status=StatementStatus.OPEN) | Q(last_entry_id__gte=entry.pk))
-        .order_by("period_start")
-        .first()
-    )
+    return Statement.objects.billing(entry)
 
 
 def entries_of(statement: Statement) -> models.QuerySet[UsageEntry]:
