@@ -25,11 +25,17 @@ serves, builds its chain with each swapped for its wrapper (``ASYNC_MIDDLEWARE``
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
+from django.core import signals
+from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler as DjangoASGIHandler
+from django.core.handlers.asgi import get_script_prefix
+from django.urls import set_script_prefix
 from django.utils.module_loading import import_string
 
 GATEWAY_PREFIX = "/v1/"
@@ -141,7 +147,65 @@ _loading = threading.Lock()
 
 
 class ASGIHandler(DjangoASGIHandler):
-    """Django's ASGI handler, its middleware chain built from ``ASYNC_MIDDLEWARE``'s wrappers."""
+    """Django's ASGI handler, its middleware chain built from ``ASYNC_MIDDLEWARE``'s wrappers;
+    on the gateway's path, Django's request signals sent on the event loop.
+
+    Django sends ``request_started`` and, from ``response.close()``, ``request_finished``
+    through ``sync_to_async``: two more hops per request, onto a thread made for the request.
+    Their receivers (``close_old_connections``, ``reset_queries``, ``close_caches``,
+    ``reset_urlconf``) tend the calling thread's database connections and caches; on the
+    gateway's path no database work runs on the event loop's thread (the gateway's own
+    threads tend their connections themselves, routing/gateway/workers.py), so there they run
+    inline, with nothing to close. Elsewhere, where sync views use the request's thread, the
+    handler is Django's."""
+
+    async def handle(self, scope, receive, send):
+        if not is_gateway_path(scope.get("path", "")):
+            return await super().handle(scope, receive, send)
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return None
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, error_response = self.create_request(scope, body_file)
+        try:
+            if request is None:
+                await self.send_response(error_response, send)
+                error_response.close()
+                return None
+            await self._serve(request, receive, send)
+        finally:
+            body_file.close()
+        return None
+
+    async def _serve(self, request, receive, send) -> None:
+        """The response, sent unless the client leaves first (its disconnect cancels the
+        view, as in Django's handler); then closed, which sends ``request_finished``."""
+
+        async def respond():
+            response = await self.run_get_response(request)
+            try:
+                await self.send_response(response, send)
+            except asyncio.CancelledError:
+                pass  # the client left while the answer was going out
+            return response
+
+        serving = asyncio.create_task(respond())
+        listening = asyncio.create_task(self.listen_for_disconnect(receive))
+        await asyncio.wait((listening, serving), return_when=asyncio.FIRST_COMPLETED)
+        if not listening.done():
+            listening.cancel()
+        with contextlib.suppress(asyncio.CancelledError, RequestAborted):
+            await listening
+        if not serving.done():
+            serving.cancel()
+        try:
+            response = await serving
+        except asyncio.CancelledError:
+            signals.request_finished.send(sender=self.__class__)
+            return
+        response.close()
 
     def load_middleware(self, is_async: bool = False) -> None:
         if not is_async:

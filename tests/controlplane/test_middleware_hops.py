@@ -127,3 +127,79 @@ def test_the_served_application_uses_the_lean_handler():
     from controlplane import asgi
 
     assert isinstance(asgi.django_http, ASGIHandler)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_request_signals_of_a_gateway_request_run_on_the_event_loop():
+    from django.core import signals
+
+    threads: dict[str, int] = {}
+
+    def started(**_):
+        threads["started"] = threading.get_ident()
+
+    def finished(**_):
+        threads["finished"] = threading.get_ident()
+
+    signals.request_started.connect(started)
+    signals.request_finished.connect(finished)
+    try:
+        loop_thread, status, _ = _call(ASGIHandler(), "/v1/chat/completions", "POST", b"{}")
+        assert status == 401
+        assert threads == {"started": loop_thread, "finished": loop_thread}
+        threads.clear()
+        page_loop, status, _ = _call(ASGIHandler(), "/login/")
+        assert status == 200
+        # A page's signals run where its sync view and middleware ran: Django's own way.
+        assert threads["started"] != page_loop and threads["finished"] != page_loop
+    finally:
+        signals.request_started.disconnect(started)
+        signals.request_finished.disconnect(finished)
+
+
+def test_a_gateway_client_that_leaves_cancels_the_view(monkeypatch):
+    """As in Django's handler: a disconnect before the answer cancels the view."""
+    from routing.gateway import views
+
+    cancelled = []
+
+    async def slow(request, kind):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    monkeypatch.setattr(views, "_handle", slow)
+    messages = [
+        {"type": "http.request", "body": b"{}", "more_body": False},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict] = []
+
+    async def receive():
+        message = messages.pop(0)
+        if message["type"] == "http.disconnect":
+            await asyncio.sleep(0.2)
+        return message
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"localhost"), (b"content-length", b"2")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 8000),
+    }
+    asyncio.run(asyncio.wait_for(ASGIHandler()(scope, receive, send), 10))
+    assert cancelled == [True]
+    assert sent == []  # nothing was answered to a client that left
