@@ -1,6 +1,6 @@
-"""The planner's public API: ``simulate(scenario)``, ``plan(...)`` and ``size(scenario, rps)``
-(planner/size.py: the cheapest fleet meeting the SLA, and the best-BCR fleet), plain dicts in
-and out.
+"""The planner's public API: ``simulate(scenario)`` and ``plan(...)``, plain dicts in and out;
+``planner.size.size(scenario, rps)`` (the cheapest fleet meeting the SLA, and the best-BCR
+fleet) builds on it.
 
 The Django command, REST endpoint and UI page call these; so does ``python -m planner``.
 """
@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from planner.fleet import FleetSpec, fleet_from_dict
+from planner.hardware import EngineSpec
 from planner.metrics import Sla, Tariff, revenue, summarise
 from planner.microbench import simulate_transfers
 from planner.scenario import case_configs, load_scenario, set_path
 from planner.sim import RunRecord, Simulator
-from planner.size import size  # noqa: F401  (re-exported: part of the public API)
 from planner.spec import build, integer, number
 from planner.wan import WanLinkSpec
 from planner.workload import Trace, WorkloadSpec, generate, read_trace
@@ -378,10 +378,60 @@ def _run_all(jobs: list[tuple[str, dict[str, Any], str]], workers: int) -> list[
         return list(pool.map(_run_job, jobs))
 
 
-def _band_job(job: tuple[Any, ...]) -> dict[str, Any]:
-    from planner.size import evaluate
+# --- one point of a sizing search or a band (in a worker process) ---------------------------
 
-    return evaluate(job)
+
+def _fleet_dict(fleet: Mapping[str, Any], counts: tuple[int, ...]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(fleet))
+    out["pools"] = [{**p, "count": c} for p, c in zip(fleet["pools"], counts, strict=True)]
+    return out
+
+
+def _scaled(fleet: dict[str, Any], constants: Mapping[str, float]) -> dict[str, Any]:
+    """``fleet`` with engine constants multiplied (``{"prefill_efficiency": 1.05}``)."""
+    if not constants:
+        return fleet
+    engine = dict(fleet.get("engine", {}))
+    for name, factor in constants.items():
+        base = engine.get(name, getattr(EngineSpec(), name))
+        engine[name] = min(base * factor, 1.0) if name.endswith("efficiency") else base * factor
+    return {**fleet, "engine": engine}
+
+
+def evaluate(job: tuple[Any, ...]) -> dict[str, Any]:
+    """Simulate one (fleet counts, rate, constants) point; the figures sizing (planner/size.py)
+    and the bands need."""
+    fleet, config, counts, rps, constants = job
+    mods = dict(constants)
+    # "rate_factor": the same requests, arriving f times faster (times and gaps divided by f):
+    # the rate changes but the sample does not (common random numbers), so the figure moves
+    # by what the rate does, not by a new draw. "seed": another draw at the same rate.
+    factor = float(mods.pop("rate_factor", 1.0))
+    seed = mods.pop("seed", None)
+    if seed is not None:
+        config = {**config, "workload": {**config.get("workload", {}), "seed": int(seed)}}
+    spec = fleet_from_dict(_scaled(_fleet_dict(fleet, counts), mods))
+    trace = make_trace(config, rps)
+    if factor != 1.0:
+        trace.arrival_s = trace.arrival_s / factor
+        trace.settle_s = trace.settle_s / factor
+    summary, _ = run_fleet(
+        spec,
+        trace,
+        _sla(config),
+        number(config.get("warmup_s", 60.0), "warmup_s"),
+        _tariff(config),
+    )
+    tokens = summary.get("tokens", {})
+    return {
+        "met": bool(summary["sla"]["met"]),
+        "ttft_p50_s": summary["ttft_s"]["p50"],
+        "ttft_p90_s": summary["ttft_s"]["p90"],
+        "ttft_p99_s": summary["ttft_s"]["p99"],
+        "offered_rps": summary["offered_rps"],
+        "relay_share": tokens.get("relay_share"),
+        "cost_per_hour": spec.cost_per_hour(),
+    }
 
 
 def seed_list(config: Mapping[str, Any], seeds: int) -> tuple[int, ...]:
@@ -420,10 +470,10 @@ def add_bands(
     if not flat:
         return
     if jobs <= 1:
-        outs = list(map(_band_job, flat))
+        outs = list(map(evaluate, flat))
     else:
         with ProcessPoolExecutor(max_workers=min(jobs, len(flat))) as pool:
-            outs = list(pool.map(_band_job, flat))
+            outs = list(pool.map(evaluate, flat))
     it = iter(outs)
     for name, (rps, js) in planned.items():
         results = [next(it) for _ in js]

@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from typing import Any, TextIO
 
+from planner.api import _fleet_dict, evaluate
 from planner.fleet import fleet_from_dict
-from planner.hardware import EngineSpec
 from planner.scenario import case_configs, load_scenario
 from planner.spec import integer, number
 
@@ -94,60 +94,6 @@ class Progress:
 
 
 # --- one simulation (in a worker process) ----------------------------------------------------
-
-
-def _fleet_dict(fleet: Mapping[str, Any], counts: tuple[int, ...]) -> dict[str, Any]:
-    out = copy.deepcopy(dict(fleet))
-    out["pools"] = [{**p, "count": c} for p, c in zip(fleet["pools"], counts, strict=True)]
-    return out
-
-
-def _scaled(fleet: dict[str, Any], constants: Mapping[str, float]) -> dict[str, Any]:
-    """``fleet`` with engine constants multiplied (``{"prefill_efficiency": 1.05}``)."""
-    if not constants:
-        return fleet
-    engine = dict(fleet.get("engine", {}))
-    for name, factor in constants.items():
-        base = engine.get(name, getattr(EngineSpec(), name))
-        engine[name] = min(base * factor, 1.0) if name.endswith("efficiency") else base * factor
-    return {**fleet, "engine": engine}
-
-
-def evaluate(job: tuple[Any, ...]) -> dict[str, Any]:
-    """Simulate one (fleet counts, rate, constants) point; the figures sizing needs."""
-    from planner.api import _sla, _tariff, make_trace, run_fleet
-
-    fleet, config, counts, rps, constants = job
-    mods = dict(constants)
-    # "rate_factor": the same requests, arriving f times faster (times and gaps divided by f):
-    # the rate changes but the sample does not (common random numbers), so the figure moves
-    # by what the rate does, not by a new draw. "seed": another draw at the same rate.
-    factor = float(mods.pop("rate_factor", 1.0))
-    seed = mods.pop("seed", None)
-    if seed is not None:
-        config = {**config, "workload": {**config.get("workload", {}), "seed": int(seed)}}
-    spec = fleet_from_dict(_scaled(_fleet_dict(fleet, counts), mods))
-    trace = make_trace(config, rps)
-    if factor != 1.0:
-        trace.arrival_s = trace.arrival_s / factor
-        trace.settle_s = trace.settle_s / factor
-    summary, _ = run_fleet(
-        spec,
-        trace,
-        _sla(config),
-        number(config.get("warmup_s", 60.0), "warmup_s"),
-        _tariff(config),
-    )
-    tokens = summary.get("tokens", {})
-    return {
-        "met": bool(summary["sla"]["met"]),
-        "ttft_p50_s": summary["ttft_s"]["p50"],
-        "ttft_p90_s": summary["ttft_s"]["p90"],
-        "ttft_p99_s": summary["ttft_s"]["p99"],
-        "offered_rps": summary["offered_rps"],
-        "relay_share": tokens.get("relay_share"),
-        "cost_per_hour": spec.cost_per_hour(),
-    }
 
 
 def _goodput_job(job: tuple[Any, ...]) -> dict[str, Any]:
