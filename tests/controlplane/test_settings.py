@@ -85,10 +85,13 @@ def test_a_bad_boolean_is_a_one_line_configuration_error(tmp_path):
 
 
 def test_control_plane_imports_without_torch(tmp_path):
+    # Neither torch nor the agents' package: tests/test_layers.py checks the imports; this, what
+    # loading the web process, its URLs and /metrics really pulls in.
     code = (
         "import sys, django; django.setup();"
-        "import controlplane.asgi, controlplane.urls, fleet.api.views;"
-        "print('torch' in sys.modules)"
+        "import controlplane.asgi, controlplane.urls, fleet.api.views, frontend.metrics;"
+        "print(any(m == n or m.startswith(n + '.') for m in sys.modules for n in "
+        "('torch', 'agents')))"
     )
     env = {
         **os.environ,

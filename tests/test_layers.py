@@ -1,0 +1,233 @@
+"""Imports only point down, and no module imports itself back through others.
+
+Every import of every module of the project's packages counts, also the ones inside functions
+(a lazy import is still a dependency) and relative ones; a package's ``__init__`` importing its
+own submodules is not a circle. docs/architecture.md ("Layers") explains the order below.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = (
+    "pdd",
+    "agents",
+    "controlplane",
+    "fleet",
+    "billing",
+    "routing",
+    "planner",
+    "plans",
+    "frontend",
+    "bench",
+)
+
+# The control plane's shared base, which the apps build on: env-driven settings helpers, the
+# bounded filters, JSON safety, roles, the schema's error shapes; the package itself and the
+# Celery app its __init__ loads. The rest of `controlplane` is the top: it composes the apps
+# (settings, URLs, ASGI, websocket routes, pushes, middleware).
+CONTROLPLANE_BASE = (
+    "controlplane",
+    "controlplane.celery",
+    "controlplane.env",
+    "controlplane.filters",
+    "controlplane.jsonsafety",
+    "controlplane.permissions",
+    "controlplane.schema",
+)
+# The planner's command line sets Django up for `size --from-db` and reads the database's
+# fleet through `plans`: an entry point, above what it composes.
+PLANNER_ENTRY = ("planner.cli", "planner.__main__")
+
+# Lowest first: a module may import its own layer and the layers below it, never one above.
+#   pdd            what every part shares: no Django, no torch
+#   agents         node agents and their engines: pdd only, never Django
+#   controlplane base (above): Django-side helpers every app uses
+#   fleet          inventory and provisioning
+#   billing        tenants, keys, prices, usage (reads fleet's prices and GPUs)
+#   routing        the gateway and the policy (admits through billing, routes over fleet)
+#   planner        simulator and capacity planner (pure Python; the policy from routing)
+#   plans          plan runs over the database's fleet (fleet rows into the planner)
+#   frontend       the operator UI and telemetry: reads every app
+#   controlplane   the top: settings, URLs, ASGI, websocket routes, pushes
+#   planner.cli    the planner's command line (an entry point)
+#   bench          the demo, the testbed and the benchmarks: drive everything
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("pdd", ("pdd",)),
+    ("agents", ("agents",)),
+    ("controlplane base", CONTROLPLANE_BASE),
+    ("fleet", ("fleet",)),
+    ("billing", ("billing",)),
+    ("routing", ("routing",)),
+    ("planner", ("planner",)),
+    ("plans", ("plans",)),
+    ("frontend", ("frontend",)),
+    ("controlplane", ("controlplane",)),
+    ("planner.cli", PLANNER_ENTRY),
+    ("bench", ("bench",)),
+)
+# Layers named by their modules; the others hold whole packages.
+BY_MODULE = (CONTROLPLANE_BASE, PLANNER_ENTRY)
+# The control plane runs without the agents' package or torch: only these import `agents`.
+AGENTS_USERS = ("agents", "bench")
+# Parts that import no Django (nor Channels, DRF or Celery, which need it).
+DJANGO = ("django", "rest_framework", "drf_spectacular", "django_filters", "channels", "celery")
+WITHOUT_DJANGO = ("pdd", "agents", "planner")
+# Parts that import no torch (the control plane's packages among them).
+TORCH_USERS = ("agents", "bench")
+
+
+def _is_under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def _files() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if "migrations" not in path.parts:
+                found[_module_name(path)] = path
+    return found
+
+
+def _imported_names(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import in the file, relative ones made absolute."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.append((node.lineno, base))
+            out += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return out
+
+
+@cache
+def _graph() -> dict[str, dict[str, int]]:
+    """Module -> {project module it imports: line}; a package importing its own submodules
+    is left out (that is how packages are built, not a circle)."""
+    files = _files()
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in files.items():
+        edges: dict[str, int] = {}
+        for line, name in _imported_names(path, module):
+            if name in files and name != module:
+                if path.name == "__init__.py" and _is_under(name, module):
+                    continue
+                edges.setdefault(name, line)
+        graph[module] = edges
+    return graph
+
+
+def _external(module: str) -> list[tuple[int, str]]:
+    path = _files()[module]
+    return [(line, name) for line, name in _imported_names(path, module) if name not in _files()]
+
+
+def _layer(module: str) -> int:
+    """The layer of a module: one named in CONTROLPLANE_BASE or PLANNER_ENTRY is there; any
+    other lies in the layer of its package (the longest prefix that names one)."""
+    for index, (_, members) in enumerate(LAYERS):
+        if members in BY_MODULE and module in members:
+            return index
+    best, best_len = None, -1
+    for index, (_, members) in enumerate(LAYERS):
+        if members in BY_MODULE:
+            continue
+        for prefix in members:
+            if _is_under(module, prefix) and len(prefix) > best_len:
+                best, best_len = index, len(prefix)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer: add its package to LAYERS")
+    return best
+
+
+def _cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, {})):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_every_module_is_in_a_layer():
+    assert {_layer(m) for m in _graph()} <= set(range(len(LAYERS)))
+    for members in BY_MODULE:
+        assert set(members) <= set(_files()), f"{set(members) - set(_files())} no longer exist"
+
+
+def test_no_module_imports_itself_back_through_others():
+    cycle = _cycle(_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def test_imports_only_point_down():
+    up = [
+        f"{_files()[src].relative_to(ROOT)}:{line} imports {dst} "
+        f"({LAYERS[_layer(dst)][0]} is above {LAYERS[_layer(src)][0]})"
+        for src, edges in sorted(_graph().items())
+        for dst, line in sorted(edges.items())
+        if _layer(dst) > _layer(src)
+    ]
+    assert not up, "\n".join(up)
+
+
+def test_only_the_agents_and_the_benchmarks_import_the_agents_package():
+    found = [
+        f"{_files()[src].relative_to(ROOT)}:{line} imports {dst}"
+        for src, edges in sorted(_graph().items())
+        if not any(_is_under(src, p) for p in AGENTS_USERS)
+        for dst, line in sorted(edges.items())
+        if _is_under(dst, "agents")
+    ]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("parts", "names", "allowed"),
+    [
+        (WITHOUT_DJANGO, DJANGO, PLANNER_ENTRY),
+        (tuple(p for p in PACKAGES if p not in TORCH_USERS), ("torch",), ()),
+    ],
+    ids=["django", "torch"],
+)
+def test_parts_that_go_without_a_framework_do_not_import_it(parts, names, allowed):
+    found = [
+        f"{_files()[module].relative_to(ROOT)}:{line} imports {name}"
+        for module in sorted(_files())
+        if any(_is_under(module, p) for p in parts) and module not in allowed
+        for line, name in _external(module)
+        if any(_is_under(name, n) for n in names)
+    ]
+    assert not found, "\n".join(found)
