@@ -302,6 +302,9 @@ BATON_GATEWAY_STALL_S = env_float("BATON_GATEWAY_STALL_S", 1.6, minimum=0.05)
 BATON_GATEWAY_FIRST_TOKEN_TIMEOUT_S = env_float(
     "BATON_GATEWAY_FIRST_TOKEN_TIMEOUT_S", 60.0, minimum=0.1
 )
+# Admission and routing on the event loop, without a worker-thread hop, when the whole hot
+# path is in memory (no REDIS_URL) and every read is a cache hit (routing/gateway/views.py).
+BATON_GATEWAY_INLINE = env_bool("BATON_GATEWAY_INLINE", default=True)
 # Fleet-wide data-plane token: handed to agents at registration and sent by the gateway on
 # every call to an agent's data endpoints. Empty: the data plane is open (private network).
 BATON_DATA_TOKEN = env_str("BATON_DATA_TOKEN", "")

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
+from django.core.exceptions import SynchronousOnlyOperation
 from django.db.models import F
 
 from routing.models import CacheVersion
@@ -92,8 +93,14 @@ class CacheVersions:
         with self._lock:
             if now - self._checked_at < period:
                 return
-            self._checked_at = now  # one reader per period; the others use what is cached
-        self._read()
+            before, self._checked_at = self._checked_at, now  # one reader per period
+        try:
+            self._read()
+        except SynchronousOnlyOperation:
+            # Called on the event loop (the gateway's inline path): the read is a worker's.
+            with self._lock:
+                self._checked_at = before
+            raise
 
     def _refresher_alive(self) -> bool:
         thread = self._refresher
@@ -122,6 +129,8 @@ class CacheVersions:
     def _read(self) -> None:
         try:
             found = dict(CacheVersion.objects.values_list("name", "version"))
+        except SynchronousOnlyOperation:
+            raise
         except Exception:  # noqa: BLE001 - cannot tell what changed: trust nothing cached
             log.warning("cache versions unreadable; emptying the gateway caches", exc_info=True)
             for name in self._caches:

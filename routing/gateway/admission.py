@@ -55,6 +55,14 @@ def served_model(name: str) -> ServedModel:
 
 def admit(request: HttpRequest, kind: str, watch: Stopwatch) -> Prepared:
     """Authenticate, parse, tokenize, check the context and the tenant's limits."""
+    p = identify(request, kind, watch)
+    check_limits(p)
+    return p
+
+
+def identify(request: HttpRequest, kind: str, watch: Stopwatch) -> Prepared:
+    """Everything admission reads (the key, the parsed request, its token ids, the context),
+    with no side effect: the tenant's limits are ``check_limits``'s."""
     received_at = time.monotonic()
     watch.lap("queue")  # the hop onto a gateway worker thread
     key = authenticate(request)
@@ -80,16 +88,6 @@ def admit(request: HttpRequest, kind: str, watch: Stopwatch) -> Prepared:
             f"prompt ({len(prompt_ids)}) plus max_tokens ({greq.max_tokens}) is {total}.",
             "max_tokens",
         )
-    tenant = key.tenant
-    verdict = limiter().check(
-        tenant=tenant.name,
-        rpm=tenant.requests_per_minute,
-        tpm=tenant.tokens_per_minute,
-        tokens=total,
-    )
-    if not verdict.allowed:
-        raise rate_limited(verdict.limit, verdict.retry_after_s)
-    watch.lap("limit")
     return Prepared(
         key=key,
         greq=greq,
@@ -102,3 +100,18 @@ def admit(request: HttpRequest, kind: str, watch: Stopwatch) -> Prepared:
         received_at=received_at,
         watch=watch,
     )
+
+
+def check_limits(p: Prepared) -> None:
+    """The tenant's requests and tokens per minute: this request counts against them."""
+    tenant = p.key.tenant
+    verdict = limiter().check(
+        tenant=tenant.name,
+        rpm=tenant.requests_per_minute,
+        tpm=tenant.tokens_per_minute,
+        tokens=len(p.prompt_ids) + p.greq.max_tokens,
+    )
+    if not verdict.allowed:
+        raise rate_limited(verdict.limit, verdict.retry_after_s)
+    if p.watch is not None:
+        p.watch.lap("limit")

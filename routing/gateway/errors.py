@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 
 from django.http import JsonResponse
 
@@ -40,6 +41,9 @@ class GatewayError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        # A write the answer must wait for (a rejected request's record, written by the
+        # record writer): the view awaits it before answering.
+        self.pending_write: Future | None = None
 
     def body(self) -> dict:
         return {

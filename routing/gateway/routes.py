@@ -19,6 +19,7 @@ from routing.gateway.workers import record_writer
 from routing.live import (
     DispatchedBlocks,
     DispatchLedger,
+    LiveView,
     LiveViewCache,
     suspect_ledger,
     with_dispatched_blocks,
@@ -48,9 +49,9 @@ MAX_MIGRATIONS = 2
 policies = PolicyCache()
 
 
-def route_first(p: Prepared) -> None:
-    """The first decision for an admitted request. No healthy path: the request is recorded
-    as rejected and the caller gets a 503."""
+def route_inputs(p: Prepared) -> LiveView:
+    """What the first decision reads, with no side effect: the policy, the prompt's prefix
+    blocks and the live view."""
     policy, version = policies.current()
     p.policy, p.version = policy, version
     p.first_token_early = policy.stream_first_token_early
@@ -60,31 +61,45 @@ def route_first(p: Prepared) -> None:
         prefix_block_hashes=prefix_block_hashes(p.prompt_ids, p.model.kv_block_size),
         block_tokens=p.model.kv_block_size,
     )
+    return live_views.get(p.model.name)
+
+
+def route_first(p: Prepared, view: LiveView | None = None) -> None:
+    """The first decision for an admitted request, on ``view`` (``route_inputs``'s; read now
+    when not given). No healthy path: the request's ``rejected`` record goes to the record
+    writer and the caller gets a 503 that waits for it (``GatewayError.pending_write``)."""
+    if view is None:
+        view = route_inputs(p)
     try:
-        route(p)
+        route(p, view)
     except NoHealthyPath as exc:
-        record_request(
+        written = record_writer.submit(
+            record_request,
             request_id=p.request_id,
             api_key=p.key,
             model=p.model.name,
             endpoint=p.kind,
             stream=p.greq.stream,
             decision=None,
-            policy_version=version,
+            policy_version=p.version,
             decision_inputs=p.inputs,
             outcome=Outcome(
                 status="rejected", error=f"no healthy path: {exc}", prompt_tokens=len(p.prompt_ids)
             ),
             client_request_id=p.client_request_id,
         )
-        raise unavailable(f"No healthy path for model '{p.model.name}': {exc}") from exc
+        error = unavailable(f"No healthy path for model '{p.model.name}': {exc}")
+        error.pending_write = written
+        raise error from exc
 
 
-def route(p: Prepared) -> None:
-    """Decide the path on the live view (with this gateway's dispatches, the KV already sent
-    to each MD, and without the instances seen failing) and build the agents' plan; sets
-    ``p.decision``, ``p.inputs``, ``p.url`` and ``p.plan``. Raises NoHealthyPath."""
-    view = live_views.get(p.model.name)
+def route(p: Prepared, view: LiveView | None = None) -> None:
+    """Decide the path on the live view (``view``, else read now; with this gateway's
+    dispatches, the KV already sent to each MD, and without the instances seen failing) and
+    build the agents' plan; sets ``p.decision``, ``p.inputs``, ``p.url`` and ``p.plan``.
+    Raises NoHealthyPath."""
+    if view is None:
+        view = live_views.get(p.model.name)
     snapshot = with_dispatches(view, dispatches)
     # MD will hold what the gateways have already sent it (KV on its way, not yet in its
     # heartbeat): a session's next turn sent right after the previous answer is a hit there.

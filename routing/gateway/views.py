@@ -14,9 +14,13 @@ earlier one (routing/gateway/README.md):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import SynchronousOnlyOperation
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -48,13 +52,41 @@ def _prepare(request: HttpRequest, kind: str, watch: Stopwatch | None = None) ->
     p = admission.admit(request, kind, watch)
     routes.route_first(p)
     watch.lap("route")
+    _admitted(p)
+    watch.lap("admit")
+    return p
+
+
+def _prepare_inline(request: HttpRequest, kind: str, watch: Stopwatch) -> Prepared:
+    """Steps 1-3 on the event loop, without the hop, for a process whose whole hot path is
+    in memory (no Redis: the limiter, the dispatch ledgers and the agents' reports are this
+    process's). Every read comes first and has no side effect; one that needs the database
+    (a cache miss, the counters or the policy due for a check) raises
+    SynchronousOnlyOperation, Django's refusal of the ORM on the event loop, and the caller
+    runs ``_prepare`` on a worker instead, from the start: nothing was counted yet."""
+    p = admission.identify(request, kind, watch)
+    view = routes.route_inputs(p)
+    watch.lap("route")
+    admission.check_limits(p)
+    routes.route_first(p, view)
+    watch.lap("route")
+    _admitted(p)
+    watch.lap("admit")
+    return p
+
+
+def _inline_ok() -> bool:
+    return not settings.REDIS_URL and settings.BATON_GATEWAY_INLINE
+
+
+def _admitted(p: Prepared) -> None:
     # Durable before any agent is called (a journal line; the row follows in the record
     # writer's next batch): if this process dies, a later one records it.
     admission_journaled(
         request_id=p.request_id,
         api_key=p.key,
         model=p.model.name,
-        endpoint=kind,
+        endpoint=p.kind,
         stream=p.greq.stream,
         prompt_tokens=len(p.prompt_ids),
         decision=p.decision,
@@ -64,8 +96,6 @@ def _prepare(request: HttpRequest, kind: str, watch: Stopwatch | None = None) ->
         prefill_url=p.prefill_http,
         client_request_id=p.client_request_id,
     )
-    watch.lap("admit")
-    return p
 
 
 def _recoverer(p: Prepared):
@@ -172,8 +202,15 @@ async def _handle(request: HttpRequest, kind: str):
         watch = Stopwatch(scope.get(RECEIVED))
         if RECEIVED in scope:
             watch.lap("django")
-        p = await in_worker(_prepare)(request, kind, watch)
-        watch.lap("resume")  # back on the event loop
+        p = None
+        if _inline_ok():
+            try:
+                p = _prepare_inline(request, kind, watch)
+            except SynchronousOnlyOperation:
+                watch.lap("inline")  # a read needed the database: the worker does it all
+        if p is None:
+            p = await in_worker(_prepare)(request, kind, watch)
+            watch.lap("resume")  # back on the event loop
         if p.greq.stream:
             response = StreamingHttpResponse(_stream(p), content_type="text/event-stream")
             response["Cache-Control"] = "no-cache"
@@ -184,6 +221,9 @@ async def _handle(request: HttpRequest, kind: str):
         response["Server-Timing"] = watch.header()
         return response
     except GatewayError as exc:
+        if exc.pending_write is not None:  # the rejected request's record, first
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(exc.pending_write)
         notify_error(
             exc.status,
             exc.code,

@@ -1,0 +1,123 @@
+"""Admission and routing on the event loop (routing/gateway/views.py `_prepare_inline`): with
+warm caches and no Redis, a request takes no worker hop; a cold read falls back to a worker
+without counting the request twice; with Redis, or switched off, the worker does it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from rest_framework.test import APIClient
+
+from billing import services as billing
+from billing.models import Tenant
+from fleet import live as fleet_live
+from fleet.choices import InstanceRole
+from routing.gateway import admission, views
+from routing.gateway import run as gw_run
+from routing.models import Admission, RequestRecord
+
+from .test_route_around_the_dead import _one_dc_fleet
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def fleet(transactional_db, settings, monkeypatch):
+    settings.REDIS_URL = ""
+    settings.BATON_GATEWAY_INLINE = True
+    _one_dc_fleet(("p", InstanceRole.PREFILL), ("md", InstanceRole.MAIN_DECODE))
+
+    async def events(url, plan):
+        for i in range(plan["sampling"]["max_tokens"]):
+            yield {"type": "token", "index": i, "token_id": ord("a") + i, "role": "md"}
+        yield {"type": "done", "finish_reason": "length", "stats": {}}
+
+    monkeypatch.setattr(gw_run, "run_events", events)
+    # Where the limiter ran: on the event loop (inline) or on a worker thread.
+    where: list[str] = []
+    real = admission.check_limits
+
+    def check_limits(p):
+        try:
+            asyncio.get_running_loop()
+            where.append("loop")
+        except RuntimeError:
+            where.append("worker")
+        return real(p)
+
+    monkeypatch.setattr(admission, "check_limits", check_limits)
+    yield where
+    fleet_live._memory.clear()
+
+
+def _client(rpm: int = 100) -> APIClient:
+    tenant = Tenant.objects.create(name="acme", requests_per_minute=rpm, tokens_per_minute=10**6)
+    _, raw = billing.api_key_create(tenant=tenant)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return client
+
+
+def _send(client):
+    return client.post(
+        "/v1/completions",
+        {"model": "baton-tiny", "prompt": "hello", "max_tokens": 3},
+        format="json",
+    )
+
+
+def _stages(response) -> list[str]:
+    return [part.split(";")[0] for part in response["Server-Timing"].split(", ")]
+
+
+def test_a_warm_request_is_admitted_and_routed_on_the_event_loop(fleet):
+    client = _client()
+    first = _send(client)  # cold: the key, the model and the fleet's rows are read
+    assert first.status_code == 200
+    assert "inline" in _stages(first) and "resume" in _stages(first)
+    second = _send(client)
+    assert second.status_code == 200, second.content
+    assert second.json()["choices"][0]["text"] == "abc"
+    assert "inline" not in _stages(second) and "resume" not in _stages(second)
+    assert fleet == ["worker", "loop"]
+    # The same records as the worker path: one each, the admission gone.
+    assert RequestRecord.objects.filter(status="ok").count() == 2
+    assert not Admission.objects.exists()
+
+
+def test_a_cold_read_falls_back_without_counting_the_request_twice(fleet):
+    client = _client(rpm=2)
+    assert _send(client).status_code == 200  # cold: inline gave up before the limiter
+    assert _send(client).status_code == 200  # warm: inline
+    third = _send(client)
+    assert third.status_code == 429  # two requests counted, not three
+    assert fleet == ["worker", "loop", "loop"]
+
+
+def test_with_redis_or_switched_off_the_worker_admits(fleet, settings):
+    settings.BATON_GATEWAY_INLINE = False
+    client = _client()
+    _send(client)
+    _send(client)
+    assert fleet == ["worker", "worker"]
+    settings.BATON_GATEWAY_INLINE = True
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    assert views._inline_ok() is False
+
+
+def test_a_rejected_request_is_recorded_before_its_503(fleet, settings):
+    client = _client()
+    assert _send(client).status_code == 200  # warm the caches
+    from routing.gateway import routes
+    from routing.policy import NoHealthyPath
+
+    def no_path(p, view=None):
+        raise NoHealthyPath("every decoder is gone")
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(routes, "route", no_path):
+        response = _send(client)
+    assert response.status_code == 503
+    assert RequestRecord.objects.filter(status="rejected").count() == 1
