@@ -4,7 +4,7 @@ import pytest
 from tokenizers import Tokenizer as RawTokenizer
 from tokenizers import models, pre_tokenizers
 
-from agents.engine import ByteTokenizer, HFTokenizer, Tokenizer, apply_chat_template
+from pdd.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, apply_chat_template
 
 
 def test_byte_tokenizer_round_trips_any_utf8_text() -> None:

@@ -199,7 +199,7 @@ def test_the_prefill_order_probe_runs_a_named_scenario_and_refuses_a_bad_one(cap
     from bench.planner.probe_prefill_orders import _base_config
     from bench.planner.probe_prefill_orders import main as probe_main
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     ninth = _base_config(str(root / "bench/planner/sensitivity/ninth-pass-ttft.json"))
     assert (ninth["workload"]["rps"], ninth["workload"]["duration_s"]) == (92, 600)
     assert ninth["fleet"]["engine"]["decode_mem_efficiency"] == 0.134
