@@ -19,7 +19,7 @@ def schema() -> dict:
 def _operations(schema: dict):
     """The DRF operations. The OpenAI-compatible gateway's (tag ``openai``) answer errors in
     OpenAI's shape and have no permission layer or content negotiation (no 403, no 415):
-    tests/gateway/test_gateway_openapi.py checks those."""
+    tests/routing/gateway/test_gateway_openapi.py checks those."""
     for path, item in schema["paths"].items():
         for method, operation in item.items():
             if method in METHODS and "openai" not in operation.get("tags", ()):

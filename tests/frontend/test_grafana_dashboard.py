@@ -19,8 +19,8 @@ from fleet import live as fleet_live
 from fleet.choices import InstanceRole
 from fleet.models import Datacenter, WANLink
 from routing.gateway import run as gw_run
-from tests.gateway.conftest import fresh_gateway_state  # noqa: F401 - autouse: fresh limits
-from tests.gateway.test_route_around_the_dead import _one_dc_fleet
+from tests.routing.gateway.conftest import fresh_gateway_state  # noqa: F401 - autouse: fresh limits
+from tests.routing.gateway.test_route_around_the_dead import _one_dc_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docker" / "grafana" / "baton.json"

@@ -19,7 +19,7 @@ from routing.gateway import parsing
 from routing.gateway import run as gw_run
 from routing.gateway.errors import GatewayError
 from routing.models import RequestRecord
-from tests.gateway.test_route_around_the_dead import _one_dc_fleet
+from tests.routing.gateway.test_route_around_the_dead import _one_dc_fleet
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "prompt": "hi"}

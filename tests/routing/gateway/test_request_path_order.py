@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-GATEWAY = Path(__file__).resolve().parents[2] / "routing" / "gateway"
+GATEWAY = Path(__file__).resolve().parents[3] / "routing" / "gateway"
 STEPS = ["admission", "routes", "records", "run", "views"]
 
 

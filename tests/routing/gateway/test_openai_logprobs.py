@@ -22,7 +22,7 @@ from fleet import live as fleet_live
 from fleet.choices import InstanceRole
 from routing.gateway import run as gw_run
 from routing.gateway.openai_shapes import completion_logprobs
-from tests.gateway.test_route_around_the_dead import _one_dc_fleet
+from tests.routing.gateway.test_route_around_the_dead import _one_dc_fleet
 
 torch.set_num_threads(1)
 ATOL = 1e-4
