@@ -1,4 +1,5 @@
-"""Imports only point down, and no module imports itself back through others.
+"""Imports only point down, no module imports itself back through others, and tests/ mirrors
+the packages.
 
 Every import of every module of the project's packages counts, also the ones inside functions
 (a lazy import is still a dependency) and relative ones; a package's ``__init__`` importing its
@@ -231,3 +232,15 @@ def test_parts_that_go_without_a_framework_do_not_import_it(parts, names, allowe
         if any(_is_under(name, n) for n in names)
     ]
     assert not found, "\n".join(found)
+
+
+def test_the_tests_mirror_the_packages():
+    """Each folder of tests/ is the tests of the project folder of the same path (tests/e2e
+    alone runs across them: real agents behind the gateway)."""
+    folders = {
+        p.relative_to(ROOT / "tests")
+        for p in (ROOT / "tests").rglob("*")
+        if p.is_dir() and p.name != "__pycache__"
+    }
+    strays = sorted(str(f) for f in folders if f.parts[0] != "e2e" and not (ROOT / f).is_dir())
+    assert not strays, f"tests/ folders with no package of that path: {strays}"
