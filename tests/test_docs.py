@@ -63,3 +63,13 @@ def test_no_tracked_file_points_at_files_outside_the_project():
             continue
         hits += [f"{name}: {m.group(0)}" for m in outside.finditer(text)]
     assert not hits, hits[:10]
+
+
+def test_the_readme_folder_table_matches_the_tree():
+    """The README's folder table names every tracked top-level folder, and only those."""
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    tree = {name.split("/", 1)[0] for name in files if "/" in name and not name.startswith(".")}
+    table = set(re.findall(r"^\| `([\w.-]+)/` \|", (ROOT / "README.md").read_text(), re.M))
+    assert table == tree, f"missing from the README: {tree - table}; gone: {table - tree}"
