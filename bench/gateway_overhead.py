@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -193,6 +194,50 @@ def arm_summary(gateway: list[float], straight: list[float]) -> dict:
     }
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc, clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """The control plane's CPU per request, per arm: its process's CPU time over each arm's
+    requests (or rounds); the direct arm's is what the process spends meanwhile on other work
+    (the agents' heartbeats, the embedded schedule), so gateway - direct is the gateway's."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.cpu = {"gateway": 0.0, "direct": 0.0}
+        self.requests = {"gateway": 0, "direct": 0}
+
+    def run(self, arm: str, requests: int, fn):
+        before = process_cpu_s(self.pid)
+        out = fn()
+        self.cpu[arm] += process_cpu_s(self.pid) - before
+        self.requests[arm] += requests
+        return out
+
+    def summary(self) -> dict:
+        per = {a: self.cpu[a] / max(1, self.requests[a]) * 1000 for a in self.cpu}
+        out = {
+            "control_plane_cpu_ms_per_request_gateway_arm": round(per["gateway"], 2),
+            "control_plane_cpu_ms_per_request_direct_arm": round(per["direct"], 2),
+            "gateway_cpu_ms_per_request": round(per["gateway"] - per["direct"], 2),
+        }
+        self.cpu = {"gateway": 0.0, "direct": 0.0}
+        self.requests = {"gateway": 0, "direct": 0}
+        return out
+
+
+def stage_counts(timings: list[dict[str, float]]) -> dict[str, int]:
+    """How many of the requests had each stage (``inline``/``resume``: the worker path)."""
+    counts: dict[str, int] = {}
+    for t in timings:
+        for name in t:
+            counts[name] = counts.get(name, 0) + 1
+    return {"requests": len(timings), **counts}
+
+
 def stage_medians(timings: list[dict[str, float]]) -> dict[str, float]:
     names: list[str] = []
     for t in timings:
@@ -256,13 +301,16 @@ def main() -> None:
         results = {}
         # 1 stream: pairs, gateway then direct.
         gateway, straight = [], []
+        cpu = CpuMeter(cluster.processes[0].pid)
         for i in range(args.requests):
-            gateway.append(asyncio.run(gw(i)))
-            straight.append(asyncio.run(dr(i)))
+            gateway.append(cpu.run("gateway", 1, lambda i=i: asyncio.run(gw(i))))
+            straight.append(cpu.run("direct", 1, lambda i=i: asyncio.run(dr(i))))
         pairs = [(g - d) * 1000 for g, d in zip(gateway, straight, strict=True)]
         results["concurrency_1"] = arm_summary(gateway, straight)
         results["concurrency_1"]["paired_difference_median_ms"] = round(statistics.median(pairs), 2)
         results["concurrency_1"]["gateway_stages_median_ms"] = stage_medians(TIMINGS)
+        results["concurrency_1"]["gateway_stage_counts"] = stage_counts(TIMINGS)
+        results["concurrency_1"]["cpu"] = cpu.summary()
         results["concurrency_1"]["milestones_median"] = milestone_medians()
         with cluster.api() as api:
             results["concurrency_1"]["first_token_split_median"] = first_token_split(api)
@@ -273,10 +321,16 @@ def main() -> None:
         rounds = max(4, args.requests // 8)
         for r in range(rounds):
             base = 10_000 + r * 32
-            gateway += asyncio.run(measure(lambda i, b=base: gw(b + i), 32, 32))
-            straight += asyncio.run(measure(lambda i, b=base: dr(b + i), 32, 32))
+            gateway += cpu.run(
+                "gateway", 32, lambda b=base: asyncio.run(measure(lambda i: gw(b + i), 32, 32))
+            )
+            straight += cpu.run(
+                "direct", 32, lambda b=base: asyncio.run(measure(lambda i: dr(b + i), 32, 32))
+            )
         results["concurrency_32"] = arm_summary(gateway, straight)
         results["concurrency_32"]["gateway_stages_median_ms"] = stage_medians(TIMINGS)
+        results["concurrency_32"]["gateway_stage_counts"] = stage_counts(TIMINGS)
+        results["concurrency_32"]["cpu"] = cpu.summary()
         results["concurrency_32"]["milestones_median"] = milestone_medians()
         with cluster.api() as api:
             results["concurrency_32"]["first_token_split_median"] = first_token_split(api)

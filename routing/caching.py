@@ -76,6 +76,7 @@ class CacheVersions:
         self._checked_at = -math.inf
         self._lock = threading.Lock()
         self._refresher: threading.Thread | None = None
+        self._hooks: list[Callable[[], None]] = []
 
     def register(self, name: str, cache: TtlCache) -> TtlCache:
         self._caches.setdefault(name, []).append(cache)
@@ -106,6 +107,11 @@ class CacheVersions:
         thread = self._refresher
         return thread is not None and thread.is_alive()
 
+    def on_refresh(self, hook: Callable[[], None]) -> None:
+        """Also call `hook` on the refresher's thread every period (another cached read that
+        requests should not wait for)."""
+        self._hooks.append(hook)
+
     def start_refresher(self) -> threading.Event:
         """Read the counters every CHECK_EVERY_S on a thread of their own (a serving process's
         start-up), so that no request waits for the read; returns the event that stops it."""
@@ -119,6 +125,11 @@ class CacheVersions:
                 with self._lock:
                     self._checked_at = time.monotonic()
                 self._read()
+                for hook in self._hooks:
+                    try:
+                        hook()
+                    except Exception:  # noqa: BLE001 - the request path reads it then
+                        log.warning("cache refresh hook %r failed", hook, exc_info=True)
                 stop.wait(self.check_every_s)
             close_old_connections()
 

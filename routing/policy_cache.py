@@ -21,12 +21,25 @@ class PolicyCache:
         self._settings: PolicySettings | None = None
         self._version = 0
         self._checked_at = 0.0
+        self._background = False
 
     def current(self) -> tuple[PolicySettings, int]:
         now = time.monotonic()
         with self._lock:
-            if self._settings is not None and now - self._checked_at < self.check_every_s:
+            # A background refresher (``refresh``) reads every check_every_s: a request reads
+            # only if it fell two periods behind.
+            period = self.check_every_s * (2 if self._background else 1)
+            if self._settings is not None and now - self._checked_at < period:
                 return self._settings, self._version
+        return self._load(now)
+
+    def refresh(self) -> None:
+        """Read the version now (the cache-version refresher's thread calls this)."""
+        self._load(time.monotonic())
+        with self._lock:
+            self._background = True
+
+    def _load(self, now: float) -> tuple[PolicySettings, int]:
         version = RoutingPolicyConfig.objects.filter(pk=1).values_list("version", flat=True).first()
         with self._lock:
             self._checked_at = now
@@ -39,3 +52,4 @@ class PolicyCache:
     def clear(self) -> None:
         with self._lock:
             self._settings, self._version, self._checked_at = None, 0, 0.0
+            self._background = False

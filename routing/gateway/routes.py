@@ -11,6 +11,7 @@ from typing import Any
 from django.conf import settings
 
 from pdd.prefix import prefix_block_hashes
+from routing.caching import versions
 from routing.gateway.errors import unavailable
 from routing.gateway.prepared import Prepared
 from routing.gateway.records import Outcome, admission_attempt, record_request
@@ -47,6 +48,7 @@ MAX_RETRIES = 2
 # Moves of a request to another decoder after its decoder failed mid-stream.
 MAX_MIGRATIONS = 2
 policies = PolicyCache()
+versions.on_refresh(policies.refresh)  # read off the request path while a refresher runs
 
 
 def route_inputs(p: Prepared) -> LiveView:
