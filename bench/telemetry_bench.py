@@ -144,7 +144,8 @@ def main() -> None:
                 throughput(lambda: RedisStore(redis_url, prefix=prefix), n=100_000, batch=batch)
             )
     call_command("migrate", verbosity=0)
-    call_command("seed_demo", stdout=open(os.devnull, "w"))
+    with open(os.devnull, "w") as devnull:
+        call_command("seed_demo", stdout=devnull)
     from django.contrib.auth.models import User
 
     User.objects.get_or_create(username="bench")

@@ -335,25 +335,26 @@ def start_cluster(*, wan_proxy: bool = False) -> Cluster:
                 ),
                 ("beat", ["beat", "-s", str(Path(tmp) / "beat-schedule")]),
             ):
-                wlog = open(Path(tmp) / f"{name}.log", "w")
-                cluster.processes.append(
-                    subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "celery",
-                            "-A",
-                            "controlplane",
-                            *args,
-                            "--loglevel=INFO",
-                        ],
-                        cwd=ROOT,
-                        env=env,
-                        stdout=wlog,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
+                # The process keeps its own handle on the log; ours closes once it started.
+                with open(Path(tmp) / f"{name}.log", "w") as wlog:
+                    cluster.processes.append(
+                        subprocess.Popen(
+                            [
+                                sys.executable,
+                                "-m",
+                                "celery",
+                                "-A",
+                                "controlplane",
+                                *args,
+                                "--loglevel=INFO",
+                            ],
+                            cwd=ROOT,
+                            env=env,
+                            stdout=wlog,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        )
                     )
-                )
         cluster.wait_for(lambda: _up(cluster.url), 120, "the control plane to answer")
         if wan_proxy:
             _put_wan_proxies(cluster, "b-md")

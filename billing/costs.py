@@ -272,9 +272,12 @@ def _cut_points(start: datetime, end: datetime, prices: list[UnitPrice]) -> list
 def _price_at(prices: list[UnitPrice], when: datetime) -> UnitPrice | None:
     found = None
     for p in prices:
-        if p.effective_from <= when and (p.effective_to is None or p.effective_to > when):
-            if found is None or p.effective_from > found.effective_from:
-                found = p
+        if (
+            p.effective_from <= when
+            and (p.effective_to is None or p.effective_to > when)
+            and (found is None or p.effective_from > found.effective_from)
+        ):
+            found = p
     return found
 
 

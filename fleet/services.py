@@ -110,11 +110,14 @@ def node_update(*, node: Node, actor: str = "", **changes: Any) -> Node:
                     )
                 }
             )
-    if "datacenter" in changes and changes["datacenter"].pk != locked.datacenter_id:
-        if locked.instances.exists():
-            raise ValidationError(
-                {"datacenter": "A node with instances cannot move; delete its instances first."}
-            )
+    if (
+        "datacenter" in changes
+        and changes["datacenter"].pk != locked.datacenter_id
+        and locked.instances.exists()
+    ):
+        raise ValidationError(
+            {"datacenter": "A node with instances cannot move; delete its instances first."}
+        )
     before = {field: getattr(locked, field) for field in changes}
     for field, value in changes.items():
         setattr(locked, field, value)

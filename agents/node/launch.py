@@ -34,8 +34,6 @@ class AgentProcess:
     lines: list[str] = field(default_factory=list)
 
     def start(self, timeout_s: float = 120.0, env: dict[str, str] | None = None) -> AgentProcess:
-        log = tempfile.NamedTemporaryFile(prefix=f"baton-{self.name}-", suffix=".log", delete=False)
-        self.log_path = log.name
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         full_env.update(env or {})
         args = list(self.args)
@@ -44,15 +42,19 @@ class AgentProcess:
         elif "--agents-per-host" not in args and "--omp-wait-policy" not in args:
             # Several agents on one host, however many: never spin-wait on shared cores.
             full_env.setdefault("BATON_OMP_WAIT_POLICY", "passive")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agents", "serve", *args],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            start_new_session=True,  # its own process group: killed as a whole
-            env=full_env,
-        )
-        log.close()
+        # The agent keeps its own handle on the log; ours closes once it has started.
+        with tempfile.NamedTemporaryFile(
+            prefix=f"baton-{self.name}-", suffix=".log", delete=False
+        ) as log:
+            self.log_path = log.name
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "agents", "serve", *args],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=True,  # its own process group: killed as a whole
+                env=full_env,
+            )
         ready = threading.Event()
 
         def read() -> None:

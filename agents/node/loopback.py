@@ -32,27 +32,29 @@ def stream_events(
     events: list[dict[str, Any]] = []
     started = time.monotonic()
     ttft = None
-    with httpx.Client(timeout=httpx.Timeout(30.0, read=timeout_s)) as http:
-        with http.stream("POST", url, json=body, headers=headers) as response:
-            if response.status_code != 200:
-                response.read()
-                return (
-                    [
-                        {
-                            "type": "error",
-                            "message": f"HTTP {response.status_code}: {response.text[:500]}",
-                        }
-                    ],
-                    None,
-                    time.monotonic() - started,
-                )
-            for line in response.iter_lines():
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                if event.get("type") == "token" and ttft is None:
-                    ttft = time.monotonic() - started
-                events.append(event)
+    with (
+        httpx.Client(timeout=httpx.Timeout(30.0, read=timeout_s)) as http,
+        http.stream("POST", url, json=body, headers=headers) as response,
+    ):
+        if response.status_code != 200:
+            response.read()
+            return (
+                [
+                    {
+                        "type": "error",
+                        "message": f"HTTP {response.status_code}: {response.text[:500]}",
+                    }
+                ],
+                None,
+                time.monotonic() - started,
+            )
+        for line in response.iter_lines():
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            if event.get("type") == "token" and ttft is None:
+                ttft = time.monotonic() - started
+            events.append(event)
     return events, ttft, time.monotonic() - started
 
 

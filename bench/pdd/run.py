@@ -247,8 +247,9 @@ def spot_check(fleet: Fleet) -> list[dict]:
                 convo = msgs + [{"role": "assistant", "content": text}]
             ids = tok.encode(apply_chat_template(msgs, True))
             single: list[int] = []
-            async with httpx.AsyncClient(timeout=120) as http:
-                async with http.stream(
+            async with (
+                httpx.AsyncClient(timeout=120) as http,
+                http.stream(
                     "POST",
                     f"{md.http}/v1/generate",
                     json={
@@ -256,12 +257,13 @@ def spot_check(fleet: Fleet) -> list[dict]:
                         "instance": md_instance,
                         "sampling": {"max_tokens": max_tokens, "temperature": 0.0},
                     },
-                ) as resp:
-                    async for line in resp.aiter_lines():
-                        if line.strip():
-                            ev = json.loads(line)
-                            if ev.get("type") == "token":
-                                single.append(int(ev["token_id"]))
+                ) as resp,
+            ):
+                async for line in resp.aiter_lines():
+                    if line.strip():
+                        ev = json.loads(line)
+                        if ev.get("type") == "token":
+                            single.append(int(ev["token_id"]))
             cases.append(
                 {
                     "case": name,

@@ -35,9 +35,12 @@ def check_effective_period(row, overlapping: models.QuerySet | None, clash_messa
     """A period row's clean(): its end after its start, and no other row of `overlapping`
     (the rows that must not share any instant with it) in force at the same time;
     `clash_message(clash)` says which row it overlaps and what to do."""
-    if row.effective_to is not None and row.effective_from is not None:
-        if row.effective_to <= row.effective_from:
-            raise ValidationError({"effective_to": "Must be later than effective_from."})
+    if (
+        row.effective_to is not None
+        and row.effective_from is not None
+        and row.effective_to <= row.effective_from
+    ):
+        raise ValidationError({"effective_to": "Must be later than effective_from."})
     if overlapping is None:
         return
     clash = overlapping.exclude(pk=row.pk).first()

@@ -83,10 +83,12 @@ def test_reset_mode_gives_the_client_a_connection_reset(proxy):
             c.recv(10)
     # New connections are reset at once while the mode holds: the reset can reach the client
     # while it is still connecting, or at its first send or read (a loaded machine decides).
-    with pytest.raises(ConnectionResetError):
-        with socket.create_connection(proxy.address, timeout=5) as c2:
-            c2.sendall(b"x")
-            c2.recv(10)
+    with (
+        pytest.raises(ConnectionResetError),
+        socket.create_connection(proxy.address, timeout=5) as c2,
+    ):
+        c2.sendall(b"x")
+        c2.recv(10)
     deadline = time.monotonic() + 5
     while proxy.resets < 2 and time.monotonic() < deadline:
         time.sleep(0.01)

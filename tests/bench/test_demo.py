@@ -128,9 +128,8 @@ def test_port_check_tolerates_time_wait():
     server.close()
     time.sleep(0.05)
     # Without SO_REUSEADDR the bind fails exactly as the old check did ...
-    with socket.socket() as plain:
-        with pytest.raises(OSError):
-            plain.bind(("127.0.0.1", port))
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))
     # ... with it (as uvicorn and the agents bind) the port is free.
     assert not demo.port_in_use("127.0.0.1", port)
     demo.check_ports_free("127.0.0.1", [port])

@@ -414,9 +414,11 @@ def test_a_refused_row_is_never_called(registered_a):
     Node.objects.filter(pk=registered_a.pk).update(agent_endpoint="http://169.254.169.254:80")
     registered_a.refresh_from_db()
     seen, transport = recording()
-    with AgentClient(registered_a, transport=transport) as client:
-        with pytest.raises(AgentEndpointRefused, match="metadata"):
-            client.state()
+    with (
+        AgentClient(registered_a, transport=transport) as client,
+        pytest.raises(AgentEndpointRefused, match="metadata"),
+    ):
+        client.state()
     assert seen == []
 
 

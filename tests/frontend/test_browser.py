@@ -72,21 +72,22 @@ def server(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = open(var / "uvicorn.log", "wb")
-    proc = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "uvicorn"),
-            "controlplane.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    # The server keeps its own handle on the log; ours closes once it has started.
+    with open(var / "uvicorn.log", "wb") as log:
+        proc = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "uvicorn"),
+                "controlplane.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -95,7 +96,6 @@ def server(tmp_path_factory):
             break
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                log.close()
                 pytest.fail("uvicorn did not start: " + (var / "uvicorn.log").read_text()[-2000:])
             time.sleep(0.3)
     try:
@@ -106,7 +106,6 @@ def server(tmp_path_factory):
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
-        log.close()
 
 
 @pytest.fixture

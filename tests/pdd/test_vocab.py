@@ -34,7 +34,7 @@ def test_the_agents_wire_format_uses_them():
 
     assert wire.PIPELINES == vocab.AGENT_PIPELINES
     assert wire.HANDOFF_MODES == vocab.AGENT_HANDOFF_MODES
-    assert settings.ROLES == tuple(vocab.Role)
+    assert tuple(vocab.Role) == settings.ROLES
     assert wire.ROLE_SHORT["relay_decode"] == "rld" and wire.ROLE_SHORT["main_decode"] == "md"
 
 
@@ -44,4 +44,4 @@ def test_members_are_their_strings():
     assert vocab.Pipeline.P_MD == "p-md" and f"{vocab.Pipeline.P_RLD_MD}" == "p-rld-md"
     assert json.dumps({"p": vocab.Pipeline.RLD_ONLY}) == '{"p": "rld-only"}'
     assert {vocab.Role.PREFILL: 1}["prefill"] == 1
-    assert vocab.Pipeline.CHOICES == tuple(vocab.Pipeline)
+    assert tuple(vocab.Pipeline) == vocab.Pipeline.CHOICES

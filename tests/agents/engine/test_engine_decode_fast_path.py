@@ -185,4 +185,4 @@ def test_a_dtype_onednn_refuses_falls_back_to_mkl_for_good(monkeypatch) -> None:
     assert torch.equal(decode._linear(x, w), expected)
     assert torch.equal(decode._linear(x, w), expected)
     assert calls == [torch.bfloat16]  # tried once, then MKL only
-    assert decode._ONEDNN_DTYPES == {torch.float32}
+    assert {torch.float32} == decode._ONEDNN_DTYPES

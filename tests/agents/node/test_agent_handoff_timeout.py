@@ -46,18 +46,20 @@ def test_md_silent_after_the_final_batch_stalls_the_stream_about_two_seconds(clu
         )
         events: list[dict] = []
         arrivals: list[float] = []
-        with httpx.Client(timeout=httpx.Timeout(30, read=120)) as http:
-            with http.stream("POST", f"{p.http}/v1/pdd/generate", json=body) as response:
-                assert response.status_code == 200
-                for line in response.iter_lines():
-                    if not line.strip():
-                        continue
-                    events.append(json.loads(line))
-                    arrivals.append(time.monotonic())
-                    if events[-1].get("index") == 16:
-                        # MD has long been ready (its KV came over a fast link): freeze it, so
-                        # the final batch it is about to get is never acknowledged.
-                        os.killpg(md.proc.pid, signal.SIGSTOP)
+        with (
+            httpx.Client(timeout=httpx.Timeout(30, read=120)) as http,
+            http.stream("POST", f"{p.http}/v1/pdd/generate", json=body) as response,
+        ):
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if not line.strip():
+                    continue
+                events.append(json.loads(line))
+                arrivals.append(time.monotonic())
+                if events[-1].get("index") == 16:
+                    # MD has long been ready (its KV came over a fast link): freeze it, so
+                    # the final batch it is about to get is never acknowledged.
+                    os.killpg(md.proc.pid, signal.SIGSTOP)
         result = summarize(events)
         assert result["error"] is None, result["error"]
         assert result["indexes"] == list(range(max_tokens))
@@ -84,10 +86,12 @@ def test_md_frozen_before_the_reservation_costs_the_reserve_timeout_not_ten_seco
         body = pdd_body("frozen-early", prompt, max_tokens, "p-rld-md", "one-shot", p, rld, md)
         started = time.monotonic()
         events: list[dict] = []
-        with httpx.Client(timeout=httpx.Timeout(30, read=120)) as http:
-            with http.stream("POST", f"{p.http}/v1/pdd/generate", json=body) as response:
-                assert response.status_code == 200
-                events = [json.loads(line) for line in response.iter_lines() if line.strip()]
+        with (
+            httpx.Client(timeout=httpx.Timeout(30, read=120)) as http,
+            http.stream("POST", f"{p.http}/v1/pdd/generate", json=body) as response,
+        ):
+            assert response.status_code == 200
+            events = [json.loads(line) for line in response.iter_lines() if line.strip()]
         elapsed = time.monotonic() - started
         result = summarize(events)
         assert result["error"] is None, result["error"]

@@ -306,12 +306,14 @@ def test_sigterm_drains_the_in_flight_request_then_exits_0():
                 "prompt_ids": make_prompt(40, 3),
                 "sampling": {"max_tokens": 300, "ignore_eos": True},
             }
-            with httpx.Client(timeout=httpx.Timeout(30, read=120)) as http:
-                with http.stream("POST", f"{a.http}/v1/generate", json=body) as response:
-                    for line in response.iter_lines():
-                        if line.strip():
-                            events.append(json.loads(line))
-                            first.set()
+            with (
+                httpx.Client(timeout=httpx.Timeout(30, read=120)) as http,
+                http.stream("POST", f"{a.http}/v1/generate", json=body) as response,
+            ):
+                for line in response.iter_lines():
+                    if line.strip():
+                        events.append(json.loads(line))
+                        first.set()
 
         thread = threading.Thread(target=consume)
         thread.start()

@@ -250,17 +250,19 @@ def test_md_killed_mid_handoff_leaves_rld_to_finish_with_the_same_tokens(cluster
         prompt = make_prompt(200, 51)
         body = pdd_body("doomed", prompt, 48, "p-rld-md", "one-shot", p, rld, md)
         events: list[dict] = []
-        with httpx.Client(timeout=httpx.Timeout(30, read=120)) as http:
-            with http.stream("POST", f"{p.http}/v1/pdd/generate", json=body) as response:
-                assert response.status_code == 200
-                import json
+        with (
+            httpx.Client(timeout=httpx.Timeout(30, read=120)) as http,
+            http.stream("POST", f"{p.http}/v1/pdd/generate", json=body) as response,
+        ):
+            assert response.status_code == 200
+            import json
 
-                for line in response.iter_lines():
-                    if not line.strip():
-                        continue
-                    events.append(json.loads(line))
-                    if events[-1].get("index") == 1:
-                        os.killpg(md.proc.pid, signal.SIGKILL)
+            for line in response.iter_lines():
+                if not line.strip():
+                    continue
+                events.append(json.loads(line))
+                if events[-1].get("index") == 1:
+                    os.killpg(md.proc.pid, signal.SIGKILL)
         result = summarize(events)
         assert md.proc.wait(30) is not None
         assert_one_ordered_stream(result)

@@ -86,21 +86,23 @@ def test_next_turn_counts_the_previous_turns_kv_in_flight(slow_wan):
     body = pdd_body("turn-1", turn1_prompt, 4, "p-rld-md", "one-shot", p, rld, md, handoff_at=50)
     events: list[dict] = []
     turn2: tuple[threading.Thread, dict] | None = None
-    with httpx.Client(timeout=httpx.Timeout(30, read=180)) as http:
-        with http.stream("POST", f"{p.http}/v1/pdd/generate", json=body) as response:
-            assert response.status_code == 200
-            first_at = None
-            for line in response.iter_lines():
-                if not line.strip():
-                    continue
-                events.append(json.loads(line))
-                first_at = first_at or time.monotonic()
-                if turn2 is None and events[-1].get("index") == 3:
-                    # The user has turn 1's answer: the agent sends turn 2 at once.
-                    turn2 = in_background(
-                        lambda: run_pdd(p, rld, md, "turn-2", turn2_prompt, 8, "p-md")
-                    )
-            ended_after_first_s = time.monotonic() - first_at
+    with (
+        httpx.Client(timeout=httpx.Timeout(30, read=180)) as http,
+        http.stream("POST", f"{p.http}/v1/pdd/generate", json=body) as response,
+    ):
+        assert response.status_code == 200
+        first_at = None
+        for line in response.iter_lines():
+            if not line.strip():
+                continue
+            events.append(json.loads(line))
+            first_at = first_at or time.monotonic()
+            if turn2 is None and events[-1].get("index") == 3:
+                # The user has turn 1's answer: the agent sends turn 2 at once.
+                turn2 = in_background(
+                    lambda: run_pdd(p, rld, md, "turn-2", turn2_prompt, 8, "p-md")
+                )
+        ended_after_first_s = time.monotonic() - first_at
     assert turn2 is not None, events
     # The user's stream ends with RLD's answer, not when the background KV for MD lands
     # (1.66 MB at 2 Mbit/s needs >= 6.6 s from about P's first token on).
