@@ -192,6 +192,8 @@ def running_intervals(
             q |= Q(instance_id=instance_id, created_at=when)
         # Ties on created_at: the highest id is the latest change.
         for ev in events.filter(q).order_by("instance_id", "created_at", "id"):
+            if ev.instance_id is None:  # never: `events` are those of `instances`
+                continue
             if (ev.data or {}).get("new") == RUNNING:
                 open_at[ev.instance_id] = start
             else:
@@ -205,6 +207,8 @@ def running_intervals(
     intervals: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
     inside = events.filter(created_at__gte=start, created_at__lt=end).order_by("created_at", "id")
     for ev in inside.only("instance_id", "created_at", "data"):
+        if ev.instance_id is None:  # never: `events` are those of `instances`
+            continue
         new = (ev.data or {}).get("new")
         opened = open_at.get(ev.instance_id)
         if new == RUNNING:

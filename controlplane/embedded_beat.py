@@ -17,7 +17,7 @@ def _run(stop: threading.Event) -> None:
     from controlplane.celery import app
 
     schedule = {
-        name: (entry["task"], float(entry["schedule"]))
+        name: (entry["task"], float(entry["schedule"]))  # type: ignore[arg-type]
         for name, entry in settings.CELERY_BEAT_SCHEDULE.items()
     }
     due = {name: time.monotonic() + period for name, (_, period) in schedule.items()}

@@ -299,7 +299,7 @@ def request_timeline(r, decision=None) -> dict[str, Any] | None:
             )
         drawn.append({"label": lane.label, "y": y, "bars": bars, "markers": markers})
     step = _nice_step(end) if end > 0 else 1
-    ticks = []
+    ticks: list[dict[str, Any]] = []
     t = 0.0
     while t <= end * 1.0001 and len(ticks) < 20:
         ticks.append({"x": x(t), "text": _tick(t, step)})

@@ -5,9 +5,10 @@ int or float, not a bool, and finite; errors name the field."""
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     """An int or a float (not a bool), finite."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

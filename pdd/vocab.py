@@ -8,11 +8,13 @@ serialises to JSON as the string), so code and stored data compare directly."""
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import ClassVar
 
 
 class Pipeline(StrEnum):
     """Which roles a request flows through."""
 
+    CHOICES: ClassVar[tuple[Pipeline, ...]]  # set below: every member, in order
     P_MD = "p-md"  # high hit: the small KV delta goes straight over the WAN to MD
     P_RLD_MD = "p-rld-md"  # low hit: RLD decodes at once, hands off to MD when MD holds the KV
     RLD_ONLY = "rld-only"  # singular traffic or the no-MD fallback: RLD finishes, no WAN transfer
@@ -24,6 +26,7 @@ class Pipeline(StrEnum):
 class HandoffMode(StrEnum):
     """How RLD hands decoding to MD (only meaningful for P-RLD-MD)."""
 
+    CHOICES: ClassVar[tuple[HandoffMode, ...]]  # set below: every member, in order
     ONE_SHOT = "one-shot"  # all generated token ids at once; RLD held the shortest
     CATCH_UP = "catch-up"  # batches while RLD keeps decoding; no stall, slightly more RLD load
     NONE = "none"
@@ -32,6 +35,7 @@ class HandoffMode(StrEnum):
 class Role(StrEnum):
     """An engine instance's role (the fleet's and the agents' name for it)."""
 
+    CHOICES: ClassVar[tuple[Role, ...]]  # set below: every member, in order
     PREFILL = "prefill"
     RELAY_DECODE = "relay_decode"
     MAIN_DECODE = "main_decode"
@@ -40,6 +44,7 @@ class Role(StrEnum):
 class TokenRole(StrEnum):
     """Who produced a token, as the agents' token events say it."""
 
+    CHOICES: ClassVar[tuple[TokenRole, ...]]  # set below: every member, in order
     PREFILL = "prefill"
     RLD = "rld"
     MD = "md"
@@ -53,6 +58,7 @@ ROLE_TOKENS = {
 
 
 class LinkStatus(StrEnum):
+    CHOICES: ClassVar[tuple[LinkStatus, ...]]  # set below: every member, in order
     UP = "up"
     DEGRADED = "degraded"
     DOWN = "down"
@@ -62,5 +68,9 @@ class LinkStatus(StrEnum):
 # runs (NONE is the absence of a handoff), and every member, for the callers that list them.
 AGENT_PIPELINES = (Pipeline.P_MD, Pipeline.P_RLD_MD, Pipeline.RLD_ONLY)
 AGENT_HANDOFF_MODES = (HandoffMode.ONE_SHOT, HandoffMode.CATCH_UP)
-for _enum in (Pipeline, HandoffMode, Role, TokenRole, LinkStatus):
-    _enum.CHOICES = tuple(_enum)  # the older tuple spelling, still used by the planner
+# The older tuple spelling of every member, still used by the planner.
+Pipeline.CHOICES = tuple(Pipeline)
+HandoffMode.CHOICES = tuple(HandoffMode)
+Role.CHOICES = tuple(Role)
+TokenRole.CHOICES = tuple(TokenRole)
+LinkStatus.CHOICES = tuple(LinkStatus)

@@ -336,11 +336,12 @@ def planner_fleet_from_db(scenario: str) -> dict[str, Any]:
         role: Instance.objects.filter(role=role).values("node").distinct().count()
         for _, role in COUNT_FIELDS
     }
-    counts = {
-        field: [max(nodes[role], 0 if field == "relay_counts" else 1)]
-        for field, role in COUNT_FIELDS
-    }
-    inputs = plan_inputs_from_fleet(scenario=scenario, **counts)
+    inputs = plan_inputs_from_fleet(
+        scenario=scenario,
+        prefill_counts=[max(nodes[InstanceRole.PREFILL], 1)],
+        relay_counts=[nodes[InstanceRole.RELAY_DECODE]],
+        main_counts=[max(nodes[InstanceRole.MAIN_DECODE], 1)],
+    )
     fleet = inputs["fleet_spec"]
     fleet["pools"] = [
         {k: p[k] for k in ("role", "gpu", "datacenter")} | {"count": p["counts"][0]}

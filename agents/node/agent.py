@@ -82,6 +82,13 @@ class Instance:
     def admitting(self) -> bool:
         return self.state == InstanceState.RUNNING and self.worker is not None
 
+    @property
+    def running_worker(self) -> EngineWorker:
+        """The engine's worker, for the pipelines; AgentError (503) once the instance stopped."""
+        if self.worker is None:
+            raise AgentError(503, f"instance {self.instance_id} is {self.state}")
+        return self.worker
+
 
 @dataclass(slots=True)
 class _InboxEntry:

@@ -58,11 +58,11 @@ async def reserve_prefix(agent: Agent, inst: Instance, request_id: str, prompt: 
         engine.cache.lock(match.node)
         return match.node, match.matched_tokens
 
-    node, matched = await inst.worker.call(pin)
+    node, matched = await inst.running_worker.call(pin)
     current = agent.reservations.get(request_id)
     if current is not None and current.instance_id == inst.instance_id:
         # A concurrent call for the same request got there first: keep its reservation.
-        inst.worker.call(lambda engine: engine.cache.unlock(node))
+        inst.running_worker.call(lambda engine: engine.cache.unlock(node))
         return current.cached_tokens
     if current is not None:
         await agent.unreserve(request_id)
@@ -180,7 +180,7 @@ def start_import(
                 )  # fmt: skip
             agent.finish_incoming(request_id, landed=True, pins=pins, inst=inst)
 
-    future = inst.worker.call(run)
+    future = inst.running_worker.call(run)
     future.add_done_callback(settled)
     return future
 
@@ -206,7 +206,7 @@ async def _wait_for_decode_slot(worker: EngineWorker, queue: asyncio.Queue) -> f
 
 
 async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
-    rid, worker = req.request_id, inst.worker
+    rid, worker = req.request_id, inst.running_worker
     queue = agent.inbox(rid, inst.instance_id)
     length = len(req.prompt)
     imported = finished = dropped = False

@@ -185,7 +185,7 @@ def build_app(agent: Agent) -> Starlette:
     # -- data plane --------------------------------------------------------------------------
 
     def check_prompt(inst: Instance, prompt: list[int], max_tokens: int) -> None:
-        cfg = inst.worker.engine.model_config
+        cfg = inst.running_worker.engine.model_config
         if len(prompt) + max_tokens > cfg.max_position:
             raise bad(
                 "prompt_ids",
@@ -201,7 +201,7 @@ def build_app(agent: Agent) -> Starlette:
             )
 
     def vocab(inst: Instance) -> int:
-        return inst.worker.engine.model_config.vocab_size
+        return inst.running_worker.engine.model_config.vocab_size
 
     def request_id_of(body: dict) -> str:
         rid = get_str(body, "request_id", None)

@@ -79,7 +79,7 @@ async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefil
         else None
     )
     try:
-        result = await inst.worker.call(
+        result = await inst.running_worker.call(
             lambda e: e.prefill(req.request_id, req.prompt, req.sampling)
         )
     except BaseException:
@@ -111,11 +111,11 @@ async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefil
 
 
 async def release_prefill(agent: Agent, inst: Instance, request_id: str) -> None:
-    await quiet(inst.worker.call(lambda e: e.release(request_id)))
+    await quiet(inst.running_worker.call(lambda e: e.release(request_id)))
 
 
 async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefilled) -> Events:
-    rid, worker = req.request_id, inst.worker
+    rid, worker = req.request_id, inst.running_worker
     length = len(req.prompt)
     bs = agent.settings.block_size
     prefill_s = pre.first_token_at - pre.started

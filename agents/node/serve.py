@@ -83,6 +83,7 @@ async def serve(settings: AgentSettings) -> int:
     while not server.started and not serve_task.done():
         await asyncio.sleep(0.02)
     endpoint = advertised_url(settings, bound_port)
+    assert agent.intra_server is not None and agent.wan_server is not None  # started above
     # One line the launcher (tests, loopback) reads: where everything listens.
     print(
         f"AGENT READY http={endpoint} kv={agent.intra_server.port} wan={agent.wan_server.port}",

@@ -16,11 +16,11 @@ async def admit_single(
 ) -> asyncio.Queue:
     """Queue the request on the engine (EngineFull / ValueError surface before streaming)."""
     queue = agent.inbox(request_id, inst.instance_id)
-    inst.worker.add_sink(request_id, lambda out: queue.put_nowait(("tok", out)))
+    inst.running_worker.add_sink(request_id, lambda out: queue.put_nowait(("tok", out)))
     try:
-        await inst.worker.call(lambda e: e.add_request(request_id, prompt, sampling))
+        await inst.running_worker.call(lambda e: e.add_request(request_id, prompt, sampling))
     except BaseException:
-        inst.worker.remove_sink(request_id)
+        inst.running_worker.remove_sink(request_id)
         agent.drop_inbox(request_id, inst.instance_id)
         raise
     return queue
@@ -58,7 +58,7 @@ async def run_single(
                 }
                 return
     finally:
-        inst.worker.remove_sink(request_id)
+        inst.running_worker.remove_sink(request_id)
         agent.drop_inbox(request_id, inst.instance_id)
         if not finished:
-            await quiet(inst.worker.call(lambda e: e.abort(request_id)))
+            await quiet(inst.running_worker.call(lambda e: e.abort(request_id)))

@@ -113,6 +113,7 @@ class EngineWorker:
                     self._loop.call_soon_threadsafe(sink, out)
 
     def _run_command(self, fn: Callable[[Engine], Any], future: asyncio.Future) -> None:
+        error: BaseException | None
         try:
             result = fn(self.engine)
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
