@@ -228,8 +228,13 @@ class DecodeInstance:
             self.queue.append((ctx_tokens, start))
             self._update_load()
 
+    # The methods below run for every decode step change; ``_advance``, ``_update_load``,
+    # ``step_time`` and ``_reschedule`` are written out in them (the same arithmetic).
     def release(self, ctx_tokens: int) -> None:
-        self._advance()
+        now = self.loop.now
+        if now > self._last:
+            self.clock += (now - self._last) / self.step
+            self._last = now
         self.running -= 1
         self.ctx_sum -= ctx_tokens
         queue = self.queue
@@ -242,7 +247,10 @@ class DecodeInstance:
 
     def run(self, job: float, tokens: float, done: Callable[..., None], *args) -> None:
         """Call ``done(*args)`` when the request started at ``job`` has made ``tokens`` steps."""
-        self._advance()
+        now = self.loop.now
+        if now > self._last:
+            self.clock += (now - self._last) / self.step
+            self._last = now
         self._seq += 1
         heapq.heappush(self._marks, (job + tokens, self._seq, done, args))
         self._reschedule()
@@ -266,15 +274,40 @@ class DecodeInstance:
         return self.running < self.max_batch and self.ctx_sum + ctx_tokens <= self.kv_capacity
 
     def _start(self, ctx_tokens: int, start: Callable[[float, float], None]) -> None:
-        self._advance()
-        self.running += 1
-        self.ctx_sum += ctx_tokens
-        self._update_load()
-        self.step = step = self.step_time()
-        held = self._hold()  # start() nearly always runs or releases, which reschedules
-        start(step, self.clock)
-        if held is not None:
-            self._push(held)
+        loop = self.loop
+        now = loop.now
+        if now > self._last:
+            self.clock += (now - self._last) / self.step
+            self._last = now
+        self.running = running = self.running + 1
+        self.ctx_sum = ctx_sum = self.ctx_sum + ctx_tokens
+        state = self.state
+        queued = len(self.queue)
+        state.load = load = (running + queued + self.assigned) / self.max_batch
+        state.queue_depth = queued
+        if self.rank_keys is not None:
+            self.rank_keys[self.rank_idx] = (load, queued)
+        batch = running if running > 1 else 1
+        weights = self._weight_bytes.get(batch)
+        if weights is None:
+            weights = self._weight_bytes[batch] = self.model.decode_weight_bytes(batch)
+        self.step = step = (
+            self._overhead_s + (weights + ctx_sum * self._kv_bytes) / self._bytes_per_s
+        )
+        # The mark event is held back: start() nearly always runs or releases, which
+        # reschedules; it is pushed, under the sequence number it would have had, otherwise.
+        self._version = version = self._version + 1
+        if self._marks:
+            loop._seq += 1
+            seq = loop._seq
+            start(step, self.clock)
+            if version == self._version:  # nothing superseded it: the same time as then
+                left = self._marks[0][0] - self.clock
+                if left < 0.0:
+                    left = 0.0
+                heapq.heappush(loop._heap, (now + left * step, seq, self._on_mark, (version,)))
+        else:
+            start(step, self.clock)
 
     def _advance(self) -> None:
         now = self.loop.now
@@ -283,49 +316,45 @@ class DecodeInstance:
             self._last = now
 
     def _reschedule(self) -> None:
-        self._version += 1
+        self._version = version = self._version + 1
         if self._marks:
             left = self._marks[0][0] - self.clock
             if left < 0.0:
                 left = 0.0
             loop = self.loop
-            loop.at(loop.now + left * self.step, self._on_mark, self._version)
-
-    def _hold(self) -> tuple[int, int] | None:
-        """``_reschedule`` with its event held back: (version, its sequence number), or None
-        when there is no mark. ``_push`` pushes it unless a later change superseded it."""
-        self._version += 1
-        if not self._marks:
-            return None
-        loop = self.loop
-        loop._seq += 1
-        return self._version, loop._seq
-
-    def _push(self, held: tuple[int, int]) -> None:
-        version, seq = held
-        if version != self._version:
-            return  # superseded: the event would have been skipped
-        # Nothing changed since the hold (a change bumps the version): the same time.
-        left = self._marks[0][0] - self.clock
-        if left < 0.0:
-            left = 0.0
-        loop = self.loop
-        heapq.heappush(loop._heap, (loop.now + left * self.step, seq, self._on_mark, (version,)))
+            loop._seq += 1  # loop.at, inline (the time is never in the past)
+            heapq.heappush(
+                loop._heap, (loop.now + left * self.step, loop._seq, self._on_mark, (version,))
+            )
 
     def _on_mark(self, version: int) -> None:
         if version != self._version:
             return  # the step time or the marks changed since this was scheduled
-        self._advance()
+        loop = self.loop
+        now = loop.now
+        if now > self._last:
+            self.clock += (now - self._last) / self.step
+            self._last = now
         marks = self._marks
         due = []
         limit = self.clock + 1e-6
         while marks and marks[0][0] <= limit:
             due.append(heapq.heappop(marks))
-        held = self._hold()  # the done callbacks release, which reschedules
+        # The done callbacks release, which reschedules: the event is held back as in _start.
+        self._version = version = self._version + 1
+        if not marks:
+            for _, _, done, args in due:
+                done(*args)
+            return
+        loop._seq += 1
+        seq = loop._seq
         for _, _, done, args in due:
             done(*args)
-        if held is not None:
-            self._push(held)
+        if version == self._version:
+            left = marks[0][0] - self.clock
+            if left < 0.0:
+                left = 0.0
+            heapq.heappush(loop._heap, (now + left * self.step, seq, self._on_mark, (version,)))
 
     def _update_load(self) -> None:
         state = self.state

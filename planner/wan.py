@@ -144,13 +144,37 @@ class WanLink:
 
         ``background``: queue behind every urgent transfer (see the module docstring).
         """
-        self._advance()
-        now = self.loop.now
-        if len(self.active) < self.pool_size:
-            self._start(now, nbytes, done, 0.0)
+        # _advance, _start and _reschedule, written out: this runs for every transfer.
+        loop = self.loop
+        now = loop.now
+        active = self.active
+        n = len(active)
+        if n:
+            rate = self.capacity / n
+            if self.cap < rate:
+                rate = self.cap
+            self.attained += rate * (now - self.last)
+            self.pool_busy_integral += n / self.pool_size * (now - self.last)
+        self.last = now
+        if n < self.pool_size:
+            self._seq += 1
+            heapq.heappush(active, (self.attained + nbytes, self._seq, now - 0.0, 0.0, done))
+            self.bytes_sent += nbytes
+            self.transfers += 1
         else:
             (self.background if background else self.waiting).append((now, nbytes, done))
-        self._reschedule()
+        self.version = version = self.version + 1
+        if active:
+            remaining = active[0][0] - self.attained
+            if remaining < 0.0:
+                remaining = 0.0
+            rate = self.capacity / len(active)
+            if self.cap < rate:
+                rate = self.cap
+            loop._seq += 1  # loop.at, inline (the time is never in the past)
+            heapq.heappush(
+                loop._heap, (now + remaining / rate, loop._seq, self._on_finish, (version,))
+            )
 
     def _start(self, start: float, nbytes: float, done: Done, wait: float) -> None:
         self._seq += 1
