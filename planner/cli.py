@@ -151,9 +151,11 @@ def _cmd_size(args: argparse.Namespace) -> int:
         note = ""
         if fewer is not None:
             verdict = "meets" if fewer["met"] else "breaks"
+            # A run stopped once the SLA could not be met: its figures are lower bounds.
+            ge = ">= " if fewer.get("stopped") else ""
             note = (
-                f"  one fewer {verdict} the SLA (P90 {_figure(fewer['ttft_p90_s'])} s, "
-                f"P99 {_figure(fewer['ttft_p99_s'])} s)"
+                f"  one fewer {verdict} the SLA (P90 {ge}{_figure(fewer['ttft_p90_s'])} s, "
+                f"P99 {ge}{_figure(fewer['ttft_p99_s'])} s)"
             )
         print(f"  {key:28s} {count:4d}{note}")
     at = best["at"]

@@ -92,6 +92,13 @@ def summarise(
     # A request still waiting when the run ends never got its first token: count it as inf so
     # it fails the SLA instead of silently vanishing.
     ttft = np.where(np.isnan(rec.ttft_s), np.inf, rec.ttft_s)[window]
+    stopped = rec.stopped_at_s is not None
+    if stopped:
+        # Stopped once the SLA could not be met: a request without a first token has one no
+        # earlier than the stop (>= 0 if it was not sent by then), so every TTFT figure is a
+        # lower bound, and they still fail the SLA.
+        waited = np.nan_to_num(np.maximum(rec.stopped_at_s - rec.arrival_s, 0.0), nan=0.0)
+        ttft = np.where(np.isnan(rec.ttft_s), waited, rec.ttft_s)[window]
     ttft_pct = percentiles(ttft, (50, 90, 99))
     horizon = float(drawn[window][-1] - warmup_s) if window.any() else 0.0
     rld = int(rec.rld_tokens[window].sum())
@@ -108,6 +115,8 @@ def summarise(
     arrived = (rec.arrival_s >= warmup_s) & (rec.arrival_s <= warmup_s + horizon)
     rps = float(arrived.sum() / horizon) if horizon > 0 else 0.0
     sla_met = bool(ttft_pct["p90"] < sla.ttft_p90_s and ttft_pct["p99"] < sla.ttft_p99_s)
+    if stopped and sla_met:  # pragma: no cover - the stop rule makes this impossible
+        raise AssertionError("a run stopped for a missed SLA meets it")
     in_window_hits = rec.md_hit_tokens[window & served]
     inputs = rec.input_tokens[window & served]
     cached = rec.cached_tokens[window & served]
@@ -121,45 +130,49 @@ def summarise(
     extra: dict[str, Any] = {}
     if tariff is not None:
         extra["revenue"] = revenue(tariff, billed, goodput, cost_per_hour)
-    return {
-        "requests": int(window.sum()),
-        "offered_rps": rps,
-        "drawn_rps": drawn_rps,
-        "ttft_s": ttft_pct,
-        "ttft_quarters": ttft_quarters(ttft, drawn[window], warmup_s, horizon),
-        "ttft_parts": ttft_parts(rec, window, ttft_pct["p90"]),
-        "e2e_s": percentiles((rec.finish_s - rec.arrival_s)[window]),
-        "wan_transfer_s": percentiles(rec.wan_s[window]),
-        "wan_pool_wait_s": percentiles(rec.wan_wait_s[window]),
-        "wan_link_utilisation": rec.link_utilisation,
-        "wan_pool_utilisation": rec.pool_utilisation,
-        "pipelines": pipelines,
-        "handoff": {
-            "one-shot": int(((rec.handoff == 1) & window).sum()),
-            "catch-up": int(((rec.handoff == 2) & window).sum()),
-        },
-        "tokens": {
-            "relay_decode": rld,
-            "main_decode": md,
-            "relay_share": rld / (rld + md) if rld + md else 0.0,
-            "relay_tokens_per_relayed_request": (
-                float(
-                    rec.rld_tokens[
-                        window & (rec.pipeline == PIPELINE_CODES[Pipeline.P_RLD_MD])
-                    ].mean()
-                )
-                if relayed
-                else 0.0
-            ),
-        },
-        "md_hit_rate": float(in_window_hits.sum() / inputs.sum()) if inputs.sum() else 0.0,
-        "unfinished": int((np.isnan(rec.finish_s) & window).sum()),
-        "sla": {"p90_s": sla.ttft_p90_s, "p99_s": sla.ttft_p99_s, "met": sla_met},
-        "goodput_rps": goodput,
-        "cost_per_hour": cost_per_hour,
-        "bcr": goodput / cost_per_hour if cost_per_hour else 0.0,
-        "billed_tokens": billed,
-    } | extra
+    return (
+        {
+            "requests": int(window.sum()),
+            "offered_rps": rps,
+            "drawn_rps": drawn_rps,
+            "ttft_s": ttft_pct,
+            "ttft_quarters": ttft_quarters(ttft, drawn[window], warmup_s, horizon),
+            "ttft_parts": ttft_parts(rec, window, ttft_pct["p90"]),
+            "e2e_s": percentiles((rec.finish_s - rec.arrival_s)[window]),
+            "wan_transfer_s": percentiles(rec.wan_s[window]),
+            "wan_pool_wait_s": percentiles(rec.wan_wait_s[window]),
+            "wan_link_utilisation": rec.link_utilisation,
+            "wan_pool_utilisation": rec.pool_utilisation,
+            "pipelines": pipelines,
+            "handoff": {
+                "one-shot": int(((rec.handoff == 1) & window).sum()),
+                "catch-up": int(((rec.handoff == 2) & window).sum()),
+            },
+            "tokens": {
+                "relay_decode": rld,
+                "main_decode": md,
+                "relay_share": rld / (rld + md) if rld + md else 0.0,
+                "relay_tokens_per_relayed_request": (
+                    float(
+                        rec.rld_tokens[
+                            window & (rec.pipeline == PIPELINE_CODES[Pipeline.P_RLD_MD])
+                        ].mean()
+                    )
+                    if relayed
+                    else 0.0
+                ),
+            },
+            "md_hit_rate": float(in_window_hits.sum() / inputs.sum()) if inputs.sum() else 0.0,
+            "unfinished": int((np.isnan(rec.finish_s) & window).sum()),
+            "sla": {"p90_s": sla.ttft_p90_s, "p99_s": sla.ttft_p99_s, "met": sla_met},
+            "goodput_rps": goodput,
+            "cost_per_hour": cost_per_hour,
+            "bcr": goodput / cost_per_hour if cost_per_hour else 0.0,
+            "billed_tokens": billed,
+        }
+        | ({"stopped_at_s": rec.stopped_at_s, "ttft_lower_bounds": True} if stopped else {})
+        | extra
+    )
 
 
 TTFT_PARTS = ("prefill", "kv", "slot", "step")

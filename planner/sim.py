@@ -15,6 +15,7 @@ the WAN connection queue (``fleet.relay_transfers_yield``).
 
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -76,6 +77,9 @@ class RunRecord:
     pool_utilisation: float = 0.0
     link_utilisation: float = 0.0
     sim_end_s: float = 0.0
+    # Set when the run stopped early because its SLA could not be met any more (Simulator.run's
+    # stop_on_miss): the simulated time it stopped at; the figures are then partial.
+    stopped_at_s: float | None = None
 
 
 class Simulator:
@@ -140,6 +144,7 @@ class Simulator:
         )
         self._main_list = list(self.main.values())
         self._snap = ClusterSnapshot(wan_links=link_states)
+        self._request = RequestInfo(prompt_tokens=1, max_tokens=1)
         # Settings read on every request, looked up once.
         self._kv_bytes = model.kv_bytes_per_token
         self._yield = fleet.relay_transfers_yield
@@ -157,7 +162,15 @@ class Simulator:
         self.check_decisions = False
 
     # --- run ------------------------------------------------------------------------------------
-    def run(self, trace, drain_s: float | None = None) -> RunRecord:
+    def run(
+        self,
+        trace,
+        drain_s: float | None = None,
+        stop_on_miss: tuple[float, float, float] | None = None,
+    ) -> RunRecord:
+        """Replay ``trace``. ``stop_on_miss`` = (window start, P90 bound, P99 bound): stop as
+        soon as the TTFT SLA over the requests drawn from the window start is certain to fail
+        (``_check_miss``); the record then says when (``stopped_at_s``)."""
         n = len(trace)
         self.arr = trace.arrival_s.tolist()
         self.n_in = trace.input_tokens.tolist()
@@ -217,8 +230,61 @@ class Simulator:
         self._link_window: tuple[float, list[tuple[float, float]]] | None = None
         self.loop.at(last, self._close_link_window)
         drain = drain_s if drain_s is not None else max(600.0, last)
-        self.loop.run(until=last + drain, stream=(times, order, self._arrive))
+        self.stopped_at_s: float | None = None
+        if stop_on_miss is not None:
+            self._plan_miss_checks(trace, *stop_on_miss)
+        # The run makes few reference cycles but millions of short-lived containers, over
+        # which the cyclic collector would keep walking the run's growing state: off meanwhile.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self.loop.run(until=last + drain, stream=(times, order, self._arrive))
+        except _SlaMissed:
+            self.stopped_at_s = self.loop.now
+        finally:
+            if collecting:
+                gc.enable()
         return self._record(trace)
+
+    # --- stopping a run whose SLA cannot be met -------------------------------------------------
+    # The SLA holds when P90 and P99 TTFT over the window's requests (drawn at or after its
+    # start; never served = inf) are below their bounds. np.percentile's q-th value of N sorted
+    # values lies between the values at floor(h) and floor(h) + 1, h = (N - 1) q / 100: once
+    # N - floor(h) + 1 of the window's TTFTs are certain to reach the bound (one spare for the
+    # rounding of h), so is the percentile, whatever the rest do. A TTFT is certain to reach B
+    # once it is known and >= B, or once its request was sent at least B ago without a first
+    # token. Checked every ``sample_every_s`` (simulated) from the window start + the P90 bound;
+    # a check only reads state, so a run that is not stopped is the same run.
+    def _plan_miss_checks(self, trace, start_s: float, p90_s: float, p99_s: float) -> None:
+        drawn = trace.arrival_s
+        if len(drawn) and bool(np.any(np.diff(drawn) < 0)):
+            return  # the window is not a slice of the requests: no early stop
+        w0 = int(np.searchsorted(drawn, start_s, side="left"))
+        n = len(drawn) - w0
+        if n <= 0:
+            return
+        margin = 1.0 + 1e-9  # a count at the bound itself is not needed; above it is safe
+        self._miss = (
+            w0,
+            [(p90_s * margin, n - math.floor((n - 1) * 0.90) + 1),
+             (p99_s * margin, n - math.floor((n - 1) * 0.99) + 1)],
+        )  # fmt: skip
+        self.loop.at(start_s + min(p90_s, p99_s), self._check_miss)
+
+    def _check_miss(self) -> None:
+        w0, bounds = self._miss
+        now = self.loop.now
+        ttft = np.array(self.ttft[w0:])
+        sent = np.array(self.arr[w0:])
+        pending = np.isnan(ttft)
+        for bound, needed in bounds:
+            certain = int(np.count_nonzero(ttft >= bound)) + int(
+                np.count_nonzero(pending & (sent <= now - bound))
+            )
+            if certain >= needed:
+                raise _SlaMissed
+        if self.loop._heap or now < self._last_arrival:
+            self.loop.at(now + self.sample_every_s, self._check_miss)
 
     def _close_link_window(self) -> None:
         self._link_window = (self.loop.now, [ln.totals() for ln in self.links.values()])
@@ -268,6 +334,7 @@ class Simulator:
                 else 0.0
             ),
             sim_end_s=end,
+            stopped_at_s=self.stopped_at_s,
         )
 
     def _sample(self) -> None:
@@ -341,7 +408,9 @@ class Simulator:
                 # Only urgent transfers queue ahead of a new one (background ones yield).
                 state.utilisation = 1.0 if link.waiting else link.utilisation
                 state.pool_wait_s = link.expected_wait_s() if pool_wait_aware else 0.0
-        request = RequestInfo(prompt_tokens=n_in, max_tokens=n_out)
+        request = self._request  # decide() keeps no reference to it: one object, refilled
+        request.prompt_tokens = n_in
+        request.max_tokens = n_out
         try:
             decision = routing_policy.decide(request, self._narrowed(), self.settings)
         except NoHealthyPath:
@@ -545,7 +614,8 @@ class Simulator:
 
     def _main_end(self, i: int, ctx: int) -> None:
         self._route_obj[i][2].release(ctx)
-        self._finished(i)
+        self.finish[i] = self.loop.now  # _finished, written out
+        self._send_next_turn(i)
 
     def _finished(self, i: int) -> None:
         """The user has the last token of request ``i``; its session's next turn follows."""
@@ -561,6 +631,10 @@ class Simulator:
         else:
             self.arr[j] = self.loop.now  # j's time has passed: the agent sends it now
             self._arrive(j)
+
+
+class _SlaMissed(Exception):
+    """Raised out of the event loop when the run's SLA is certain to fail."""
 
 
 def _decode_key(inst: DecodeInstance) -> tuple[float, int]:

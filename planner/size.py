@@ -41,6 +41,9 @@ from planner.scenario import case_configs, load_scenario
 from planner.spec import integer, number
 
 MAX_COUNT = 4096
+# The search's runs need only whether the SLA holds: each stops once it is certain to fail
+# (planner.api.evaluate's "stop_on_miss"); a run that meets the SLA runs to its end.
+PROBE = (("stop_on_miss", True),)
 MIN_COUNT = {"prefill": 1, "main_decode": 1, "relay_decode": 0}
 
 
@@ -205,7 +208,7 @@ def cheapest(
             return {"rps": rps, "found": False,
                     "reason": f"the SLA is not met at {rps:g} RPS with up to {max_count} "
                               "units of every pool"}  # fmt: skip
-        results = runner.points([(c, rps, ()) for c in cands], f"upper bound at {rps:g} RPS")
+        results = runner.points([(c, rps, PROBE) for c in cands], f"upper bound at {rps:g} RPS")
         for c, r in zip(cands, results, strict=True):
             if r["met"]:
                 upper = c
@@ -226,7 +229,7 @@ def cheapest(
             for t in trial:
                 c = list(counts)
                 c[i] = t
-                pts.append((tuple(c), rps, ()))
+                pts.append((tuple(c), rps, PROBE))
             results = runner.points(pts, f"{keys[i]} in [{bad + 1}, {good}]")
             passed = [t for t, r in zip(trial, results, strict=True) if r["met"]]
             good = min(passed, default=good)
@@ -235,7 +238,7 @@ def cheapest(
             bad = max(failed, default=bad)
         counts[i] = good
     found = tuple(counts)
-    at = runner.at(found, rps)
+    at = runner.points([(found, rps, PROBE)])[0]
     # 3. The check: one unit fewer of each pool, all at once. Where the rates are not quite
     # monotone (a finite run's noise), a cut that still meets the SLA is taken, dearest unit
     # first, and the check repeats, so the answer is always a checked local minimum.
@@ -246,14 +249,14 @@ def cheapest(
                 less = list(found)
                 less[i] -= 1
                 fewer.append((i, tuple(less)))
-        checks = runner.points([(c, rps, ()) for _, c in fewer], "one fewer of each pool")
+        checks = runner.points([(c, rps, PROBE) for _, c in fewer], "one fewer of each pool")
         cuts = [(prices[i], c, r) for (i, c), r in zip(fewer, checks, strict=True) if r["met"]]
         if not cuts:
             break
         _, found, at = max(cuts, key=lambda t: t[0])
     one_fewer = {
         keys[i]: {"count": c[i], "met": r["met"], "ttft_p90_s": r["ttft_p90_s"],
-                  "ttft_p99_s": r["ttft_p99_s"]}
+                  "ttft_p99_s": r["ttft_p99_s"], "stopped": r.get("stopped", False)}
         for (i, c), r in zip(fewer, checks, strict=True)
     }  # fmt: skip
     binding = [k for k, v in one_fewer.items() if not v["met"]]
@@ -357,8 +360,9 @@ def size(
         if best["found"] and (band_pct or constants_pct or seeds):
             counts = tuple(best["counts"].values())
             out["cheapest"]["band"] = band(
+                # The centre is the found fleet's own run (it meets the SLA: never stopped).
                 lambda pts, note="": runner.points(
-                    [(counts, r, k) for r, k in pts], note or "band"
+                    [(counts, r, k or PROBE) for r, k in pts], note or "band"
                 ),
                 rps,
                 band_pct,

@@ -39,10 +39,22 @@ GOLDEN = {
 }
 
 
+# RunRecord's fields as of 14d0086, in order.
+FIELDS = (
+    "arrival_s", "ttft_s", "finish_s", "wan_s", "wan_wait_s", "pipeline", "handoff",
+    "rld_tokens", "md_tokens", "md_hit_tokens", "md_kv_at_s", "prefill_done_s", "first_kv_s",
+    "first_start_s", "drawn_arrival_s", "input_tokens", "cached_tokens", "output_tokens",
+    "series", "decisions", "prefill_busy_s", "pool_utilisation", "link_utilisation",
+    "sim_end_s",
+)  # fmt: skip
+
+
 def record_digest(rec) -> str:
     """sha256 over every per-request array, the time series and the run's scalars."""
     h = hashlib.sha256()
     for name in rec.__slots__:
+        if name not in FIELDS:
+            continue  # added since (e.g. stopped_at_s): not part of the pinned record
         value = getattr(rec, name)
         if isinstance(value, np.ndarray):
             h.update(name.encode())
