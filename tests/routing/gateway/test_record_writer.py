@@ -45,3 +45,42 @@ def test_writes_queued_behind_a_busy_writer_commit_together():
     assert writer.writes == 7 and writer.batches == 2  # t0 alone, then the six queued
     names = set(Tenant.objects.values_list("name", flat=True))
     assert names == {f"t{i}" for i in range(6)}  # the failed write's row was rolled back
+
+
+def test_a_batch_whose_connection_breaks_is_written_once_more_on_a_new_one():
+    from django.db import OperationalError
+
+    writer = BatchWriter()
+    tries = []
+
+    def flaky(name: str) -> str:
+        tries.append(name)
+        Tenant.objects.create(name=name)
+        if len(tries) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return name
+
+    def create(name: str) -> str:
+        Tenant.objects.create(name=name)
+        return name
+
+    futures = [writer.submit(flaky, name="t-flaky"), writer.submit(create, name="t-next")]
+    assert [f.result(timeout=30) for f in futures] == ["t-flaky", "t-next"]
+    assert tries == ["t-flaky", "t-flaky"]
+    # Nothing of the failed attempt was committed: each row once.
+    assert sorted(Tenant.objects.values_list("name", flat=True)) == ["t-flaky", "t-next"]
+
+
+def test_the_writer_keeps_its_connection_from_batch_to_batch():
+    from django.db import connection
+
+    writer = BatchWriter()
+    seen = []
+
+    def which(i: int) -> int:
+        seen.append(id(connection.connection))
+        return i
+
+    for i in range(3):
+        assert writer.submit(which, i=i).result(timeout=30) == i
+    assert len(set(seen)) == 1
