@@ -9,6 +9,8 @@ variables in the environment are not used (the check would not see where a proxy
 
 from __future__ import annotations
 
+import functools
+import ssl
 from typing import Any
 
 import httpx
@@ -39,6 +41,14 @@ class AgentEndpointUnresolvable(AgentUnreachable):
     """The endpoint's name did not resolve just now: like an unreachable agent, worth a retry."""
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """One TLS context for every call the control plane makes to agents. httpx builds one per
+    client (loading the CA bundle); with a client per node per reconcile and probe run that was
+    the largest CPU item of an idle embedded control plane (py-spy, bench/gateway/REPORT.md)."""
+    return httpx.create_ssl_context()
+
+
 class AgentClient:
     """Calls exactly the endpoint the node registered, with the command token it was given."""
 
@@ -51,7 +61,9 @@ class AgentClient:
             headers=headers,
             timeout=timeout_s,
             # An explicit transport also keeps httpx from routing through $HTTP(S)_PROXY.
-            transport=transport if transport is not None else httpx.HTTPTransport(),
+            transport=transport
+            if transport is not None
+            else httpx.HTTPTransport(verify=tls_context()),
             follow_redirects=False,
             trust_env=False,
         )

@@ -26,6 +26,7 @@ import httpx
 from django.conf import settings
 
 from fleet import live as fleet_live
+from fleet.agent_client import tls_context
 from routing.live import suspect_ledger
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def probe_agents(*, timeout_s: float | None = None) -> list[ProbeResult]:
         return []
     now = time.time()
     with (
-        httpx.Client(timeout=timeout_s) as client,
+        httpx.Client(timeout=timeout_s, verify=tls_context()) as client,
         ThreadPoolExecutor(max_workers=min(16, len(entries))) as pool,
     ):
         results = list(pool.map(lambda e: _probe(client, e, now, interval_s), entries))

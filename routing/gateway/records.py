@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from billing.models import ApiKey
 from billing.services import usage_record
+from fleet.agent_client import tls_context
 from fleet.endpoints import check_agent_endpoint
 from routing.gateway.journal import Journal, recover
 from routing.gateway.runner import data_plane_headers
@@ -286,7 +287,9 @@ def agent_reported_tokens(admission: Admission, timeout_s: float = 2.0) -> int |
         return None
     url = f"{base}/v1/pdd/requests/{admission.attempt_request_id}"
     try:
-        response = httpx.get(url, headers=data_plane_headers(), timeout=timeout_s)
+        response = httpx.get(
+            url, headers=data_plane_headers(), timeout=timeout_s, verify=tls_context()
+        )
         if response.status_code != 200:
             return None
         tokens = response.json().get("tokens")
