@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
+from typing import Any
 
 from django.http import JsonResponse
+
+from pdd.openai_errors import OpenAIError
 
 log = logging.getLogger(__name__)
 
@@ -23,37 +26,14 @@ def notify_error(status: int, code: str | None, tenant: str = "", model: str = "
             log.warning("error observer failed", exc_info=True)
 
 
-class GatewayError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type_: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
+class GatewayError(OpenAIError):
+    """An OpenAI-shaped refusal (``pdd.openai_errors``) the gateway answers as a JSON response."""
+
+    def __init__(self, status: int, message: str, **kwargs: Any) -> None:
+        super().__init__(status, message, **kwargs)
         # A write the answer must wait for (a rejected request's record, written by the
         # record writer): the view awaits it before answering.
         self.pending_write: Future | None = None
-
-    def body(self) -> dict:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
 
     def response(self) -> JsonResponse:
         response = JsonResponse(self.body(), status=self.status)

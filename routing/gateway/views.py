@@ -134,14 +134,15 @@ async def _stream(p: Prepared):
         # while the last chunks go out and is awaited after [DONE].
         usage = _usage(p, run)
         run.record_soon()
-        yield chunk(
+        # The last events in one write (one socket send instead of three).
+        tail = chunk(
             None if p.kind == "chat.completions" else "",
             run.finish_reason,
             logprobs=run.take_logprobs(),  # tokens whose text was never released
         )
         if p.greq.include_usage:
-            yield chunk(None, None, usage=usage)
-        yield openai_shapes.sse("[DONE]")
+            tail += chunk(None, None, usage=usage)
+        yield tail + openai_shapes.sse("[DONE]")
     except AgentRunError as exc:
         run.status, run.error = "error", str(exc)
         notify_error(500, "agent_error", p.key.tenant.name, p.model.name)
