@@ -8,6 +8,7 @@ from typing import Any
 
 from agents.engine import SamplingParams, TokenLogprob, TokenOutput
 from agents.node.agent import AgentError
+from pdd.events import ErrorEvent, TokenEvent
 from pdd.vocab import AGENT_HANDOFF_MODES, AGENT_PIPELINES, ROLE_TOKENS, HandoffMode
 
 # rld-only: singular traffic and the no-MD fallback; P ships KV to RLD only, RLD finishes.
@@ -210,11 +211,13 @@ def token_event(
 ) -> dict[str, Any]:
     """A token event; with `logprob` (the request asked for logprobs) it carries ``logprob``
     and ``top_logprobs`` as [[token id, logprob], ...], most likely first."""
-    event = {"type": "token", "index": index, "token_id": token_id, "role": role}
-    if logprob is not None:
-        event["logprob"] = logprob.logprob
-        event["top_logprobs"] = [[t, v] for t, v in logprob.top]
-    return event
+    return TokenEvent(
+        index,
+        token_id,
+        role,
+        logprob.logprob if logprob is not None else None,
+        tuple((t, v) for t, v in logprob.top) if logprob is not None else None,
+    ).to_json()
 
 
 def output_logprob(out: TokenOutput, j: int) -> TokenLogprob | None:
@@ -232,4 +235,4 @@ def relayed_token(index: int, event: dict[str, Any], role: str) -> dict[str, Any
 
 
 def error_event(message: str) -> dict[str, Any]:
-    return {"type": "error", "message": message}
+    return ErrorEvent(message).to_json()

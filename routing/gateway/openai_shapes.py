@@ -24,6 +24,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdd.events import TokenEvent
 from pdd.tokenizer import ByteTokenizer, Tokenizer
 
 
@@ -46,14 +47,10 @@ def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     return token_bytes(tokenizer, token_id).decode("utf-8", errors="replace")
 
 
-def _parse(event: dict[str, Any], text_offset: int) -> DeliveredToken:
-    raw = event.get("logprob")
-    logprob = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else None
-    top = []
-    for pair in event.get("top_logprobs") or ():
-        if isinstance(pair, (list, tuple)) and len(pair) == 2:
-            top.append((int(pair[0]), float(pair[1])))
-    return DeliveredToken(int(event["token_id"]), logprob, top, text_offset)
+def _parse(event: TokenEvent, text_offset: int) -> DeliveredToken:
+    return DeliveredToken(
+        event.token_id, event.logprob, list(event.top_logprobs or ()), text_offset
+    )
 
 
 @dataclass(slots=True)
@@ -65,7 +62,7 @@ class LogprobsCollector:
     tokens: list[DeliveredToken] = field(default_factory=list)
     taken: int = 0  # tokens already sent in a stream chunk
 
-    def add(self, event: dict[str, Any], text_offset: int) -> None:
+    def add(self, event: TokenEvent, text_offset: int) -> None:
         self.tokens.append(_parse(event, text_offset))
 
     def take(self) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from django.conf import settings
 
+from pdd.events import DoneEvent, ErrorEvent, TokenEvent, parse_event
 from pdd.stats import DoneStats
 from routing.gateway.openai_shapes import LogprobsCollector
 from routing.gateway.prepared import Prepared
@@ -121,10 +122,16 @@ class Run:
                         loop.time() + (FIRST_TOKEN_TIMEOUT_S if limit is None else limit)
                     )
                     try:
-                        event = await events.__anext__()
+                        raw = await events.__anext__()
                     except StopAsyncIteration:
                         return
                     deadline.reschedule(None)
+                    try:
+                        event = parse_event(raw)
+                    except ValueError as exc:
+                        raise AgentRunError(
+                            f"the prefill agent sent a malformed event: {exc}", at_prefill=False
+                        ) from None
                     yield event
         except TimeoutError:
             if limit is None:
@@ -143,16 +150,15 @@ class Run:
         events = self._events()
         try:
             async for event in events:
-                kind = event.get("type")
-                if kind == "token":
-                    if event.get("index") != self.token_count - self.offset:
+                if isinstance(event, TokenEvent):
+                    if event.index != self.token_count - self.offset:
                         raise AgentRunError(
-                            f"token stream out of order: got index {event.get('index')}, "
+                            f"token stream out of order: got index {event.index}, "
                             f"expected {self.token_count - self.offset}",
                             at_prefill=False,
                         )
                     self.token_count += 1
-                    self.token_ids.append(int(event["token_id"]))
+                    self.token_ids.append(event.token_id)
                     now = time.monotonic()
                     if now - self.progress_at >= PROGRESS_EVERY_S:
                         self.progress_at = now
@@ -163,24 +169,23 @@ class Run:
                         self.max_gap_s = max(self.max_gap_s, now - self.last_at)
                         self.gaps.append(now - self.last_at)
                     self.last_at = now
-                    role = event.get("role", "")
+                    role = event.role
                     self.last_role = role
                     if role in self.by_role:
                         self.by_role[role] += 1
                     if self.logprobs is not None:
                         self.logprobs.add(event, self.text.decoded_len)
-                    piece, stopped = self.text.push(int(event["token_id"]))
+                    piece, stopped = self.text.push(event.token_id)
                     if piece:
                         yield piece
                     if stopped:
                         self.finish_reason = "stop"
                         return
-                elif kind == "done":
-                    self.stats = DoneStats.from_json(event.get("stats"))
-                    reason = event.get("finish_reason")
-                    self.finish_reason = "length" if reason in ("length", "max_tokens") else "stop"
-                elif kind == "error":
-                    raise AgentRunError(str(event.get("message", "agent error")), at_prefill=False)
+                elif isinstance(event, DoneEvent):
+                    self.stats = event.stats
+                    self.finish_reason = "length" if event.hit_length else "stop"
+                elif isinstance(event, ErrorEvent):
+                    raise AgentRunError(event.message, at_prefill=False)
             tail = self.text.flush()
             if tail:
                 yield tail

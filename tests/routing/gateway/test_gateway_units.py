@@ -387,3 +387,29 @@ def test_a_leading_space_marker_tokenizer_streams_the_whole_decode(tmp_path):
     assembler = TextAssembler(tok)
     out = "".join(assembler.push(i)[0] for i in ids) + assembler.flush()
     assert out == tok.decode(ids) == "hello world a b world hello a"
+
+
+def test_a_malformed_agent_event_fails_the_attempt_with_a_clear_error(monkeypatch):
+    import asyncio
+
+    from routing.gateway import run as gw_run
+    from routing.gateway.runner import AgentRunError
+
+    async def events(url, plan):
+        yield {"type": "token", "index": 0, "token_id": "x"}
+
+    monkeypatch.setattr(gw_run, "run_events", events)
+
+    class P:
+        url, plan, offset = "http://p", {}, 0
+
+    run = gw_run.Run.__new__(gw_run.Run)
+    run.p = P()
+    run.token_count = run.offset = 0
+
+    async def drain():
+        async for _ in run._events():
+            pass
+
+    with pytest.raises(AgentRunError, match="malformed event.*token_id"):
+        asyncio.run(drain())

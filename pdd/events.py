@@ -1,0 +1,140 @@
+"""The events of an agent's generate stream (agents/PROTOCOL.md, ``POST /v1/pdd/generate``) as
+typed records: the agents build them (agents/node/wire.py) and the gateway parses each line
+once (routing/gateway/runner.py), so neither side reads raw dicts.
+
+- ``token``: ``{"type": "token", "index", "token_id", "role", "logprob"?, "top_logprobs"?}``
+- ``done``: ``{"type": "done", "finish_reason", "stats"}`` (``stats``: ``pdd.stats.DoneStats``)
+- ``error``: ``{"type": "error", "message"}``
+
+Any other type (an agent newer than this gateway) parses as ``OtherEvent`` and is ignored by
+readers that do not know it; a known type with a malformed field is a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdd.stats import DoneStats
+
+
+def _int(raw: Mapping[str, Any], name: str) -> int:
+    value = raw.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"event field '{name}' must be an integer, got {value!r}")
+    return value
+
+
+def _float_or_none(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One token of the answer at ``index`` (from 0 within the attempt), from ``role``
+    (``prefill``, ``rld`` or ``md``); with logprobs when the request asked for them:
+    ``top_logprobs`` as (token id, logprob) pairs, most likely first."""
+
+    index: int
+    token_id: int
+    role: str = ""
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "type": "token",
+            "index": self.index,
+            "token_id": self.token_id,
+            "role": self.role,
+        }
+        if self.logprob is not None:
+            out["logprob"] = self.logprob
+            out["top_logprobs"] = [[t, v] for t, v in self.top_logprobs or ()]
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> TokenEvent:
+        top = None
+        if isinstance(raw.get("top_logprobs"), list):
+            pairs = []
+            for pair in raw["top_logprobs"]:
+                if isinstance(pair, (list, tuple)) and len(pair) == 2:
+                    token, value = pair
+                    if isinstance(token, int) and not isinstance(token, bool):
+                        number = _float_or_none(value)
+                        if number is not None:
+                            pairs.append((token, number))
+            top = tuple(pairs)
+        return cls(
+            index=_int(raw, "index"),
+            token_id=_int(raw, "token_id"),
+            role=str(raw.get("role") or ""),
+            logprob=_float_or_none(raw.get("logprob")),
+            top_logprobs=top,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DoneEvent:
+    """The attempt ended: why (``length``/``max_tokens`` or a stop) and P's figures."""
+
+    finish_reason: str | None = None
+    stats: DoneStats = field(default_factory=DoneStats)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "done", "finish_reason": self.finish_reason, "stats": self.stats.to_json()}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> DoneEvent:
+        reason = raw.get("finish_reason")
+        return cls(
+            finish_reason=str(reason) if reason is not None else None,
+            stats=DoneStats.from_json(raw.get("stats")),
+        )
+
+    @property
+    def hit_length(self) -> bool:
+        return self.finish_reason in ("length", "max_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorEvent:
+    """The attempt failed further down the path (MD, RLD or the WAN)."""
+
+    message: str = "agent error"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "error", "message": self.message}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> ErrorEvent:
+        return cls(message=str(raw.get("message") or "agent error"))
+
+
+@dataclass(frozen=True, slots=True)
+class OtherEvent:
+    """An event type this reader does not know."""
+
+    type: str
+    raw: Mapping[str, Any]
+
+
+StreamEvent = TokenEvent | DoneEvent | ErrorEvent | OtherEvent
+
+_PARSERS: dict[str, Callable[[Mapping[str, Any]], StreamEvent]] = {
+    "token": TokenEvent.from_json,
+    "done": DoneEvent.from_json,
+    "error": ErrorEvent.from_json,
+}
+
+
+def parse_event(raw: Any) -> StreamEvent:
+    """One decoded NDJSON line of a generate stream. ValueError when it is not an event."""
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("type"), str):
+        raise ValueError(f"not a stream event: {raw!r:.200}")
+    parser = _PARSERS.get(raw["type"])
+    return parser(raw) if parser is not None else OtherEvent(raw["type"], raw)
