@@ -18,7 +18,7 @@ from routing.gateway import parsing
 from routing.gateway.caches import api_keys, secret_key, served_models
 from routing.gateway.errors import GatewayError, bad_request, rate_limited, unauthorized
 from routing.gateway.prepared import Prepared
-from routing.gateway.request_ids import gateway_request_id
+from routing.gateway.request_ids import gateway_request_id, mark
 from routing.gateway.timing import Stopwatch
 from routing.gateway.tokenizers import apply_chat_template, tokenizer_for
 
@@ -67,7 +67,7 @@ def identify(request: HttpRequest, kind: str, watch: Stopwatch) -> Prepared:
     watch.lap("queue")  # the hop onto a gateway worker thread
     key = authenticate(request)
     # Who asked, for the error counters should a later step refuse the request.
-    request.baton_tenant = key.tenant.name
+    mark(request, baton_tenant=key.tenant.name)
     watch.lap("auth")
     body = parsing.parse_json(request.body)
     greq = (
@@ -76,7 +76,7 @@ def identify(request: HttpRequest, kind: str, watch: Stopwatch) -> Prepared:
         else parsing.parse_completion(body)
     )
     watch.lap("parse")
-    request.baton_model = greq.model
+    mark(request, baton_model=greq.model)
     model = served_model(greq.model)
     tokenizer = tokenizer_for(name=model.name, source=model.source, tokenizer=model.tokenizer)
     prompt_ids = tokenizer.encode(greq.prompt_text)

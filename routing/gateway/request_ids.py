@@ -46,11 +46,19 @@ def new_request_id(kind: str | None) -> str:
     return f"{_PREFIX.get(kind or '', 'req')}-{uuid.uuid4().hex}"
 
 
+def mark(request: HttpRequest, **notes: str) -> None:
+    """Note what the gateway learnt about a request on it (``baton_*`` attributes: its ids,
+    its tenant and model for the error counters), read back with ``getattr``."""
+    for name, value in notes.items():
+        setattr(request, name, value)
+
+
 def gateway_request_id(request: HttpRequest, kind: str | None = None) -> str:
     """The gateway's id for this request (made once, on first use)."""
     rid = getattr(request, "baton_request_id", None)
     if rid is None:
-        rid = request.baton_request_id = new_request_id(kind)
+        rid = new_request_id(kind)
+        mark(request, baton_request_id=rid)
     return rid
 
 
@@ -61,7 +69,8 @@ def with_request_id(kind: str | None = None):
     def wrap(view):
         @functools.wraps(view)
         async def run(request: HttpRequest, *args, **kwargs):
-            client = request.baton_client_request_id = client_request_id(request)
+            client = client_request_id(request)
+            mark(request, baton_client_request_id=client)
             gateway = gateway_request_id(request, kind)
             response = await view(request, *args, **kwargs)
             response[HEADER] = client or gateway

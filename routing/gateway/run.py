@@ -213,7 +213,9 @@ class Run:
             error=self.error,
             prompt_tokens=len(self.p.prompt_ids),
             cached_tokens=(
-                s.cached_tokens if s.cached_tokens is not None else self.p.decision.cached_tokens
+                s.cached_tokens
+                if s.cached_tokens is not None
+                else (self.p.decision.cached_tokens if self.p.decision is not None else 0)
             ),
             completion_tokens=self.token_count,
             tokens_by_rld=by_role["rld"],

@@ -218,9 +218,9 @@ async def _handle(request: HttpRequest, kind: str):
             response["X-Request-Id"] = p.request_id
             response["Server-Timing"] = watch.header()
             return response
-        response = await _complete(p)
-        response["Server-Timing"] = watch.header()
-        return response
+        whole = await _complete(p)
+        whole["Server-Timing"] = watch.header()
+        return whole
     except GatewayError as exc:
         if exc.pending_write is not None:  # the rejected request's record, first
             with contextlib.suppress(Exception):
