@@ -1,62 +1,201 @@
-"""Speed check: one hour of agentic traffic at 80 requests/s through the PDD simulator.
+"""Simulator speed, before and after: simulated requests per second on one core, interleaved.
 
-The issue's target: ~290k requests simulate in under a minute on one core. Times trace
-generation and the simulation separately (wall clock, one process), on the ``paper-ttft`` PDD
-fleet with the rate set to 80 RPS and the duration to 3,600 s.
+Runs the same simulation with the planner of a git revision (A, exported with ``git archive``
+into ``var/planner/speed/<rev>/``) and with this working tree (B), alternately A, B, A, B, ...
+in fresh processes pinned to one core, and reports each side's median, min and max of
+simulated requests per wall second (and per CPU second: less sensitive to other load on a
+shared machine). Every run prints a digest of its per-request records; A and B must agree
+(the speed work changed no result), or the script says so and exits 1.
+
+The default simulation is paper-ttft's ``pdd`` case as ``planner run`` runs it: 80 RPS, one
+hour of settling, then 1,800 measured seconds (425,898 requests). ``--settle 0 --duration
+3600`` is the earlier figure's run (one hour of traffic, 283,650 requests).
+
+``--size`` also times the sizing question "cheapest fleet for P90 TTFT < 10 s, P99 < 15 s at
+100 RPS" (``planner size paper-ttft --rps 100 --duration 300 --settle 900 --bcr-scan ''
+--constants 0 --seeds 0``, on ``--size-workers``, default all cores) with this tree, once.
 
 Usage:
-    .venv/bin/python bench/planner/speed.py [--rps 80] [--duration 3600] [--out FILE.json]
+    .venv/bin/python bench/planner/speed.py [--ref REV] [--reps 3] [--settle S --duration S]
+        [--size] [--out var/planner/speed.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import statistics
+import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+ROOT = Path(__file__).resolve().parents[2]
+BEFORE = "14d0086"  # the last commit before the simulator's speed work (issue 26)
 
-from planner.api import make_trace, run_fleet  # noqa: E402
-from planner.fleet import fleet_from_dict  # noqa: E402
-from planner.metrics import Sla  # noqa: E402
-from planner.scenario import case_configs, deep_merge, load_scenario  # noqa: E402
+# Run in a fresh process with PYTHONPATH set to the tree under test.
+SNIPPET = r"""
+import hashlib, json, sys, time
+import numpy as np
+from planner.api import make_trace
+from planner.fleet import fleet_from_dict
+from planner.scenario import case_configs, deep_merge, load_scenario
+from planner.sim import Simulator
+case = sys.argv[1]
+rps, duration, settle = (float(x) for x in sys.argv[2:5])
+config = deep_merge(case_configs(load_scenario("paper-ttft"))[case],
+                    {"workload": {"rps": rps, "duration_s": duration, "settle_s": settle}})
+trace = make_trace(config)
+sim = Simulator(fleet_from_dict(config["fleet"]))
+wall, cpu = time.perf_counter(), time.process_time()
+rec = sim.run(trace)
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+h = hashlib.sha256()
+for name in ("arrival_s", "ttft_s", "finish_s", "wan_s", "wan_wait_s", "pipeline", "handoff",
+             "rld_tokens", "md_tokens", "md_hit_tokens", "md_kv_at_s", "prefill_done_s",
+             "first_kv_s", "first_start_s"):
+    h.update(np.ascontiguousarray(getattr(rec, name)).tobytes())
+h.update(json.dumps(rec.series, sort_keys=True).encode())
+print(json.dumps({"requests": len(trace), "wall_s": wall, "cpu_s": cpu,
+                  "digest": h.hexdigest()[:16]}))
+"""
+
+
+def export(rev: str, dest: Path) -> Path:
+    """The planner, routing and pdd packages of ``rev``, unpacked under ``dest`` (once)."""
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True,
+        text=True,
+    ).stdout.strip()  # fmt: skip
+    tree = dest / sha
+    if not (tree / "planner").is_dir():
+        tree.mkdir(parents=True, exist_ok=True)
+        tar = tree / "src.tar"
+        with open(tar, "wb") as out:
+            subprocess.run(["git", "archive", sha, "planner", "routing", "pdd"], cwd=ROOT,
+                           check=True, stdout=out)  # fmt: skip
+        with tarfile.open(tar) as t:
+            t.extractall(tree, filter="data")
+        tar.unlink()
+    return tree
+
+
+def one_core() -> int:
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    return cores[-1]
+
+
+def measure(tree: Path, args: argparse.Namespace, core: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
+
+    def pin() -> None:
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {core})
+
+    out = subprocess.run(
+        [sys.executable, "-c", SNIPPET, args.case, str(args.rps), str(args.duration),
+         str(args.settle)],
+        cwd=tree, env=env, check=True, capture_output=True, text=True, preexec_fn=pin,
+    ).stdout  # fmt: skip
+    run = json.loads(out.strip().splitlines()[-1])
+    run["req_per_wall_s"] = run["requests"] / run["wall_s"]
+    run["req_per_cpu_s"] = run["requests"] / run["cpu_s"]
+    return run
+
+
+def stats(values: list[float]) -> dict:
+    median = statistics.median(values)
+    spread = (max(values) - min(values)) / median * 100
+    return {"median": median, "min": min(values), "max": max(values), "spread_pct": spread}
+
+
+def size_question(workers: int | None) -> dict:
+    cmd = [sys.executable, "-m", "planner", "size", "paper-ttft", "--rps", "100", "--duration",
+           "300", "--settle", "900", "--bcr-scan", "", "--constants", "0", "--seeds", "0",
+           "--progress", "off", "--json"]  # fmt: skip
+    if workers:
+        cmd += ["--workers", str(workers)]
+    start = time.perf_counter()
+    out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    wall = time.perf_counter() - start
+    result = json.loads(out)
+    best = result["cheapest"]
+    return {
+        "command": "python -m planner size " + " ".join(c or "''" for c in cmd[4:]),
+        "wall_s": wall,
+        "runs": result["runs"],
+        "workers": result["workers"],
+        "counts": best.get("counts"),
+        "cost_per_hour": best.get("cost_per_hour"),
+        "ttft_p90_s": best.get("at", {}).get("ttft_p90_s"),
+        "ttft_p99_s": best.get("at", {}).get("ttft_p99_s"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ref", default=BEFORE, help=f"the 'before' revision (default {BEFORE})")
+    ap.add_argument("--reps", type=int, default=3, help="runs of each side (default 3)")
+    ap.add_argument("--case", default="pdd")
     ap.add_argument("--rps", type=float, default=80.0)
-    ap.add_argument("--duration", type=float, default=3600.0)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--duration", type=float, default=1800.0)
+    ap.add_argument("--settle", type=float, default=3600.0)
+    ap.add_argument("--size", action="store_true", help="also time the 100-RPS sizing question")
+    ap.add_argument("--size-workers", type=int, default=None)
+    ap.add_argument("--out", default=str(ROOT / "var" / "planner" / "speed.json"))
     args = ap.parse_args(argv)
-    if args.rps <= 0 or args.duration <= 0:
-        ap.error("--rps and --duration must be > 0")
-    config = deep_merge(
-        case_configs(load_scenario("paper-ttft"))["pdd"],
-        # One hour of traffic is the figure: no settle span before it.
-        {"workload": {"rps": args.rps, "duration_s": args.duration, "settle_s": 0}},
-    )
-    t0 = time.perf_counter()
-    trace = make_trace(config)
-    t1 = time.perf_counter()
-    summary, _ = run_fleet(fleet_from_dict(config["fleet"]), trace, Sla(), 60.0)
-    t2 = time.perf_counter()
+    if args.reps < 1 or args.rps <= 0 or args.duration <= 0 or args.settle < 0:
+        ap.error("--reps >= 1, --rps and --duration > 0, --settle >= 0")
+    trees = {"A": export(args.ref, ROOT / "var" / "planner" / "speed"), "B": ROOT}
+    core = one_core()
+    runs: dict[str, list[dict]] = {"A": [], "B": []}
+    for rep in range(args.reps):
+        for side, tree in trees.items():
+            run = measure(tree, args, core)
+            runs[side].append(run)
+            print(f"rep {rep + 1} {side}: {run['requests']} requests, "
+                  f"{run['req_per_wall_s']:,.0f} req/s wall, {run['req_per_cpu_s']:,.0f} "
+                  f"req/s CPU, digest {run['digest']}", file=sys.stderr)  # fmt: skip
+    digests = {r["digest"] for side in runs.values() for r in side}
     result = {
-        "requests": len(trace),
-        "rps": args.rps,
-        "duration_s": args.duration,
-        "trace_s": round(t1 - t0, 2),
-        "simulate_s": round(t2 - t1, 2),
-        "total_s": round(t2 - t0, 2),
-        "ttft_p90_s": summary["ttft_s"]["p90"],
+        "simulation": {
+            "scenario": "paper-ttft",
+            "case": args.case,
+            "rps": args.rps,
+            "duration_s": args.duration,
+            "settle_s": args.settle,
+            "requests": runs["B"][0]["requests"],
+        },  # fmt: skip
+        "A": {
+            "rev": args.ref,
+            **{k: stats([r[k] for r in runs["A"]]) for k in ("req_per_wall_s", "req_per_cpu_s")},
+        },
+        "B": {
+            "rev": "working tree",
+            **{k: stats([r[k] for r in runs["B"]]) for k in ("req_per_wall_s", "req_per_cpu_s")},
+        },
+        "order": f"A, B alternately, fresh process each, pinned to core {core}",
+        "identical_records": len(digests) == 1,
+        "runs": runs,
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "cores": os.cpu_count(),
+        "load_avg_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }
-    print(json.dumps(result, indent=2))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    result["speedup_median_wall"] = (
+        result["B"]["req_per_wall_s"]["median"] / result["A"]["req_per_wall_s"]["median"]
+    )
+    if args.size:
+        result["size"] = size_question(args.size_workers)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
+    if len(digests) != 1:
+        print("the two sides' records differ", file=sys.stderr)
+        return 1
     return 0
 
 
