@@ -147,6 +147,19 @@ def test_recovery_skips_admissions_that_have_a_row_or_a_record(key, folder):
 
 
 def test_a_served_request_journals_then_writes_its_row_in_a_batch(key, folder):
+    import threading
+
+    from routing.gateway.workers import record_writer
+
+    # Hold the writer busy so the row cannot be committed before the journal is looked at.
+    release, busy = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        busy.set()
+        release.wait(30)
+
+    held = record_writer.submit(hold)
+    assert busy.wait(30)
     future = records.admission_journaled(
         request_id="cmpl-served",
         api_key=key,
@@ -160,6 +173,9 @@ def test_a_served_request_journals_then_writes_its_row_in_a_batch(key, folder):
     )
     journal = records.admission_journal()
     assert [e["request_id"] for e in jr.read_entries(journal.path)] == ["cmpl-served"]
+    assert not Admission.objects.exists()  # durable in the journal only, so far
+    release.set()
+    held.result(timeout=30)
     future.result(timeout=30)
     assert Admission.objects.get(request_id="cmpl-served").owner == records.this_process()
     # Its row is committed: the line is not needed (the writer empties the file right after
