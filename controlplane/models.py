@@ -49,7 +49,7 @@ def generate_key() -> str:
     return f"{KEY_SCHEME}_{ident}_{secrets.token_urlsafe(32)}"
 
 
-class ApiTokenManager(models.Manager):
+class ApiTokenManager(models.Manager["ApiToken"]):
     def issue(
         self,
         *,
