@@ -78,7 +78,7 @@ class StatementLineInline(admin.TabularInline):
     model = StatementLine
     extra = 0
     can_delete = False
-    fields = [
+    readonly_fields = [
         "model",
         "adjustment",
         "contract",
@@ -92,7 +92,9 @@ class StatementLineInline(admin.TabularInline):
         "currency",
         "amount",
     ]
-    readonly_fields = fields
+    # A list of its own: `fields` is typed as a list of names *or groups*, which the
+    # list[str] of readonly_fields is not (lists are invariant).
+    fields = [*readonly_fields]
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False

@@ -257,7 +257,7 @@ class ModelPrice(models.Model):
         indexes = [models.Index(fields=["served_model", "tenant", "effective_from"])]
 
     def __str__(self) -> str:
-        who = self.tenant.name if self.tenant_id else "list"
+        who = self.tenant.name if self.tenant is not None else "list"
         until = self.effective_to.date().isoformat() if self.effective_to else "open"
         return (
             f"{self.served_model} ({who}): {self.input_per_mtok}/{self.cached_input_per_mtok}/"

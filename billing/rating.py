@@ -58,15 +58,18 @@ class RatedLine:
 
     @property
     def input_amount(self) -> Decimal:
-        return component(self.input_tokens, self.price and self.price.input_per_mtok)
+        per_mtok = self.price.input_per_mtok if self.price else None
+        return component(self.input_tokens, per_mtok)
 
     @property
     def cached_amount(self) -> Decimal:
-        return component(self.cached_tokens, self.price and self.price.cached_input_per_mtok)
+        per_mtok = self.price.cached_input_per_mtok if self.price else None
+        return component(self.cached_tokens, per_mtok)
 
     @property
     def output_amount(self) -> Decimal:
-        return component(self.output_tokens, self.price and self.price.output_per_mtok)
+        per_mtok = self.price.output_per_mtok if self.price else None
+        return component(self.output_tokens, per_mtok)
 
     @property
     def amount(self) -> Decimal:
@@ -160,13 +163,14 @@ def grouped_sums(rows: models.QuerySet) -> models.QuerySet:
 
 def lines_from_rows(rows, book: PriceBook, *, late_before: datetime | None) -> list[RatedLine]:
     """Merge grouped rows (tenant_id, model, bucket, sums) into lines per price in force."""
-    merged: dict[tuple, list[int]] = {}
+    # Per key: the price in force (the same for the whole key) and the four sums.
+    merged: dict[tuple, tuple[ModelPrice | None, list[int]]] = {}
     for r in rows:
         price = book.price(r["tenant_id"], r["model"], r["bucket"])
         start = book.bucket_start(r["bucket"])
         late = late_before is not None and (start is None or start < late_before)
         key = (r["tenant_id"], r["model"], price.pk if price else None, late)
-        sums = merged.setdefault(key, [0, 0, 0, 0, price])
+        _, sums = merged.setdefault(key, (price, [0, 0, 0, 0]))
         sums[0] += r["requests"]
         sums[1] += r["prompt"]
         sums[2] += r["cached"]
@@ -175,14 +179,14 @@ def lines_from_rows(rows, book: PriceBook, *, late_before: datetime | None) -> l
         RatedLine(
             tenant_id=tenant_id,
             model=model,
-            price=sums[4],
+            price=price,
             adjustment=late,
             requests=sums[0],
             input_tokens=sums[1] - sums[2],
             cached_tokens=sums[2],
             output_tokens=sums[3],
         )
-        for (tenant_id, model, _, late), sums in merged.items()
+        for (tenant_id, model, _, late), (price, sums) in merged.items()
     ]
     lines.sort(key=line_order)
     return lines
