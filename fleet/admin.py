@@ -78,8 +78,10 @@ class InstanceInline(admin.TabularInline):
 class EventInline(admin.TabularInline):
     model = FleetEvent
     extra = 0
-    fields = ["created_at", "kind", "message", "actor"]
-    readonly_fields = fields
+    readonly_fields = ["created_at", "kind", "message", "actor"]
+    # A list of its own: `fields` is typed as a list of names *or groups*, which the
+    # list[str] of readonly_fields is not (lists are invariant).
+    fields = [*readonly_fields]
     can_delete = False
     ordering = ["-created_at"]
 

@@ -311,6 +311,8 @@ def _reported_states(state_doc: dict[str, Any]) -> dict[int, str]:
 def _execute(client: AgentClient, node: Node, action: Action, *, actor: str) -> None:
     instance = Instance.objects.select_related("served_model").filter(pk=action.instance_id).first()
     if action.verb == "start":
+        if instance is None:
+            return  # deleted since the plan was made: nothing to start
         client.start_instance(
             instance_id=action.instance_id,
             role=instance.role,

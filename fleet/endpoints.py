@@ -161,13 +161,15 @@ def address_refusal(address: IPAddress) -> str | None:
 def _resolve(host: str, port: int) -> tuple[IPAddress, ...]:
     """All addresses `host` resolves to, looked up in a daemon thread so that a resolver that
     hangs costs at most RESOLVE_TIMEOUT_S (getaddrinfo itself has no timeout)."""
-    box: dict[str, object] = {}
+    # Filled by the lookup thread: getaddrinfo's answer, or the error it raised.
+    infos: list[tuple[socket.AddressFamily, socket.SocketKind, int, str, tuple]] = []
+    errors: list[OSError | UnicodeError] = []
 
     def lookup() -> None:
         try:
-            box["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            infos.extend(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
         except (OSError, UnicodeError) as exc:
-            box["error"] = exc
+            errors.append(exc)
 
     thread = threading.Thread(target=lookup, name=f"resolve {host}", daemon=True)
     thread.start()
@@ -177,10 +179,10 @@ def _resolve(host: str, port: int) -> tuple[IPAddress, ...]:
             f"Could not resolve {host!r}: no DNS answer within {RESOLVE_TIMEOUT_S:g} s.",
             code="unresolvable",
         )
-    if "error" in box:
-        raise ValidationError(f"Could not resolve {host!r}: {box['error']}.", code="unresolvable")
+    if errors:
+        raise ValidationError(f"Could not resolve {host!r}: {errors[0]}.", code="unresolvable")
     found: list[IPAddress] = []
-    for family, _type, _proto, _canon, sockaddr in box.get("infos") or ():
+    for family, _type, _proto, _canon, sockaddr in infos:
         if family not in (socket.AF_INET, socket.AF_INET6):
             continue
         try:

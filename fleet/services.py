@@ -316,11 +316,13 @@ def topology_snapshot() -> dict[str, Any]:
         )
         for role in roles
     }
-    datacenters = Datacenter.objects.annotate(
-        node_count=Count("nodes", distinct=True),
-        **role_counts,
-        **running_counts,
-    ).order_by("name")
+    # node_count in a call of its own, so the type checker sees it on every row (the
+    # per-role counts are read by name); the SQL is the same as with one annotate().
+    datacenters = (
+        Datacenter.objects.annotate(node_count=Count("nodes", distinct=True))
+        .annotate(**role_counts, **running_counts)
+        .order_by("name")
+    )
     gpus_by_dc: dict[int, int] = {}
     for node in Node.objects.only("datacenter_id", "gpu_count"):
         gpus_by_dc[node.datacenter_id] = gpus_by_dc.get(node.datacenter_id, 0) + node.gpu_count

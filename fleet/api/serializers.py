@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import models
 from rest_framework import serializers
 
 from fleet import services
@@ -26,6 +29,10 @@ def as_api_error(exc: DjangoValidationError) -> serializers.ValidationError:
 
 class ModelCleanMixin:
     """Run the model's clean() on the would-be row, so API and admin enforce the same rules."""
+
+    # Provided by the ModelSerializer the mixin is combined with.
+    Meta: Any  # its Meta class: ``Meta.model`` is the model the serializer writes
+    instance: models.Model | None
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
