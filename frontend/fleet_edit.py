@@ -29,7 +29,7 @@ from fleet.models import Datacenter, GPUType, Instance, Node, UnitPrice, WANLink
 @dataclass(frozen=True)
 class Kind:
     slug: str
-    model: type
+    model: type[models.Model]
     serializer: type
     singular: str
     plural: str
@@ -61,7 +61,7 @@ def writable_fields(kind: Kind) -> list[str]:
 
 
 def form_class(kind: Kind) -> type[forms.ModelForm]:
-    widgets = {}
+    widgets: dict[str, forms.Widget | type[forms.Widget]] = {}
     for field in kind.model._meta.get_fields():
         if getattr(field, "get_internal_type", lambda: "")() == "TextField":
             widgets[field.name] = forms.Textarea(attrs={"rows": 3})
@@ -81,7 +81,9 @@ def form_with_errors(kind: Kind, data, instance, errors: dict) -> forms.ModelFor
     """A form showing `data` with the serializer's `errors` on its fields (its own validation
     never runs: the serializer's is the one that counts)."""
     form = form_class(kind)(data=data, instance=instance)
-    form._errors = ErrorDict()
+    # Errors given without running the form's clean(); django-stubs leave out BaseForm's
+    # private _errors (where full_clean() puts them, and add_error() adds to them).
+    form._errors = ErrorDict()  # type: ignore[attr-defined]
     form.cleaned_data = {}
     for field, messages_ in errors.items():
         target = field if field in form.fields else None

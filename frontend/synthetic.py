@@ -43,6 +43,8 @@ def synthetic_records_create(
     served = served or "baton-tiny"
     kv_bytes_per_token = kv_bytes_per_token or 4400
     records: list[RequestRecord] = []
+    # Per record: its routing decision's (cached tokens, delta tokens, reason).
+    decisions: list[tuple[int, int, str]] = []
     for _ in range(count):
         prompt = int(rng.lognormvariate(9.5, 0.8))
         low_hit = rng.random() < 0.25
@@ -101,8 +103,7 @@ def synthetic_records_create(
                 main_instance=_pick(rng, ids[InstanceRole.MAIN_DECODE]),
             )
         )
-        records[-1]._reason = reason  # type: ignore[attr-defined]
-        records[-1]._hit = (cached, delta)  # type: ignore[attr-defined]
+        decisions.append((cached, delta, reason))
     for record in records:
         record.save()
     RoutingDecision.objects.bulk_create(
@@ -111,10 +112,10 @@ def synthetic_records_create(
             policy_version=0,
             pipeline=r.pipeline,
             handoff_mode=r.handoff_mode,
-            cached_tokens=r._hit[0],
-            delta_tokens=r._hit[1],
-            reason=f"[synthetic] {r._reason}",
+            cached_tokens=cached,
+            delta_tokens=delta,
+            reason=f"[synthetic] {reason}",
         )
-        for r in records
+        for r, (cached, delta, reason) in zip(records, decisions, strict=True)
     )
     return records

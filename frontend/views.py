@@ -34,17 +34,18 @@ from plans.services import (
 from routing.analysis import RELAYED_DESPITE_CACHE_THRESHOLD, relayed_despite_cache
 from routing.models import RequestRecord
 
-LOGIN_URL = reverse_lazy("frontend:login")
+LOGIN_URL_NAME = "frontend:login"
+LOGIN_URL = reverse_lazy(LOGIN_URL_NAME)
 
 
 class LoginView(auth_views.LoginView):
     template_name = "frontend/login.html"
     redirect_authenticated_user = True
-    next_page = reverse_lazy("frontend:overview")
+    next_page = "frontend:overview"  # a URL name: the view resolves it (resolve_url)
 
 
 class LogoutView(auth_views.LogoutView):
-    next_page = LOGIN_URL
+    next_page = LOGIN_URL_NAME
 
 
 class PageView(LoginRequiredMixin, TemplateView):

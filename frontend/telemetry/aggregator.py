@@ -274,15 +274,17 @@ def summarize(
     goodput_rps = good / seconds
     tokens = {k: p.tokens.get(k, 0) for k in ("prompt", "cached", "completion", "rld", "md")}
     decoded = tokens["rld"] + tokens["md"]
-    wan: dict[str, dict[str, float]] = {}
+    wan_bytes: dict[str, int] = {}
     for pair, nbytes in p.wan.items():
         link = (link_of or {}).get(pair, "unresolved")
-        entry = wan.setdefault(link, {"bytes": 0})
-        entry["bytes"] += nbytes
-    for link, entry in wan.items():
-        entry["gbps"] = entry["bytes"] * 8 / seconds / 1e9
+        wan_bytes[link] = wan_bytes.get(link, 0) + nbytes
+    # Per link: bytes, Gbit/s and the share of its bandwidth (None: bandwidth unknown).
+    wan: dict[str, dict[str, float | None]] = {}
+    for link, total_bytes in wan_bytes.items():
+        gbps = total_bytes * 8 / seconds / 1e9
         bandwidth = (link_bandwidth_gbps or {}).get(link)
-        entry["utilisation"] = entry["gbps"] / bandwidth if bandwidth else None
+        utilisation = gbps / bandwidth if bandwidth else None
+        wan[link] = {"bytes": total_bytes, "gbps": gbps, "utilisation": utilisation}
     bcr = goodput_rps / cost_per_hour if cost_per_hour else None
     return {
         "seconds": seconds,

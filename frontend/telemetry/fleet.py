@@ -31,7 +31,9 @@ class FleetState:
         out: dict[tuple[str, str], str] = {}
         for src, dst in pairs:
             a, b = self.instance_dc.get(src), self.instance_dc.get(dst)
-            name = self.link_by_dcs.get((a, b)) or self.link_by_dcs.get((b, a))
+            name = None
+            if a is not None and b is not None:
+                name = self.link_by_dcs.get((a, b)) or self.link_by_dcs.get((b, a))
             out[(src, dst)] = name or "unresolved"
         return out
 

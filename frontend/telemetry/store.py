@@ -15,6 +15,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import cast
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +206,9 @@ class RedisStore(Store):
             del self._cache[bucket]
 
     def read_total(self) -> Bucket:
-        raw = self.client.hgetall(self._key(TOTAL, 0))
+        # redis-py types every reply as `Awaitable[T] | T`, one signature for its sync and
+        # async clients; this client is the sync one, whose HGETALL answers a dict.
+        raw = cast("dict[bytes, bytes]", self.client.hgetall(self._key(TOTAL, 0)))
         return {f.decode(): int(v) for f, v in raw.items()}
 
     def clear(self) -> None:
