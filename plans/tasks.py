@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from plans import services
+from plans import services, sizing
 
 # A plan simulates every combination of counts (up to 64), each a goodput bisection: minutes,
 # not the seconds the default limits allow. The soft limit fails the run with its reason.
@@ -20,4 +20,15 @@ PLAN_TIME_LIMIT_S = PLAN_SOFT_TIME_LIMIT_S + 60
 def plan_execute(plan_run_id: int) -> str:
     """Run one queued capacity plan; a run that is not queued (already started) is left alone."""
     run = services.plan_run_execute(plan_run_id=plan_run_id)
+    return run.status if run is not None else "missing"
+
+
+@shared_task(
+    name=sizing.SIZE_EXECUTE,
+    soft_time_limit=PLAN_SOFT_TIME_LIMIT_S,
+    time_limit=PLAN_TIME_LIMIT_S,
+)
+def sizing_execute(sizing_run_id: int) -> str:
+    """Run one queued sizing run (``planner size``); one not queued is left alone."""
+    run = sizing.sizing_run_execute(sizing_run_id=sizing_run_id)
     return run.status if run is not None else "missing"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from plans import services
-from plans.models import PlanRun
+from plans import services, sizing
+from plans.models import PlanRun, SizingRun
 
 
 class PlanRunCreateSerializer(serializers.Serializer):
@@ -79,4 +80,139 @@ class PlanRunListSerializer(PlanRunSerializer):
 
     class Meta(PlanRunSerializer.Meta):
         fields = [f for f in PlanRunSerializer.Meta.fields if f != "inputs"]
+        read_only_fields = fields
+
+
+# --- sizing runs (/api/v1/plans/sizing/) -------------------------------------------------------
+
+
+# An object until the run is done, null before (the schema says so: responses validate).
+NULLABLE_OBJECT = serializers.DictField(allow_null=True)
+
+
+class SizingRunCreateSerializer(serializers.Serializer):
+    """What to size: a scenario, the target rate and SLA (each empty: the scenario's)."""
+
+    scenario = serializers.CharField(
+        default=sizing.DEFAULT_SIZE_SCENARIO,
+        help_text="Bundled planner scenario: model, engine, workload, SLA, policy and (unless "
+        "from_db) the starting fleet. tiny-size finishes in seconds.",
+    )
+    rps = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        min_value=0.001,
+        max_value=sizing.MAX_RPS,
+        help_text="Target rate, requests/s (default: the scenario's).",
+    )
+    p90 = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        min_value=0.001,
+        max_value=sizing.MAX_SLA_S,
+        help_text="SLA: P90 TTFT below this many seconds (default: the scenario's).",
+    )
+    p99 = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        min_value=0.001,
+        max_value=sizing.MAX_SLA_S,
+        help_text="SLA: P99 TTFT below this many seconds (default: the scenario's).",
+    )
+    from_db = serializers.BooleanField(
+        default=False,
+        help_text="Start from the fleet in the database (GPU types, unit prices, WAN link; "
+        "counts = nodes now running each role) instead of the scenario's pools.",
+    )
+
+
+class SizingRunSerializer(serializers.ModelSerializer):
+    """A sizing run with its answer; ``result`` is planner.size's whole output."""
+
+    cheapest = serializers.SerializerMethodField(
+        help_text="The cheapest fleet meeting the SLA at the rate: found, counts per "
+        "'role@datacenter:gpu', cost_per_hour, its figures (at), one_fewer, binding, "
+        "local_minimum (null until done)."
+    )
+    max_bcr = serializers.SerializerMethodField(
+        help_text="The best-BCR fleet (best) among the cheapest at the scanned multiples of "
+        "the rate (candidates): counts, goodput_rps, cost_per_hour, bcr (null until done)."
+    )
+    band = serializers.SerializerMethodField(
+        help_text="The cheapest fleet's figures over +-5% rate, +-5% fitted constants and "
+        "other seeds, and whether it sits on a cliff (null until done or if none found)."
+    )
+    unit_prices = serializers.SerializerMethodField(
+        help_text="Price per unit-hour of each GPU type in the fleet (null until done)."
+    )
+    sla = serializers.SerializerMethodField(help_text="The SLA sized for (null until done).")
+    from_db = serializers.BooleanField(
+        source="start_from_db",
+        read_only=True,
+        help_text="Whether the search started from the fleet in the database.",
+    )
+    notes = serializers.SerializerMethodField()
+    created_by = serializers.SerializerMethodField()
+
+    class Meta:
+        model = SizingRun
+        fields = [
+            "id",
+            "status",
+            "scenario",
+            "rps",
+            "p90",
+            "p99",
+            "from_db",
+            "progress_done",
+            "progress_total",
+            "progress_note",
+            "cheapest",
+            "max_bcr",
+            "band",
+            "unit_prices",
+            "sla",
+            "notes",
+            "error",
+            "created_by",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "result",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(NULLABLE_OBJECT)
+    def get_cheapest(self, run: SizingRun) -> dict | None:
+        cheapest = run.result.get("cheapest")
+        return {k: v for k, v in cheapest.items() if k != "band"} if cheapest else None
+
+    @extend_schema_field(NULLABLE_OBJECT)
+    def get_max_bcr(self, run: SizingRun) -> dict | None:
+        return run.result.get("max_bcr")
+
+    @extend_schema_field(NULLABLE_OBJECT)
+    def get_band(self, run: SizingRun) -> dict | None:
+        return (run.result.get("cheapest") or {}).get("band")
+
+    @extend_schema_field(NULLABLE_OBJECT)
+    def get_unit_prices(self, run: SizingRun) -> dict | None:
+        return run.result.get("unit_prices")
+
+    @extend_schema_field(NULLABLE_OBJECT)
+    def get_sla(self, run: SizingRun) -> dict | None:
+        return run.result.get("sla")
+
+    def get_notes(self, run: SizingRun) -> list[str]:
+        return list(run.inputs.get("notes", []))
+
+    def get_created_by(self, run: SizingRun) -> str | None:
+        return run.created_by.username if run.created_by else None
+
+
+class SizingRunListSerializer(SizingRunSerializer):
+    """A sizing run without planner.size's whole output: lists stay small."""
+
+    class Meta(SizingRunSerializer.Meta):
+        fields = [f for f in SizingRunSerializer.Meta.fields if f != "result"]
         read_only_fields = fields

@@ -1,0 +1,188 @@
+"""Sizing runs: ``planner size`` as a long job (create, execute) for the REST API, the Celery
+task and the /planner/ page.
+
+A run asks for the cheapest fleet that meets an SLA at a target rate, and the best-BCR fleet
+(``planner.size.size``). The starting fleet is the scenario's pools or, with ``from_db``, the
+fleet in the database (``plans.services.planner_fleet_from_db``), built when the run is created
+so a queued run keeps the fleet it was asked about and missing fleet data fails at once.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import time
+from typing import Any
+
+from django.utils import timezone
+
+from fleet.choices import PlanRunStatus
+from fleet.dispatch import enqueue_after_commit
+from plans.models import SizingRun
+from plans.services import (
+    PlanInputError,
+    _finite,
+    _scenario_config,
+    planner_fleet_from_db,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SIZE_SCENARIO = "tiny-size"
+SIZE_EXECUTE = "plans.sizing_execute"
+MAX_RPS = 10_000.0
+MAX_SLA_S = 3_600.0
+# One process: a Celery prefork worker is a daemon and may not start a process pool, and on
+# the embedded defaults the run shares the web process. tiny-size takes a few seconds on one.
+SIZE_WORKERS = 1
+# Progress is written at most this often (each probe of tiny-size takes ~0.1 s).
+PROGRESS_EVERY_S = 0.5
+
+
+def _number(field: str, value: Any, hi: float) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PlanInputError(field, f"must be a number, got {value!r}")
+    value = float(value)
+    if not (math.isfinite(value) and 0 < value <= hi):
+        raise PlanInputError(field, f"must be a number > 0 and <= {hi:g}, got {value:g}")
+    return value
+
+
+def sizing_inputs(
+    *,
+    scenario: str = DEFAULT_SIZE_SCENARIO,
+    rps: float | None = None,
+    p90: float | None = None,
+    p99: float | None = None,
+    from_db: bool = False,
+) -> dict[str, Any]:
+    """The checked arguments of one sizing run, JSON-ready. Raises PlanInputError (a
+    ValueError) naming the field, or ``fleet`` for missing fleet data when ``from_db``."""
+    _scenario_config(scenario)  # a bundled fleet scenario, or PlanInputError("scenario")
+    rps = _number("rps", rps, MAX_RPS)
+    sla = {}
+    for field, key, value in (("p90", "ttft_p90_s", p90), ("p99", "ttft_p99_s", p99)):
+        checked = _number(field, value, MAX_SLA_S)
+        if checked is not None:
+            sla[key] = checked
+    notes = []
+    fleet = None
+    if from_db:
+        fleet = planner_fleet_from_db(scenario)
+        notes.append(
+            "starting fleet from the database (counts = nodes now running each role); "
+            + fleet.get("_source", "")
+        )
+    else:
+        notes.append(f"starting fleet: scenario {scenario!r}'s pools")
+    return {
+        "scenario": scenario,
+        "rps": rps,
+        "sla": sla,
+        "from_db": bool(from_db),
+        "fleet": _finite(fleet),
+        "workers": SIZE_WORKERS,
+        "notes": notes,
+    }
+
+
+def sizing_run_create(
+    *,
+    scenario: str = DEFAULT_SIZE_SCENARIO,
+    rps: float | None = None,
+    p90: float | None = None,
+    p99: float | None = None,
+    from_db: bool = False,
+    created_by=None,
+) -> SizingRun:
+    """Record a queued sizing run; a worker runs it after commit (in-process on the embedded
+    defaults). Bad input raises PlanInputError before anything is recorded."""
+    inputs = sizing_inputs(scenario=scenario, rps=rps, p90=p90, p99=p99, from_db=from_db)
+    run = SizingRun.objects.create(
+        scenario=scenario,
+        rps=inputs["rps"],
+        p90=inputs["sla"].get("ttft_p90_s"),
+        p99=inputs["sla"].get("ttft_p99_s"),
+        start_from_db=inputs["from_db"],
+        inputs=inputs,
+        created_by=created_by if getattr(created_by, "is_authenticated", False) else None,
+    )
+    run_id = run.pk
+
+    def failed(exc: Exception) -> None:
+        SizingRun.objects.filter(pk=run_id, status=PlanRunStatus.QUEUED).update(
+            status=PlanRunStatus.FAILED,
+            error=f"could not queue the sizing run: {type(exc).__name__}: {exc}",
+            finished_at=timezone.now(),
+        )
+
+    enqueue_after_commit(SIZE_EXECUTE, run_id, on_error=failed)
+    return run
+
+
+def _db_progress(run_id: int):
+    """A planner.size Progress that saves its counts and note on the run's row."""
+    from planner.size import Progress
+
+    class RowProgress(Progress):
+        def __init__(self) -> None:
+            super().__init__(stream=io.StringIO(), enabled=False)
+            self._saved = 0.0
+
+        def _draw(self) -> None:
+            now = time.perf_counter()
+            if now - self._saved < PROGRESS_EVERY_S and self.done not in (0, self.total):
+                return
+            self._saved = now
+            self.save()
+
+        def save(self) -> None:
+            SizingRun.objects.filter(pk=run_id).update(
+                progress_done=min(self.done, self.total),
+                progress_total=self.total,
+                progress_note=self.note[:200],
+            )
+
+    return RowProgress()
+
+
+def sizing_run_execute(*, sizing_run_id: int) -> SizingRun | None:
+    """Run a queued sizing run to done or failed. Only a queued run starts, so a repeated or
+    concurrent call changes nothing; returns the run as it now stands (None if deleted)."""
+    from planner.size import size
+
+    started = SizingRun.objects.filter(pk=sizing_run_id, status=PlanRunStatus.QUEUED).update(
+        status=PlanRunStatus.RUNNING, started_at=timezone.now(), progress_done=0
+    )
+    if not started:
+        return SizingRun.objects.filter(pk=sizing_run_id).first()
+    run = SizingRun.objects.get(pk=sizing_run_id)
+    inputs = run.inputs
+    progress = _db_progress(sizing_run_id)
+    try:
+        result = size(
+            inputs["scenario"],
+            inputs.get("rps"),
+            fleet=inputs.get("fleet"),
+            sla=inputs.get("sla") or None,
+            workers=inputs.get("workers", SIZE_WORKERS),
+            progress=progress,
+        )
+    except Exception as exc:  # includes Celery's SoftTimeLimitExceeded
+        log.warning("sizing run %s failed", sizing_run_id, exc_info=True)
+        SizingRun.objects.filter(pk=sizing_run_id).update(
+            status=PlanRunStatus.FAILED,
+            error=f"{type(exc).__name__}: {exc}",
+            finished_at=timezone.now(),
+        )
+    else:
+        progress.note = "done"
+        progress.save()
+        SizingRun.objects.filter(pk=sizing_run_id).update(
+            status=PlanRunStatus.DONE, result=_finite(result), finished_at=timezone.now()
+        )
+    run.refresh_from_db()
+    return run
