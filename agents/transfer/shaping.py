@@ -169,18 +169,15 @@ class LinkShaper:
         a smaller one admits nobody until enough holders release. Call from the shaper's event
         loop (from another thread: `loop.call_soon_threadsafe(functools.partial(...))`).
         """
-        changes = {
-            name: value
-            for name, value in (
-                ("bandwidth_gbps", bandwidth_gbps),
-                ("rtt_ms", rtt_ms),
-                ("pool_size", pool_size),
-                ("quantum_bytes", quantum_bytes),
-                ("catch_up_ms", catch_up_ms),
-            )
-            if value is not None
-        }
-        new = dataclasses.replace(self._settings, **changes)  # validates
+        old = self._settings
+        new = dataclasses.replace(  # validates
+            old,
+            bandwidth_gbps=old.bandwidth_gbps if bandwidth_gbps is None else bandwidth_gbps,
+            rtt_ms=old.rtt_ms if rtt_ms is None else rtt_ms,
+            pool_size=old.pool_size if pool_size is None else pool_size,
+            quantum_bytes=old.quantum_bytes if quantum_bytes is None else quantum_bytes,
+            catch_up_ms=old.catch_up_ms if catch_up_ms is None else catch_up_ms,
+        )
         self._settings = new
         self._budget.set_rate(new.bytes_per_s)
         self._budget.set_catch_up(new.catch_up_ms / 1000)
