@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from frontend import fleet_edit, views
+from frontend import fleet_edit, planner_size, views
 from frontend.metrics import metrics_view
 
 app_name = "frontend"
@@ -22,6 +22,7 @@ urlpatterns = [
     path("requests/", views.RequestsView.as_view(), name="requests"),
     path("requests/<path:request_id>/", views.RequestDetailView.as_view(), name="request"),
     path("planner/", views.PlannerView.as_view(), name="planner"),
+    path("planner/size/", planner_size.SizingStartView.as_view(), name="planner-size"),
     path("billing/", views.BillingView.as_view(), name="billing"),
     path("billing/usage/<path:request_id>/", views.UsageDetailView.as_view(), name="usage"),
     path("telemetry/snapshot/", views.SnapshotJSONView.as_view(), name="snapshot"),

@@ -77,7 +77,7 @@ def sizing_inputs(
             + fleet.get("_source", "")
         )
     else:
-        notes.append(f"starting fleet: scenario {scenario!r}'s pools")
+        notes.append(f"starting fleet: the pools of scenario {scenario!r}")
     return {
         "scenario": scenario,
         "rps": rps,
