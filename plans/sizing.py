@@ -31,8 +31,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SIZE_SCENARIO = "tiny-size"
 SIZE_EXECUTE = "plans.sizing_execute"
-MAX_RPS = 10_000.0
+MAX_RPS = 1_000.0
 MAX_SLA_S = 3_600.0
+# The most units of one pool a run searches (the CLI's limit is planner.size.MAX_COUNT): the
+# upper-bound doubling stops there with "not met", so a hopeless question ends sooner.
+SIZE_MAX_COUNT = 1024
 # One process: a Celery prefork worker is a daemon and may not start a process pool, and on
 # the embedded defaults the run shares the web process. tiny-size takes a few seconds on one.
 SIZE_WORKERS = 1
@@ -169,6 +172,7 @@ def sizing_run_execute(*, sizing_run_id: int) -> SizingRun | None:
             fleet=inputs.get("fleet"),
             sla=inputs.get("sla") or None,
             workers=inputs.get("workers", SIZE_WORKERS),
+            max_count=SIZE_MAX_COUNT,
             progress=progress,
         )
     except Exception as exc:  # includes Celery's SoftTimeLimitExceeded
