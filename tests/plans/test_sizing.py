@@ -68,6 +68,15 @@ def test_from_db_starts_from_the_fleet_in_the_database(priced_fleet):  # noqa: F
     assert all(p["count"] >= 0 for p in fleet["pools"])
     assert "dc-b" in fleet["links"]
     assert "database" in run.inputs["notes"][0]
+    run = sizing.sizing_run_execute(sizing_run_id=run.pk)
+    assert run.status == PlanRunStatus.DONE, run.error
+    # A unit is a node: gpu-a 8 GPUs x 2.00, gpu-b 4 GPUs x 2.50 per GPU-hour.
+    assert run.result["unit_prices"] == {"generic/gpu-a": 16.0, "generic/gpu-b": 10.0}
+    assert set(run.result["cheapest"]["counts"]) == {
+        "prefill@dc-a:generic/gpu-a",
+        "relay_decode@dc-a:generic/gpu-a",
+        "main_decode@dc-b:generic/gpu-b",
+    }
 
 
 # --- REST -------------------------------------------------------------------------------------
