@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 import numpy as np
@@ -90,6 +90,13 @@ class Instance:
         return self.worker
 
 
+class _DeviceOption(TypedDict, total=False):
+    """EngineConfig's device, given only when the agent names one (else the engine's default,
+    which reads $BATON_ENGINE_DEVICE)."""
+
+    device: str
+
+
 @dataclass(slots=True)
 class _InboxEntry:
     queue: asyncio.Queue
@@ -160,7 +167,7 @@ class Agent:
         self.wan_server: FabricServer | None = None
         self.draining = False
         self.active_requests = 0
-        self.tokens_by_role = {role: 0 for role in ROLES}
+        self.tokens_by_role: dict[str, int] = {role: 0 for role in ROLES}
         self.command_token: str | None = None  # set by registration with a control plane
         self.registered = False
         self._inbox: dict[tuple[str, str], _InboxEntry] = {}
@@ -291,6 +298,7 @@ class Agent:
 
     async def _load(self, inst: Instance) -> None:
         s = self.settings
+        device: _DeviceOption = {"device": s.device} if s.device else {}
         config = EngineConfig(
             block_size=s.block_size,
             num_blocks=s.num_blocks,
@@ -299,7 +307,7 @@ class Agent:
             seed=s.seed,
             dtype=s.dtype,
             decode_weights=None if s.decode_weights == "full" else s.decode_weights,
-            **({"device": s.device} if s.device else {}),
+            **device,
         )
         try:
             loaded = self._models.get(inst.source)
@@ -350,6 +358,7 @@ class Agent:
 
     def instance(self, instance_id: str | None, role: str | None) -> Instance:
         """The instance a data-plane request names (or the only one of `role`), admitting."""
+        inst: Instance | None
         if instance_id is None:
             matches = [i for i in self.instances.values() if role is None or i.role == role]
             if len(matches) != 1:

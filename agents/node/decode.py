@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agents.engine import EngineFull, PrefixMissing, SamplingParams
+from agents.engine import Engine, EngineFull, PrefixMissing, SamplingParams, TokenOutput
 from agents.node.agent import Agent, Incoming, Instance, Reservation, unlock_all
 from agents.node.inflight import as_tokens
 from agents.node.pipeline_common import (
@@ -196,6 +196,12 @@ async def import_kv(future: asyncio.Future) -> Any:
 SLOT_POLL_S = 0.01
 
 
+def _extend(request_id: str, ids: list[int], final: bool) -> Callable[[Engine], TokenOutput | None]:
+    """The engine call that appends a handoff batch to a held request (resuming its decoding
+    after the final one), with the batch bound now."""
+    return lambda e: e.extend(request_id, ids, resume=final)
+
+
 async def _wait_for_decode_slot(worker: EngineWorker, queue: asyncio.Queue) -> float:
     """Seconds waited until the engine has a decode slot for one more request, or until
     anything reaches the request's inbox (a cancel, which the caller then handles)."""
@@ -283,9 +289,7 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
                     return
                 final = what.endswith(".final")
                 try:
-                    out = await worker.call(
-                        lambda e, ids=ids, final=final: e.extend(rid, ids, resume=final)
-                    )
+                    out = await worker.call(_extend(rid, ids, final))
                 except (EngineFull, ValueError) as exc:
                     yield error_event(f"{rid}: extend failed: {exc}")
                     return

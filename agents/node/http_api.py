@@ -9,7 +9,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -49,7 +49,7 @@ class EventStream(Response):
     media_type = "application/x-ndjson"
 
     def __init__(
-        self, events: AsyncIterator[dict[str, Any]], on_close: Callable[[], Awaitable[None]]
+        self, events: AsyncGenerator[dict[str, Any], None], on_close: Callable[[], Awaitable[None]]
     ) -> None:
         self.events = events
         self.on_close = on_close

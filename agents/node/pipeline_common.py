@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import httpx
@@ -36,7 +36,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Events = AsyncIterator[dict[str, Any]]
+# A pipeline's event stream: an async generator, which its consumer closes (aclose) so the
+# pipeline's cleanup runs at once rather than when the generator is collected.
+Events = AsyncGenerator[dict[str, Any], None]
 OnClose = Callable[[], Any]
 
 

@@ -179,14 +179,17 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             stats["e2e_s"] = time.monotonic() - pre.started
             yield {"type": "done", "finish_reason": pre.finish_reason, "stats": stats}
             return
-        main_ok = pre.main_cached_tokens is not None
+        main_cached = pre.main_cached_tokens
+        # The MD that pinned its cached prefix; None: rld-only, or MD's reservation failed.
+        main = req.main if main_cached is not None else None
+        main_ok = main is not None
         if not main_ok and req.pipeline == Pipeline.P_MD:
             await release_prefill(agent, inst, rid)
             yield error_event(f"{rid}: MD unreachable: {pre.main_error}")
             return
         start = 0
-        if main_ok:
-            start = min(pre.main_cached_tokens, length)
+        if main_cached is not None:
+            start = min(main_cached, length)
             start -= start % bs
             stats["cached_tokens"] = start
 
@@ -226,17 +229,18 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             else:
                 stats["kv_wire_bytes"][fabric] += sent.bytes_sent
 
-        if main_ok:
+        if main is not None:
             # An MD in P's own datacenter (in-DC PD) gets the delta over the intra-DC fabric.
-            same_dc = req.main.datacenter == agent.settings.datacenter
+            same_dc = main.datacenter == agent.settings.datacenter
             main_fabric = "intra_dc" if same_dc else "wan"
-            sends.append(asyncio.create_task(ship(req.main, delta, main_fabric, start)))
+            sends.append(asyncio.create_task(ship(main, delta, main_fabric, start)))
         if req.pipeline == Pipeline.P_MD:
-            downstream = req.main
-            url = f"{req.main.http}/v1/pdd/decode"
+            assert main is not None  # p-md without MD's reservation returned above
+            downstream = main
+            url = f"{main.http}/v1/pdd/decode"
             body = {
                 "request_id": rid,
-                "instance": req.main.instance,
+                "instance": main.instance,
                 "prompt_ids": req.prompt,
                 "first_token": pre.first_token,
                 "sampling": sampling_json(req.sampling),
@@ -254,7 +258,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
                 "prompt_ids": req.prompt,
                 "first_token": pre.first_token,
                 "sampling": sampling_json(req.sampling),
-                "main": req.main.to_json() if main_ok else None,
+                "main": main.to_json() if main is not None else None,
                 "main_start_token": start,
                 **req.plan.to_json(),
             }

@@ -207,7 +207,7 @@ class RelaySession:
     def __init__(self, agent: Agent, inst: Instance, req: RelayRequest) -> None:
         self.agent, self.inst, self.req = agent, inst, req
         self.rid = req.request_id
-        self.worker = inst.worker
+        self.worker = inst.running_worker
         self.main = req.main
         self.plan = req.plan
         self.length = len(req.prompt)

@@ -9,6 +9,7 @@ from agents.engine import SamplingParams
 from agents.node.agent import Agent, Instance
 from agents.node.pipeline_common import Events, error_event, quiet, token_event
 from agents.node.wire import ROLE_SHORT, output_logprob
+from pdd.vocab import Role
 
 
 async def admit_single(
@@ -29,7 +30,7 @@ async def admit_single(
 async def run_single(
     agent: Agent, inst: Instance, request_id: str, queue: asyncio.Queue, started: float
 ) -> Events:
-    role = ROLE_SHORT[inst.role]
+    role = ROLE_SHORT[Role(inst.role)]
     index, ttft = 0, None
     finished = False
     try:

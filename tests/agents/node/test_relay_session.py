@@ -131,7 +131,7 @@ def make(
     main=MAIN, plan: HandoffPlan | None = None, **agent_kw
 ) -> tuple[RelaySession, FakeAgent, FakeWorker]:
     agent, worker = FakeAgent(**agent_kw), FakeWorker()
-    inst = SimpleNamespace(instance_id="0", worker=worker)
+    inst = SimpleNamespace(instance_id="0", worker=worker, running_worker=worker)
     req = RelayRequest(RID, PROMPT, 4, SamplingParams(), main, 0, plan or HandoffPlan())
     return RelaySession(agent, inst, req), agent, worker
 
@@ -682,7 +682,7 @@ def test_solo_streams_rld_and_ignores_md() -> None:
 def test_run_relay_streams_and_cleans_up_when_the_caller_leaves() -> None:
     async def scenario():
         agent, worker = FakeAgent(), FakeWorker()
-        inst = SimpleNamespace(instance_id="0", worker=worker)
+        inst = SimpleNamespace(instance_id="0", worker=worker, running_worker=worker)
         req = RelayRequest(RID, PROMPT, 4, SamplingParams(), None, 0, HandoffPlan())
         stream = run_relay(agent, inst, req)
         queue = agent.inbox(RID, "0")
