@@ -240,7 +240,7 @@ def latency_by_pipeline(p: Parsed, name: str) -> dict[str, dict[str, float | Non
         if lat != name:
             continue
         for target in (pipeline, "all"):
-            merge_into(merged.setdefault(target, {}), counts)  # type: ignore[arg-type]
+            merge_into(merged.setdefault(target, {}), counts)
     for (lat, _model, pipeline), value in p.sums_us.items():
         if lat == name:
             for target in (pipeline, "all"):

@@ -14,8 +14,8 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
-from typing import cast
+from collections.abc import Iterable, Mapping
+from typing import TypeVar, cast
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +27,11 @@ RETAIN = {SECOND: 3600 + 120, MINUTE: 24 * 60 + 5}
 
 Deltas = dict[tuple[str, int], dict[str, int]]
 Bucket = dict[str, int]
+K = TypeVar("K")
 
 
-def merge_into(target: dict[str, int], delta: dict[str, int]) -> None:
+def merge_into(target: dict[K, int], delta: Mapping[K, int]) -> None:
+    """Add ``delta``'s counts into ``target`` (a bucket's fields, or a histogram's bins)."""
     for field, value in delta.items():
         target[field] = target.get(field, 0) + value
 
