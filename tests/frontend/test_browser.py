@@ -282,3 +282,17 @@ def test_walk_overview_requests_detail_and_fleet_edit(server, page):
     shot(page, "6-fleet-topology")
     # the one refused form answered 400 (as the API does); nothing else failed
     assert [e for e in page.console_errors if "400 (Bad Request)" not in e] == []
+
+
+def test_a_sizing_run_started_on_the_planner_page_shows_its_answer(server, page):
+    """The /planner/ sizing form (operator): tiny-size with the scenario's rate and SLA runs in
+    seconds; the page follows the run and shows the cheapest fleet's table."""
+    base = server["base"]
+    login(page, base)
+    page.goto(base + "/planner/")
+    page.locator("#size-form button[type=submit]").click()
+    page.wait_for_selector("#size-cheapest tbody tr", timeout=120_000)
+    rows = page.locator("#size-cheapest tbody tr")
+    assert rows.count() >= 2  # a pool per role
+    assert "Cheapest fleet" in page.locator("#size-answer").inner_text()
+    page.locator("#sizing").screenshot(path=str(ARTIFACTS / "planner-sizing.png"))
