@@ -3,6 +3,7 @@ prefixes (from agents' heartbeats, shared through fleet.live) and the WAN links.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -166,7 +167,14 @@ _TOPOLOGY_FIELDS = {
 }
 # (node, instance, report time) -> the instance's cached blocks as a frozenset: a report's
 # thousands of hashes are turned into a set once, not on every build.
-_block_sets = TtlCache(max_age_s=3600.0, capacity=4096)
+_block_sets: TtlCache[frozenset[str]] = TtlCache(max_age_s=3600.0, capacity=4096)
+
+
+def _held_blocks(item: dict[str, Any]) -> frozenset[str]:
+    """An MD's reported radix-cache blocks and those on their way to it, as one set."""
+    return frozenset(
+        (*(item.get("cached_prefix_blocks") or ()), *(item.get("incoming_prefix_blocks") or ()))
+    )
 
 
 def _topology_changed(sender, update_fields=None, **_: object) -> None:
@@ -211,12 +219,7 @@ def build_live_view(model_name: str) -> LiveView:
         cached = (
             _block_sets.get(
                 (inst.node_id, key, reported[key][0]),
-                lambda item=item: frozenset(
-                    (
-                        *(item.get("cached_prefix_blocks") or ()),
-                        *(item.get("incoming_prefix_blocks") or ()),
-                    )
-                ),
+                functools.partial(_held_blocks, item),
             )
             if item is not None
             else frozenset()
@@ -294,7 +297,8 @@ class _RedisFallback:
     on every request while Redis is down) and warns at most once a minute."""
 
     _name = "ledger"
-    _redis = None
+    # redis.Redis when shared (its stubs type each reply as Awaitable | value: read as Any).
+    _redis: Any = None
     _redis_down_until = 0.0
     _warned_at = 0.0
 

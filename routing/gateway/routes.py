@@ -102,11 +102,14 @@ def route(p: Prepared, view: LiveView | None = None) -> None:
     Raises NoHealthyPath."""
     if view is None:
         view = live_views.get(p.model.name)
+    info, policy = p.info, p.policy
+    if info is None or policy is None:
+        raise RuntimeError("route() needs route_inputs() first (the request info, the policy)")
     snapshot = with_dispatches(view, dispatches)
     # MD will hold what the gateways have already sent it (KV on its way, not yet in its
     # heartbeat): a session's next turn sent right after the previous answer is a hit there.
     snapshot, in_flight = with_dispatched_blocks(
-        view, snapshot, dispatched_blocks, p.info.prefix_block_hashes
+        view, snapshot, dispatched_blocks, info.prefix_block_hashes
     )
     snapshot, avoided = without_suspects(view, snapshot, suspects)
     inputs = {
@@ -144,10 +147,10 @@ def route(p: Prepared, view: LiveView | None = None) -> None:
     if p.retried:
         inputs["retried"] = p.retried
     p.inputs = inputs
-    decision = decide(p.info, snapshot, p.policy)
+    decision = decide(info, snapshot, policy)
     dispatches.record((decision.prefill_id, decision.relay_id, decision.main_id))
     if decision.pipeline in (Pipeline.P_MD, Pipeline.P_RLD_MD):
-        dispatched_blocks.record(decision.main_id, p.info.prefix_block_hashes)
+        dispatched_blocks.record(decision.main_id, info.prefix_block_hashes)
     # The agents see each attempt as its own request (a retry must not meet the first one's
     # leftovers); the record keeps the gateway's id.
     agent_request_id = p.request_id if not p.attempt else f"{p.request_id}-r{p.attempt}"
@@ -163,7 +166,7 @@ def route(p: Prepared, view: LiveView | None = None) -> None:
         ),
         decision=decision,
         view=view,
-        early_first_token=p.policy.stream_first_token_early,
+        early_first_token=policy.stream_first_token_early,
     )
     p.decision = decision
 
@@ -187,6 +190,8 @@ def reroute(p: Prepared, exc: AgentRunError, record: dict[str, Any]) -> tuple[li
     entry in the decision inputs) and route `p` again. Returns the implicated ids and, when no
     path is left, why (else "")."""
     d = p.decision
+    if d is None:
+        raise RuntimeError("reroute() of a request that was never routed")
     blamed = implicated(d, exc)
     suspects.mark(blamed)
     p.retried.append(
@@ -234,9 +239,13 @@ def migrate(p: Prepared, exc: AgentRunError, delivered: list[int], remaining: in
     p.migrations += 1
     log.warning(
         "request %s: %s failed after %d tokens (%s); migrated to %s",
-        p.request_id, implicated, len(delivered), exc, p.decision.pipeline,
+        p.request_id, implicated, len(delivered), exc, _pipeline(p),
     )  # fmt: skip
     return True
+
+
+def _pipeline(p: Prepared) -> str:
+    return p.decision.pipeline if p.decision is not None else ""
 
 
 def retry_elsewhere(p: Prepared, exc: AgentRunError) -> bool:
@@ -249,6 +258,6 @@ def retry_elsewhere(p: Prepared, exc: AgentRunError) -> bool:
         return False
     log.warning(
         "request %s: %s failed before its first token (%s); retrying on %s",
-        p.request_id, implicated, exc, p.decision.pipeline,
+        p.request_id, implicated, exc, _pipeline(p),
     )  # fmt: skip
     return True

@@ -83,7 +83,7 @@ def build_plan(
     relay = view.endpoints.get(decision.relay_id) if decision.relay_id else None
     main = view.endpoints.get(decision.main_id) if decision.main_id else None
     pipeline = decision.pipeline
-    body = {
+    body: dict[str, Any] = {
         "request_id": request_id,
         "instance": prefill.instance_id,
         "prompt_ids": prompt_ids,
