@@ -97,6 +97,7 @@ class PrefillInstance:
     def _start_batch(self) -> None:
         budget = self.engine.prefill_batch_tokens
         head = self._peek()
+        assert head is not None  # a batch starts only with a request queued
         chunk = min(head[1], budget)
         flops = self.model.prefill_flops(chunk, head[2])
         tokens = chunk

@@ -6,6 +6,7 @@ the wait for a pooled connection, fair sharing of the line and one RTT.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ def simulate_transfers(
         total[i], wait[i] = seconds, waited
 
     for i, (t, nbytes) in enumerate(zip(trace.arrival_s.tolist(), delta.tolist(), strict=True)):
-        loop.at(t, lambda i=i, nbytes=nbytes: link.send(nbytes, lambda s, w, i=i: done(i, s, w)))
+        loop.at(t, functools.partial(link.send, nbytes, functools.partial(done, i)))
     end = float(trace.arrival_s[-1]) if n else 0.0
     loop.run(until=end)  # figures over the offered window; transfers still open count as NaN
     hit = trace.hit_rate

@@ -39,7 +39,7 @@ from routing.policy import (
     WanLinkState,
 )
 
-PIPELINE_CODES = {p: i for i, p in enumerate(Pipeline.CHOICES)}
+PIPELINE_CODES: dict[str, int] = {p: i for i, p in enumerate(Pipeline.CHOICES)}
 NO_PIPELINE = -1
 P_MD, P_RLD_MD = PIPELINE_CODES[Pipeline.P_MD], PIPELINE_CODES[Pipeline.P_RLD_MD]
 
@@ -383,15 +383,15 @@ class Simulator:
             holders = self._holders.get(session)
             if holders:
                 in_flight = self._drc_in_flight
-                for mid, md in holders.items():
-                    entry = md.cache.get(session)
+                for mid, holder in holders.items():
+                    entry = holder.cache.get(session)
                     if entry is not None:
                         version = entry[0]
                         landed_hits[mid] = max(0, cached - (appended - version))
                     else:
                         version = None
                     if in_flight:
-                        pending = md.incoming.get(session)
+                        pending = holder.incoming.get(session)
                         if pending:
                             coming = max(pending)
                             if version is None or coming > version:
@@ -435,11 +435,14 @@ class Simulator:
             window_hits[1] += n_in
         if pipeline == Pipeline.P_RLD_MD:
             self.mode[i] = 1 if decision.handoff_mode == HandoffMode.ONE_SHOT else 2
-            self.relay[decision.relay_id].state.handoff_mode = decision.handoff_mode
+            relay_key = decision.relay_id
+            assert relay_key is not None  # a P-RLD-MD decision names its relay
+            self.relay[relay_key].state.handoff_mode = decision.handoff_mode
         main_id = chosen if pipeline == Pipeline.P_MD or pipeline == Pipeline.P_RLD_MD else None
         relay_id = decision.relay_id if pipeline != Pipeline.P_MD else None
         self.route[i] = (decision.prefill_id, relay_id, main_id)
-        rld = md = None
+        rld: DecodeInstance | None = None
+        md: DecodeInstance | None = None
         if relay_id is not None:
             rld = self.relay[relay_id]
             rld.assign()

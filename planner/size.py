@@ -235,9 +235,9 @@ def cheapest(
             trial = [t for t in trial if bad < t < good]
             pts = []
             for t in trial:
-                c = list(counts)
-                c[i] = t
-                pts.append((tuple(c), rps, PROBE))
+                probe = list(counts)
+                probe[i] = t
+                pts.append((tuple(probe), rps, PROBE))
             results = runner.points(pts, f"{keys[i]} in [{bad + 1}, {good}]")
             passed = [t for t, r in zip(trial, results, strict=True) if r["met"]]
             good = min(passed, default=good)
@@ -252,8 +252,8 @@ def cheapest(
     # first, and the check repeats, so the answer is always a checked local minimum.
     for _ in range(16):
         fewer = []
-        for i, c in enumerate(found):
-            if c - 1 >= lows[i]:
+        for i, count in enumerate(found):
+            if count - 1 >= lows[i]:
                 less = list(found)
                 less[i] -= 1
                 fewer.append((i, tuple(less)))
