@@ -4,7 +4,7 @@ A run's revenue depends on the tariff only through the mean request's billed tok
 input, cached input, output), which every sweep point stores (``at.billed_tokens``), so any
 tariff can be applied to a committed sweep without simulating again:
 
-    python bench/planner/bathtub_tariffs.py bench/planner/bathtub/result.json
+    python bench/planner/bathtub_tariffs.py bench/planner/bathtub/sweep.json
     python bench/planner/bathtub_tariffs.py RESULT --cached 0.1 0.25 --output 1.5 4 5 --json OUT
 
 For each tariff (cached-input fraction x output/input price ratio, input at 1 per million) it

@@ -3,7 +3,7 @@ case's cut against a reference case (seed by seed, then the mean).
 
 Usage:
     .venv/bin/python bench/planner/seeds.py paper-ttft --reference cdc-pd --seeds 1 2 3 \\
-        [--jobs 2] [--rps 78] [--out bench/planner/paper-ttft/seeds.json]
+        [--jobs 2] [--rps 78] [--out var/planner/ttft-seeds/78rps.json]
 """
 
 from __future__ import annotations
