@@ -106,7 +106,9 @@ class EngineConfig:
     dtype: str = "float32"
     # "int8": decode steps multiply by int8 weight-only copies of the linears (one scale per
     # output row, bf16 activations; CPU only, the float weights stay for prefill / extend).
-    # None: the model's own weights. Agreement with float32: bench/engine/REPORT.md.
+    # "packed": by oneDNN-prepacked copies of the linears (the same values in oneDNN's blocked
+    # layout: a second copy of the linears' weights; CPU only). None: the model's own weights.
+    # Speed, and agreement with float32: bench/engine/REPORT.md.
     decode_weights: str | None = None
     seed: int = 0
     # Where the model and its KV pool live: "cpu", "cuda" or "cuda:N". The default comes from
@@ -128,12 +130,16 @@ class EngineConfig:
                 f"EngineConfig.max_batch_tokens must be >= 1, got {self.max_batch_tokens}"
             )
         parse_dtype(self.dtype)
-        if self.decode_weights not in (None, "int8"):
+        if self.decode_weights not in (None, "int8", "packed"):
             raise ValueError(
-                f"EngineConfig.decode_weights must be None or 'int8', got {self.decode_weights!r}"
+                "EngineConfig.decode_weights must be None, 'int8' or 'packed', "
+                f"got {self.decode_weights!r}"
             )
-        if self.decode_weights == "int8" and parse_device(self.device).type != "cpu":
-            raise ValueError("EngineConfig.decode_weights='int8' is implemented for the CPU only")
+        if self.decode_weights is not None and parse_device(self.device).type != "cpu":
+            raise ValueError(
+                f"EngineConfig.decode_weights={self.decode_weights!r} is implemented for the "
+                "CPU only"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:

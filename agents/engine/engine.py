@@ -70,7 +70,10 @@ class Engine:
         self.cache = RadixCache(self.config.block_size)
         self.scheduler = Scheduler(self.config, self.pool, self.cache)
         self.runner = ModelRunner(
-            self.model, self.pool, decode_int8=self.config.decode_weights == "int8"
+            self.model,
+            self.pool,
+            decode_int8=self.config.decode_weights == "int8",
+            decode_packed=self.config.decode_weights == "packed",
         )
         self.requests: dict[str, Request] = {}
         self._undelivered: list[TokenOutput] = []

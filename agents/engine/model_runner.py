@@ -24,11 +24,13 @@ class ModelRunner:
         *,
         decode_fast_path: bool = True,
         decode_int8: bool = False,
+        decode_packed: bool = False,
     ) -> None:
         self.model = model
         self.pool = pool
         self.decode_fast_path = decode_fast_path
         self.decode_int8 = decode_int8  # int8 weight-only linears in fast-path steps
+        self.decode_packed = decode_packed  # oneDNN-prepacked weights in fast-path steps
         self.decode_state = DecodeState()
         self.fast_steps = 0
 
@@ -91,6 +93,7 @@ class ModelRunner:
             pool.k_cache,
             pool.v_cache,
             int8=self.decode_int8,
+            packed=self.decode_packed,
         )
         for req in requests:
             req.cached_len += 1

@@ -159,10 +159,72 @@ def test_int8_decode_weights_run_in_an_engine_and_are_validated(tiny) -> None:
     )
     out = Engine(loaded, config).generate(list(range(10, 30)), SamplingParams(max_tokens=8))
     assert len(out.output_ids) == 8
-    with pytest.raises(ValueError, match="decode_weights must be None or 'int8'"):
+    with pytest.raises(ValueError, match="decode_weights must be None, 'int8' or 'packed'"):
         EngineConfig(decode_weights="int4")
     with pytest.raises(ValueError, match="CPU only"):
         EngineConfig(decode_weights="int8", device="cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_packed_decode_weights_give_the_dense_steps_logits(dtype, qwen2) -> None:
+    """decode_weights="packed": the same weights in oneDNN's layout, so the logits equal the
+    dense weights' up to reassociation (bfloat16: rounding of the same products)."""
+    from agents.engine.decode import _ONEDNN, prepack_weights
+
+    if not _ONEDNN:
+        pytest.skip("no oneDNN in this torch build")
+    model = _model_in(qwen2, dtype)
+    cfg = qwen2.config
+    fuse_projections(model)
+    ids = [_ids(20, seed=3 + i, vocab=cfg.vocab_size) for i in range(3)]
+    logits = {}
+    for packed in (False, True):
+        pool = PagedKVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 16, BS, dtype=dtype)
+        tables = [pool.allocate(4) for _ in ids]
+        chunks = [SeqChunk(s[:-1], 0, t) for s, t in zip(ids, tables, strict=True)]
+        model(build_forward_batch(chunks, BS), pool.k_cache, pool.v_cache)
+        chunks = [SeqChunk(s[-1:], 19, t) for s, t in zip(ids, tables, strict=True)]
+        batch = build_forward_batch(chunks, BS)
+        state = DecodeState()
+        flat = (pool.k_cache.flatten(1, 2), pool.v_cache.flatten(1, 2))
+        state.rebuild([object()] * 3, [19] * 3, [pool.slots(t, 0, 19) for t in tables], *flat)
+        logits[packed] = decode_forward(
+            model, state, batch.input_ids, batch.write_slots, pool.k_cache, pool.v_cache,
+            packed=packed,
+        )  # fmt: skip
+    tol = 2e-4 if dtype == torch.float32 else 0.1
+    torch.testing.assert_close(logits[True], logits[False], atol=tol, rtol=tol)
+    assert len(prepack_weights(model)) == 4 * cfg.num_layers + 1
+
+
+def _model_in(loaded: LoadedModel, dtype: torch.dtype) -> torch.nn.Module:
+    """A copy of the model in `dtype` (the module fixture stays float32)."""
+    import copy
+
+    return copy.deepcopy(loaded.model).to(dtype)
+
+
+@pytest.mark.skipif(
+    os.environ.get("BATON_ENGINE_DEVICE", "cpu") != "cpu", reason="packed decode is CPU only"
+)
+def test_packed_decode_weights_keep_the_engines_greedy_tokens(tiny) -> None:
+    prompts = [_ids(n, seed=50 + n, vocab=tiny.config.vocab_size) for n in (7, 19, 12)]
+    out = {}
+    for weights in (None, "packed"):
+        config = EngineConfig(
+            block_size=BS, num_blocks=64, max_running=4, decode_weights=weights, device="cpu"
+        )
+        engine = Engine(LoadedModel(*tiny), config)
+        for i, p in enumerate(prompts):
+            engine.add_request(f"r{i}", p, SamplingParams(max_tokens=16, ignore_eos=True))
+        tokens: dict[str, list[int]] = {}
+        while engine.has_work():
+            for o in engine.step():
+                tokens.setdefault(o.request_id, []).extend(o.token_ids)
+        out[weights] = tokens
+    assert out["packed"] == out[None]
+    with pytest.raises(ValueError, match="CPU only"):
+        EngineConfig(decode_weights="packed", device="cuda")
 
 
 def test_a_dtype_onednn_refuses_falls_back_to_mkl_for_good(monkeypatch) -> None:
