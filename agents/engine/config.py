@@ -110,6 +110,11 @@ class EngineConfig:
     # layout: a second copy of the linears' weights; CPU only). None: the model's own weights.
     # Speed, and agreement with float32: bench/engine/REPORT.md.
     decode_weights: str | None = None
+    # Decode fast-path steps through torch.compile (inductor; needs a C++ compiler): one
+    # graph per model, compiled on the first steps (tens of seconds), with a second, prepacked
+    # copy of the linears' weights. CPU only; not with decode_weights. Measured in
+    # bench/engine/REPORT.md ("torch.compile").
+    decode_compile: bool = False
     seed: int = 0
     # Where the model and its KV pool live: "cpu", "cuda" or "cuda:N". The default comes from
     # BATON_ENGINE_DEVICE (unset: "cpu"), so a GPU server's agents are pointed at it once.
@@ -139,6 +144,12 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.decode_weights={self.decode_weights!r} is implemented for the "
                 "CPU only"
+            )
+        if self.decode_compile and (
+            self.decode_weights is not None or parse_device(self.device).type != "cpu"
+        ):
+            raise ValueError(
+                "EngineConfig.decode_compile is implemented for the CPU, without decode_weights"
             )
 
     @property

@@ -9,6 +9,12 @@ forwards) and attends over a view of the copy, with grouped-query attention as t
 matmuls (no KV repeat) and an additive mask only when the requests' lengths differ. The copy is
 rebuilt from the pool whenever the batch changes (a request joins, leaves or was recomputed).
 
+`decode_forward(..., compiled=True)` (EngineConfig.decode_compile) runs the same step through
+`torch.compile` (inductor, dynamic shapes, frozen weights): the layers' math as one graph that
+only reads the KV copy (the new position's key and value are attended to separately and written
+afterwards, so the graph mutates none of its inputs), which fuses the small element-wise ops
+and multiplies by prepacked oneDNN weights (a second copy of the linears' weights).
+
 Also: fused QKV and gate/up projections (`fuse_projections`: the checkpoint's q/k/v and
 gate/up parameters become views of one fused tensor, so the state dict keeps its layout and no
 memory is added), a precomputed RoPE table and `F.rms_norm`. The results equal the general
@@ -226,6 +232,81 @@ def _rms(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
     return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), None, norm.eps).to(x.dtype)
 
 
+def _decode_math(
+    model: CausalLM,
+    x: torch.Tensor,  # [B, hidden] the new tokens' embeddings
+    cos: torch.Tensor,  # [B, 1, D]
+    sin: torch.Tensor,
+    k_copy: torch.Tensor,  # [L, B, KVH, capacity, D] the KV copy, read only
+    v_copy: torch.Tensor,
+    mask: torch.Tensor,  # [B, 1, 1, k_old] additive (0 / -inf), k_old > 0 cached positions
+    kv_dtype: torch.dtype,  # the pool's dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The compiled step's math: (logits [B, vocab] float32, new keys and values [L, B, KVH,
+    D] in the pool's dtype). Each query attends to the copy's cached positions and, apart, to
+    its own new key, so nothing is written here; the softmax runs over both at once."""
+    cfg = model.config
+    batch = x.shape[0]
+    heads, kv_heads, dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    group, half, scale = heads // kv_heads, dim // 2, dim**-0.5
+    attn_dtype, k_old = k_copy.dtype, mask.shape[-1]
+    keys, values = [], []
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        h = _rms(x, layer.input_layernorm)
+        qkv = F.linear(h, *attn._fused_qkv).view(batch, heads + 2 * kv_heads, dim)
+        qk = qkv[:, : heads + kv_heads]
+        rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+        qk = qk * cos + rotated * sin  # [B, H + KVH, D]
+        k, v = qk[:, heads:].to(kv_dtype), qkv[:, heads + kv_heads :].to(kv_dtype)
+        keys.append(k)
+        values.append(v)
+        k_new, v_new = k.to(attn_dtype)[:, :, None, :], v.to(attn_dtype)[:, :, None, :]
+        q = qk[:, :heads].reshape(batch, kv_heads, group, dim).to(attn_dtype) * scale
+        cached = torch.matmul(q, k_copy[i, :, :, :k_old].transpose(-1, -2)) + mask
+        own = (q * k_new).sum(-1, keepdim=True)  # [B, KVH, G, 1]
+        probs = torch.softmax(torch.cat((cached, own), dim=-1), dim=-1)
+        out = torch.matmul(probs[..., :k_old], v_copy[i, :, :, :k_old])
+        out = (out + probs[..., k_old:] * v_new).to(x.dtype)  # [B, KVH, G, D]
+        o = attn.o_proj
+        x = x + F.linear(out.reshape(batch, heads * dim), o.weight, o.bias)
+        h = _rms(x, layer.post_attention_layernorm)
+        gate, up = F.linear(h, *mlp._fused_gate_up).chunk(2, dim=-1)
+        down = mlp.down_proj
+        x = x + F.linear(F.silu(gate) * up, down.weight, down.bias)
+    logits = F.linear(_rms(x, model.model.norm), model.lm_head.weight).float()
+    return logits, torch.stack(keys), torch.stack(values)
+
+
+_compiled_math = None
+
+
+def _compiled_decode_math(*args):
+    """`_decode_math` through `torch.compile`, made on first use. Dynamo keeps a graph per
+    model (guarded on its parameters) for batch 1 and one for larger batches; the batch and
+    the number of cached positions are dynamic, the model's dimensions static. Past dynamo's
+    recompile limit (8 graphs) the math runs uncompiled, with the same results."""
+    global _compiled_math
+    if _compiled_math is None:
+        _compiled_math = torch.compile(_decode_math)
+    _, x, cos, sin, k_copy, v_copy, mask, _ = args
+    if x.shape[0] > 1:  # a dynamic dimension of size 1 would be specialised anyway
+        for tensor in (x, cos, sin, mask):
+            torch._dynamo.mark_dynamic(tensor, 0)
+        torch._dynamo.mark_dynamic(k_copy, 1)
+        torch._dynamo.mark_dynamic(v_copy, 1)
+    for tensor in (k_copy, v_copy):
+        torch._dynamo.mark_dynamic(tensor, 3)
+    if mask.shape[-1] > 1:
+        torch._dynamo.mark_dynamic(mask, 3)
+    import torch._inductor.config as inductor_config
+
+    # Frozen weights: inductor folds the parameters in as constants (prepacked for oneDNN);
+    # dynamo guards on the parameters themselves, so another model compiles its own graph.
+    with inductor_config.patch(freezing=True):
+        return _compiled_math(*args)
+
+
 class DecodeState:
     """The KV copy of one decode batch (requests in order) and its index tensors."""
 
@@ -306,6 +387,7 @@ def decode_forward(
     *,
     int8: bool = False,  # int8 weight-only linears (CPU), see quantize_int8
     packed: bool = False,  # oneDNN-prepacked copies of the weights (CPU), see prepack_weights
+    compiled: bool = False,  # through torch.compile (see the module's docstring)
 ) -> torch.Tensor:  # [B, vocab] float32
     """One decode step over `state`'s requests (their KV copy must hold the cached positions);
     writes the new K/V to the pool and the copy, then advances `state`."""
@@ -327,6 +409,18 @@ def decode_forward(
     k_flat = k_cache.view(layers, blocks * block_size, kv_heads, dim)
     v_flat = v_cache.view(layers, blocks * block_size, kv_heads, dim)
     rows, positions = state.rows, state.positions
+    if compiled and not int8 and k_max > 1:
+        mask = state.mask[..., : k_max - 1].to(state.k.dtype)
+        logits, k_new, v_new = _compiled_decode_math(
+            model, x, cos, sin, state.k, state.v, mask, k_flat.dtype
+        )
+        k_flat[:, write_slots] = k_new
+        v_flat[:, write_slots] = v_new
+        state.k[:, rows, :, positions] = k_new.transpose(0, 1).to(state.k.dtype)
+        state.v[:, rows, :, positions] = v_new.transpose(0, 1).to(state.v.dtype)
+        state.mask[rows, 0, 0, positions] = 0.0
+        state.advance()
+        return logits
     state.mask[rows, 0, 0, positions] = 0.0  # the new position is a valid key from now on
     # Equal lengths (the usual steady batch) need no mask at all.
     attn_dtype = state.k.dtype  # float32 on the CPU whatever the model's dtype

@@ -74,6 +74,7 @@ class Engine:
             self.pool,
             decode_int8=self.config.decode_weights == "int8",
             decode_packed=self.config.decode_weights == "packed",
+            decode_compile=self.config.decode_compile,
         )
         self.requests: dict[str, Request] = {}
         self._undelivered: list[TokenOutput] = []
