@@ -9,9 +9,9 @@ transformers, engine, transformers, ...) round by round; figures are medians ove
         --out var/bench-engine/float32.json
 
 `--agreement` instead measures greedy-token agreement of `--dtype` (or `--decode-weights int8`)
-with float32 on the engine over a fixed prompt set; `--fast-vs-general` interleaves two engine
-configurations step by step (`--arms general fast`, or `fast int8`). The scenario (the
-defaults below) was fixed before the first run."""
+with float32 on the engine over a fixed prompt set; `--fast-vs-general` interleaves engine
+configurations step by step (`--arms general fast`, `fast int8`, `fast compiled`, ...). The
+scenario (the defaults below) was fixed before the first run."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from agents.engine.config import parse_dtype
 from bench.engine.checkpoint import LAYOUTS, make_checkpoint
 
 BLOCK_SIZE = 16
+ARM_KINDS = ("general", "fast", "int8", "packed", "compiled")  # --fast-vs-general --arms
 CKPT_DIR = Path("var/bench-engine")
 
 
@@ -78,6 +79,7 @@ class EngineArm:
     def __init__(self, loaded, dtype: str, device: str, name: str = "engine") -> None:
         self.loaded, self.dtype, self.device, self.name = loaded, dtype, device, name
         self.decode_weights: str | None = None
+        self.decode_compile = False
 
     def _engine(self, batch: int, tokens_each: int) -> Engine:
         blocks = batch * (-(-tokens_each // BLOCK_SIZE)) + 16
@@ -90,6 +92,7 @@ class EngineArm:
             dtype=self.dtype,
             device=self.device,
             decode_weights=self.decode_weights,
+            decode_compile=self.decode_compile,
         )
         return Engine(self.loaded, config)
 
@@ -210,6 +213,8 @@ def run(args) -> dict:
             "recompute_ks": args.recompute_ks,
             "context_len": args.context_len,
             "rounds": args.rounds,
+            "decode_weights": args.decode_weights,
+            "decode_compile": args.decode_compile,
         },
         "bandwidth": memory_bandwidth(device),
         "layouts": {},
@@ -225,9 +230,14 @@ def run(args) -> dict:
                 EngineArm(extra, args.extra_dtype, args.device, f"engine_{args.extra_dtype}")
             )
         vocab = loaded.config.vocab_size
+        for arm in arms:
+            if isinstance(arm, EngineArm):  # --decode-weights / --decode-compile: every engine
+                arm.decode_weights, arm.decode_compile = args.decode_weights, args.decode_compile
         runs: dict = {"decode": {}, "prefill": [], "recompute": {}}
-        for arm in arms:  # warm-up, not recorded
+        for arm in arms:  # warm-up, not recorded (with --decode-compile: both graphs compile)
             arm.decode(_prompts(2, 16, vocab), 4)
+            if args.decode_compile:
+                arm.decode(_prompts(1, 16, vocab), 4)
         for rnd in range(args.rounds):
             order = arms if rnd % 2 == 0 else arms[::-1]  # A, B, (C), then reversed
             for batch in args.batch:
@@ -318,48 +328,105 @@ def agreement(args) -> dict:
 
 
 def fast_vs_general(args) -> dict:
-    """The decode fast path against the general forward (the engine before it) on one model:
-    two engines over the same prompts, their decode steps interleaved one by one."""
+    """Engine configurations on one model (`--arms`, the first is the base: general = fast path
+    off, fast, int8 / packed = fast path with int8 / prepacked weights, compiled = fast path
+    through torch.compile), one engine each over the same prompts, their decode steps
+    interleaved one by one (the order reversed every step) after `--warmup-steps` untimed
+    steps each (the compile happens there). An arm `kind:dtype` (`packed:bfloat16`) runs in
+    that dtype instead of `--dtype`, on its own copy of the model."""
     out = {}
     for layout in args.layouts:
         folder = make_checkpoint(layout, CKPT_DIR / f"ckpt-{layout}")
-        loaded = load_model(str(folder), parse_dtype(args.dtype))
-        vocab = loaded.config.vocab_size
+        models = {}
+        for name in args.arms:
+            dtype = name.partition(":")[2] or args.dtype
+            if dtype not in models:
+                models[dtype] = load_model(str(folder), parse_dtype(dtype))
+        vocab = next(iter(models.values())).config.vocab_size
         for batch in args.batch:
             prompts = _prompts(batch, args.prompt_len, vocab, seed=batch)
-            arm = EngineArm(loaded, args.dtype, args.device)
-            engines = {}
-            for name in args.arms:  # general: fast path off; int8: fast path, int8 weights
-                engine = arm._engine(batch, args.prompt_len + 2 * args.decode_steps + 2)
-                engine.runner.decode_fast_path = name != "general"
-                engine.runner.decode_int8 = name == "int8"
-                params = SamplingParams(max_tokens=2 * args.decode_steps + 1, ignore_eos=True)
+            engines, warmup_s = {}, {}
+            steps = args.warmup_steps + 2 * args.decode_steps
+            for name in args.arms:
+                kind, _, dtype = name.partition(":")
+                arm = EngineArm(models[dtype or args.dtype], dtype or args.dtype, args.device)
+                engine = arm._engine(batch, args.prompt_len + steps + 2)
+                engine.runner.decode_fast_path = kind != "general"
+                engine.runner.decode_int8 = kind == "int8"
+                engine.runner.decode_packed = kind == "packed"
+                engine.runner.decode_compile = kind == "compiled"
+                params = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
                 for i, p in enumerate(prompts):
                     engine.add_request(f"r{i}", p, params)
                 engine.step()
                 engines[name] = engine
-            times = {name: [] for name in engines}
             tokens = {name: [] for name in engines}
-            for _ in range(2 * args.decode_steps):
-                for name, engine in engines.items():
+            for name, engine in engines.items():
+                start = time.perf_counter()
+                for _ in range(args.warmup_steps):
+                    tokens[name].append(sorted((o.request_id, o.token_ids) for o in engine.step()))
+                warmup_s[name] = time.perf_counter() - start
+            times = {name: [] for name in engines}
+            streams = _step_weights(engines[args.arms[0]]) if args.stream_floor else None
+            stream_ms = []
+            for step in range(2 * args.decode_steps):
+                names = list(engines) if step % 2 == 0 else list(engines)[::-1]
+                for name in names:
                     start = time.perf_counter()
-                    outs = engine.step()
+                    outs = engines[name].step()
                     times[name].append(1000 * (time.perf_counter() - start))
                     tokens[name].append(sorted((o.request_id, o.token_ids) for o in outs))
-            base, new = args.arms
-            out[f"{layout}/b{batch}"] = {
-                f"{base}_step_ms": _spread(times[base]),
-                f"{new}_step_ms": _spread(times[new]),
-                "speedup": statistics.median(times[base]) / statistics.median(times[new]),
-                "tokens_identical": tokens[base] == tokens[new],
-                "tokens_equal": sum(
+                if streams is not None:  # the same bytes a step must read, read at full speed
+                    start = time.perf_counter()
+                    for tensor in streams:
+                        tensor.sum()
+                    stream_ms.append(1000 * (time.perf_counter() - start))
+            base = args.arms[0]
+            row: dict = {"warmup_s": warmup_s, f"{base}_step_ms": _spread(times[base])}
+            for new in args.arms[1:]:
+                row[f"{new}_step_ms"] = _spread(times[new])
+                row[f"speedup_{new}"] = statistics.median(times[base]) / statistics.median(
+                    times[new]
+                )
+                row[f"speedup_{new}_per_step"] = _spread(
+                    [b / n for b, n in zip(times[base], times[new], strict=True)]
+                )
+                row[f"tokens_identical_{new}"] = tokens[base] == tokens[new]
+                row[f"tokens_equal_{new}"] = sum(
                     a == b
                     for x, y in zip(tokens[base], tokens[new], strict=True)
                     for a, b in zip(x, y, strict=True)
-                ),
-                "tokens": sum(len(x) for x in tokens[base]),
-            }
-            print(f"{layout} b{batch}: {out[f'{layout}/b{batch}']}", flush=True)
+                )
+            row["tokens"] = sum(len(x) for x in tokens[base])
+            if stream_ms:
+                row["stream_floor_ms"] = _spread(stream_ms)
+                row["stream_floor_bytes"] = sum(s.numel() * s.element_size() for s in streams)
+                for name in args.arms:
+                    row[f"{name}_over_stream_floor"] = _spread(
+                        [a / s for a, s in zip(times[name], stream_ms, strict=True)]
+                    )
+            if len(args.arms) == 2:  # the keys of the first reports
+                new = args.arms[1]
+                row["speedup"] = row[f"speedup_{new}"]
+                row["tokens_identical"] = row[f"tokens_identical_{new}"]
+                row["tokens_equal"] = row[f"tokens_equal_{new}"]
+            row["loadavg_end"] = os.getloadavg()
+            out[f"{layout}/b{batch}"] = row
+            print(f"{layout} b{batch}: {row}", flush=True)
+    return out
+
+
+def _step_weights(engine: Engine) -> list[torch.Tensor]:
+    """What a decode step of `engine` reads: the weights it multiplies by (every parameter
+    but the embedding table) and its batch's KV copy, up to the longest request."""
+    model = engine.model
+    out = [p for name, p in model.named_parameters() if name != "model.embed_tokens.weight"]
+    if model.config.tie_word_embeddings:
+        out.append(model.lm_head.weight)
+    state = engine.runner.decode_state
+    if state.k is not None:
+        k_max = max(state.lengths) + 1
+        out += [state.k[..., :k_max, :], state.v[..., :k_max, :]]
     return out
 
 
@@ -417,15 +484,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fast-vs-general", action="store_true")
     ap.add_argument(
         "--arms",
-        nargs=2,
+        nargs="+",
         default=["general", "fast"],
-        choices=["general", "fast", "int8"],
-        help="the pair --fast-vs-general runs",
+        help="the engines --fast-vs-general interleaves (2 or more; the first is the base): "
+        "general, fast, int8, packed or compiled, each optionally :float32 / :bfloat16",
     )
-    ap.add_argument("--decode-weights", choices=["int8"], help="--agreement: int8 vs float32")
+    ap.add_argument("--warmup-steps", type=int, default=3, help="--fast-vs-general: untimed")
+    ap.add_argument(
+        "--stream-floor",
+        action="store_true",
+        help="--fast-vs-general: after every round of steps, time a sum over what a step reads "
+        "(the floor measured in place, under the same load)",
+    )
+    ap.add_argument(
+        "--decode-weights",
+        choices=["int8", "packed"],
+        help="the engine's decode weights (EngineConfig.decode_weights); --agreement: against "
+        "float32 with the model's own weights",
+    )
+    ap.add_argument(
+        "--decode-compile", action="store_true", help="EngineConfig.decode_compile (the engine)"
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.fast_vs_general and len(args.arms) < 2:
+        ap.error("--arms needs two or more engines")
+    for name in args.arms:
+        kind, _, dtype = name.partition(":")
+        if kind not in ARM_KINDS or dtype not in ("", "float32", "bfloat16", "float16"):
+            ap.error(f"--arms: unknown engine {name!r}")
     if args.agreement:
         result = {"agreement": agreement(args)}
     elif args.fast_vs_general:

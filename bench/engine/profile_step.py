@@ -13,6 +13,20 @@ import torch
 from agents.engine import Engine, EngineConfig, SamplingParams, load_model
 from bench.engine.checkpoint import make_checkpoint
 
+# Self CPU time of the profiled steps by kind of work.
+GROUPS = {
+    "mkldnn::_linear_pointwise": "linear (weights)",
+    "mkl::_mkl_linear": "linear (weights)",
+    "aten::addmm": "linear (weights)",
+    "aten::mm": "linear (weights)",
+    "aten::_weight_int8pack_mm": "linear (weights)",
+    "aten::bmm": "attention matmuls",
+    "aten::_softmax": "attention softmax",
+    "aten::index": "gathers (index)",
+    "aten::index_select": "gathers (index)",
+    "aten::_index_put_impl_": "KV writes (index_put)",
+}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -22,6 +36,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--profile-steps", type=int, default=1, help="steps profiled (summed)")
+    ap.add_argument("--compile", action="store_true", help="EngineConfig.decode_compile")
     args = ap.parse_args()
     torch.set_num_threads(2)
     folder = make_checkpoint(args.layout, Path("var/bench-engine") / f"ckpt-{args.layout}")
@@ -34,12 +50,14 @@ def main() -> None:
         max_queued=n,
         max_batch_tokens=n * args.prompt_len,
         dtype=args.dtype,
+        decode_compile=args.compile,
     )
     eng = Engine(loaded, cfg)
     gen = torch.Generator().manual_seed(0)
     for i in range(n):
         ids = torch.randint(0, 8192, (args.prompt_len,), generator=gen).tolist()
-        eng.add_request(f"r{i}", ids, SamplingParams(max_tokens=args.steps + 2, ignore_eos=True))
+        params = SamplingParams(max_tokens=args.steps + args.profile_steps + 2, ignore_eos=True)
+        eng.add_request(f"r{i}", ids, params)
     eng.step()
     times = []
     for _ in range(args.steps):
@@ -54,9 +72,19 @@ def main() -> None:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            eng.step()
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
-        print("ops:", sum(e.count for e in prof.key_averages()))
+            for _ in range(args.profile_steps):
+                eng.step()
+        events = prof.key_averages()
+        print(events.table(sort_by="self_cpu_time_total", row_limit=18))
+        steps = args.profile_steps
+        print(f"ops per step: {sum(e.count for e in events) / steps:.0f}")
+        groups: dict[str, float] = {}
+        for e in events:
+            group = GROUPS.get(e.key, "other")
+            groups[group] = groups.get(group, 0.0) + e.self_cpu_time_total / steps
+        total = sum(groups.values())
+        for group, us in sorted(groups.items(), key=lambda kv: -kv[1]):
+            print(f"  {group:28s} {us / 1e3:7.2f} ms/step  {100 * us / total:5.1f}%")
 
 
 if __name__ == "__main__":
