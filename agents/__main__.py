@@ -25,6 +25,7 @@ from agents.node.settings import (
     resolve_thread_plan,
 )
 from pdd.dataplane import ENV as DATA_TOKEN_ENV
+from pdd.vocab import HandoffMode, Pipeline
 
 
 def _serve_parser(sub) -> None:
@@ -132,8 +133,16 @@ def _serve_parser(sub) -> None:
 
 def _loopback_parser(sub) -> None:
     p = sub.add_parser("loopback", help="run one request through P, RLD and MD on loopback")
-    p.add_argument("--pipeline", choices=("single", "p-md", "p-rld-md"), default="p-rld-md")
-    p.add_argument("--handoff", choices=("one-shot", "catch-up"), default="one-shot")
+    p.add_argument(
+        "--pipeline",
+        choices=("single", Pipeline.P_MD, Pipeline.P_RLD_MD),
+        default=Pipeline.P_RLD_MD,
+    )
+    p.add_argument(
+        "--handoff",
+        choices=(HandoffMode.ONE_SHOT, HandoffMode.CATCH_UP),
+        default=HandoffMode.ONE_SHOT,
+    )
     p.add_argument("--prompt-len", type=int, default=200)
     p.add_argument("--cached-len", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=32)

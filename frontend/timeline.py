@@ -17,6 +17,8 @@ from typing import Any
 
 from django.template.defaultfilters import filesizeformat
 
+from pdd.vocab import Pipeline
+
 WIDTH = 1000  # SVG user units
 LABEL_W = 150
 PLOT_W = WIDTH - LABEL_W - 20
@@ -128,8 +130,14 @@ def request_timeline(r, decision=None) -> dict[str, Any] | None:
     )
     lanes.append(p)
 
-    kv_label = "to RLD" if r.pipeline == "p-rld-md" else "to MD" if r.pipeline == "p-md" else ""
-    if r.kv_bytes_intra_dc or (r.pipeline == "p-rld-md" and kv_wait is not None):
+    kv_label = (
+        "to RLD"
+        if r.pipeline == Pipeline.P_RLD_MD
+        else "to MD"
+        if r.pipeline == Pipeline.P_MD
+        else ""
+    )
+    if r.kv_bytes_intra_dc or (r.pipeline == Pipeline.P_RLD_MD and kv_wait is not None):
         lane = Lane("KV intra-DC")
         lane.bars.append(
             Bar(
@@ -145,7 +153,7 @@ def request_timeline(r, decision=None) -> dict[str, Any] | None:
         lanes.append(lane)
     if r.kv_bytes_wan or (decision is not None and decision.est_wan_s):
         lane = Lane("KV WAN")
-        if r.pipeline == "p-rld-md":
+        if r.pipeline == Pipeline.P_RLD_MD:
             est = decision.est_wan_s if decision is not None else None
             stop = prefill + est if est else decode_start + rld_n * pace
             lane.bars.append(

@@ -6,22 +6,19 @@ where each number comes from; loaders drop those keys before building dataclasse
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any, TypeVar
 
+from pdd.checks import is_number
+
 T = TypeVar("T")
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def number(value: Any, where: str, positive: bool = False) -> float:
     """``value`` as a float if it is a finite number > 0 (``positive``) or >= 0; else a
     ValueError naming ``where``."""
-    ok = _is_number(value) and math.isfinite(value)
+    ok = is_number(value)
     if not ok or value < 0 or (positive and value == 0):
         need = "a positive number" if positive else "a number >= 0"
         raise ValueError(f"{where}: must be {need}, got {value!r}")
@@ -66,7 +63,7 @@ def check_non_negative(obj: object, name: str) -> None:
 def check_range(obj: object, name: str, lo: float, hi: float, open_lo: bool = False) -> None:
     """``lo <= value <= hi`` (``lo < value`` with ``open_lo``), else a ValueError naming it."""
     value = getattr(obj, name)
-    ok = _is_number(value) and math.isfinite(value) and lo <= value <= hi
+    ok = is_number(value) and lo <= value <= hi
     if not ok or (open_lo and value == lo):
         span = f"({lo}, {hi}]" if open_lo else f"[{lo}, {hi}]"
         raise ValueError(f"{name}: must be a number in {span}, got {value!r}")

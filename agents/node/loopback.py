@@ -155,7 +155,7 @@ def warm_main(md: AgentProcess, prompt: list[int], cached_len: int) -> None:
 def run_loopback(args) -> dict[str, Any]:
     prompt = make_prompt(args.prompt_len, args.seed)
     procs: list[AgentProcess] = []
-    share = {"single": 1, "p-md": 2}.get(args.pipeline, 3)  # agents on this host's cores
+    share = {"single": 1, Pipeline.P_MD: 2}.get(args.pipeline, 3)  # agents on this host's cores
     try:
         if args.pipeline == "single":
             one = AgentProcess(agent_args("main_decode", "dc-a", None, args.threads), "single", 1)
