@@ -145,7 +145,22 @@ def run_fleet(
     record = Simulator(fleet).run(trace, stop_on_miss=stop)
     summary = summarise(record, sla, warmup, fleet.cost_per_hour(), tariff)
     summary["links"] = link_report(fleet)
+    if fleet.host is not None:
+        summary["host"] = host_report(fleet, record)
     return summary, record
+
+
+def host_report(fleet: FleetSpec, record: RunRecord) -> dict[str, Any]:
+    """A shared host's cores and the CPU seconds each task used, and the span from the start to
+    the last answer (the window the live benchmark takes its processes' CPU over)."""
+    assert fleet.host is not None
+    span = max((t for t in record.finish_s.tolist() if t == t), default=0.0)
+    return {
+        "cores": fleet.host.cores,
+        "request_cpu_s": fleet.host.request_cpu_s,
+        "cpu_s": dict(record.host_cpu_s),
+        "span_s": span,
+    }
 
 
 def link_report(fleet: FleetSpec) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.hardware import EngineSpec, GpuType, ModelSpec
+from planner.host import HostSpec
 from planner.spec import build, check_bool, check_int, check_positive
 from planner.wan import WanLinkSpec
 from routing.policy import PolicySettings, Role
@@ -99,6 +100,10 @@ class FleetSpec:
     # transfers a first token waits on (P-MD). Its user is already answered by RLD, so delaying
     # it costs RLD a longer hold, not TTFT. On, as the agents do (agents/transfer/pool.py).
     relay_transfers_yield: bool = True
+    # Every instance on one machine whose cores they share (``planner.host``: the live testbed,
+    # one-thread CPU engines and the gateway on a few cores). None: each instance has its own
+    # chip, as in a real fleet.
+    host: HostSpec | None = None
 
     def __post_init__(self) -> None:
         if self.system not in System.CHOICES:
@@ -126,6 +131,8 @@ class FleetSpec:
             "decision_counts_in_flight",
         ):
             check_bool(self, name)
+        if self.host is not None and not isinstance(self.host, HostSpec):
+            raise ValueError("host: must be an object (cores, request_cpu_s) or null")
         check_positive(self, "resident_weight_gb")
         check_positive(self, "drc_capacity_gb")
         read = self.model.decode_weight_gb + self.model.decode_expert_gb
@@ -168,6 +175,7 @@ def fleet_from_dict(data: Mapping[str, Any]) -> FleetSpec:
         for dc, spec in _obj(data.pop("links", {}), "fleet.links").items()
         if not dc.startswith("_")
     }
+    host = data.pop("host", None)
     policy = data.pop("policy", {})
     try:
         policy_settings = PolicySettings.from_dict(
@@ -188,6 +196,7 @@ def fleet_from_dict(data: Mapping[str, Any]) -> FleetSpec:
             "engine": build(EngineSpec, data.get("engine", {}), "fleet.engine"),
             "fabric": build(FabricSpec, data.get("fabric", {}), "fleet.fabric"),
             "policy": policy_settings,
+            "host": None if host is None else build(HostSpec, host, "fleet.host"),
         },
         "fleet",
     )

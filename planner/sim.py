@@ -25,6 +25,7 @@ import numpy as np
 from planner.events import EventLoop
 from planner.fleet import FleetSpec, Handoff, System
 from planner.hardware import kv_capacity_tokens
+from planner.host import Host, HostWork
 from planner.instances import DecodeInstance, PrefillInstance
 from planner.wan import WanLink
 from routing import policy as routing_policy
@@ -80,6 +81,8 @@ class RunRecord:
     # Set when the run stopped early because its SLA could not be met any more (Simulator.run's
     # stop_on_miss): the simulated time it stopped at; the figures are then partial.
     stopped_at_s: float | None = None
+    # On a shared host (``fleet.host``): CPU seconds each task used (instance ids, "gateway").
+    host_cpu_s: dict[str, float] = field(default_factory=dict)
 
 
 class Simulator:
@@ -121,6 +124,20 @@ class Simulator:
                         cache_tokens if is_main else 0, self._holders if is_main else None,
                     )  # fmt: skip
                     (self.relay if role == Role.RELAY_DECODE else self.main)[state.id] = inst
+        # A shared machine (``fleet.host``): every instance's work is stretched while the busy
+        # tasks outnumber its cores; the gateway's per-request CPU is one more task.
+        self.host: Host | None = None
+        self._gateway: HostWork | None = None
+        self._request_cpu_s = 0.0
+        if fleet.host is not None:
+            self.host = Host(fleet.host, self.loop)
+            for p_inst in self.prefill.values():
+                p_inst.attach(self.host)
+            for d_inst in (*self.relay.values(), *self.main.values()):
+                d_inst.attach(self.host)
+            if fleet.host.request_cpu_s > 0:
+                self._gateway = HostWork(self.host, "gateway")
+                self._request_cpu_s = fleet.host.request_cpu_s
         self.idc = fleet.system == System.IDC_PD
         self.links: dict[str, WanLink] = {}
         link_states: dict[str, WanLinkState] = {}
@@ -335,6 +352,7 @@ class Simulator:
             ),
             sim_end_s=end,
             stopped_at_s=self.stopped_at_s,
+            host_cpu_s=self.host.cpu_seconds() if self.host is not None else {},
         )
 
     def _sample(self) -> None:
@@ -367,6 +385,8 @@ class Simulator:
             self.waiting_turn[i] = False
             self.arr[i] = math.nan
             return
+        if self._gateway is not None:
+            self._gateway.add(self._request_cpu_s)
         session, cached, n_in, n_out = self.session[i], self.cached[i], self.n_in[i], self.n_out[i]
         idc = self.idc
         if not idc:

@@ -1,0 +1,150 @@
+"""Engines sharing one machine's cores: the live testbed, where every engine is a one-thread
+CPU process and the gateway runs beside them (``fleet.host``; off by default).
+
+The rule (processor sharing): at any moment each *busy* task on the host progresses at
+``min(1, cores / busy tasks)`` of its own speed, so its work is stretched by
+``max(1, busy tasks / cores)``. The tasks are every engine instance of the fleet, busy while
+it computes (a prefill instance while a pass runs, a decode instance while it has a running
+request), and, when ``request_cpu_s`` > 0, one more task for the gateway: each request the
+fleet receives adds that many CPU seconds to the gateway's work, done under the same sharing.
+The gateway's work takes cores from the engines; it does not delay the request it is for
+(most of it is the answer's relay and its record, after the first token).
+
+A task whose speed changes mid-way keeps the work it has done: a prefill pass's remaining
+work, and a decode instance's token clock, continue at the new speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from planner.events import EventLoop
+from planner.spec import check_positive, check_range
+
+
+@dataclass(slots=True)
+class HostSpec:
+    """Every instance of the fleet runs on one machine of ``cores`` cores."""
+
+    cores: float
+    # CPU seconds each request the fleet receives costs on the host outside the engines (the
+    # gateway); 0 = none.
+    request_cpu_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_positive(self, "cores")
+        check_range(self, "request_cpu_s", 0.0, 10.0)
+
+
+class HostTask(Protocol):
+    def rerate(self, rate: float) -> None:
+        """Continue the work in progress at ``rate`` of full speed from now."""
+
+
+class Host:
+    """The shared machine: which tasks are busy, the speed each gets, CPU seconds per task."""
+
+    def __init__(self, spec: HostSpec, loop: EventLoop) -> None:
+        self.cores = float(spec.cores)
+        self.loop = loop
+        self.rate = 1.0  # the speed of every busy task, of its own full speed
+        self.busy = 0
+        self._tasks: list[HostTask] = []
+        self._names: list[str] = []
+        self._is_busy: list[bool] = []
+        self._cpu_s: list[float] = []
+        self._last = 0.0
+
+    def add(self, task: HostTask, name: str) -> int:
+        """Register a task; returns its index for :meth:`enter` and :meth:`leave`."""
+        self._tasks.append(task)
+        self._names.append(name)
+        self._is_busy.append(False)
+        self._cpu_s.append(0.0)
+        return len(self._tasks) - 1
+
+    def enter(self, idx: int) -> None:
+        """Task ``idx`` starts computing; it reads its speed from :attr:`rate` afterwards."""
+        self._account()
+        self._is_busy[idx] = True
+        self.busy += 1
+        self._rerate(idx)
+
+    def leave(self, idx: int) -> None:
+        """Task ``idx`` has nothing to compute."""
+        self._account()
+        self._is_busy[idx] = False
+        self.busy -= 1
+        self._rerate(idx)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds each task has used so far (wall time busy x its speed)."""
+        self._account()
+        return dict(zip(self._names, self._cpu_s, strict=True))
+
+    def _account(self) -> None:
+        now = self.loop.now
+        dt = now - self._last
+        if dt > 0.0 and self.busy:
+            used = dt * self.rate
+            for i, busy in enumerate(self._is_busy):
+                if busy:
+                    self._cpu_s[i] += used
+        self._last = now
+
+    def _rerate(self, changed: int) -> None:
+        rate = min(1.0, self.cores / self.busy) if self.busy else 1.0
+        if rate == self.rate:
+            return
+        self.rate = rate
+        for i, task in enumerate(self._tasks):
+            if self._is_busy[i] and i != changed:
+                task.rerate(rate)
+
+
+class HostWork:
+    """CPU work on the host outside the engines (the gateway's per-request cost): a queue of
+    seconds done at the host's shared speed."""
+
+    def __init__(self, host: Host, name: str) -> None:
+        self.host = host
+        self.loop = host.loop
+        self.idx = host.add(self, name)
+        self.busy = False
+        self.left = 0.0
+        self._since = 0.0
+        self._rate = 1.0
+        self._version = 0
+
+    def add(self, seconds: float) -> None:
+        now = self.loop.now
+        if self.busy:
+            self.left -= (now - self._since) * self._rate
+        else:
+            self.busy = True
+            self.left = 0.0
+            self.host.enter(self.idx)
+            self._rate = self.host.rate
+        self.left += seconds
+        self._since = now
+        self._schedule()
+
+    def rerate(self, rate: float) -> None:
+        now = self.loop.now
+        self.left -= (now - self._since) * self._rate
+        self._since = now
+        self._rate = rate
+        self._schedule()
+
+    def _schedule(self) -> None:
+        self._version += 1
+        left = self.left if self.left > 0.0 else 0.0
+        self.loop.at(self.loop.now + left / self._rate, self._done, self._version)
+
+    def _done(self, version: int) -> None:
+        if version != self._version:
+            return  # the speed or the work changed since this was scheduled
+        self.busy = False
+        self.left = 0.0
+        self.host.leave(self.idx)
