@@ -7,10 +7,18 @@ efficiency 1, prefill seconds = overhead + a x new + b x new x (cached + new / 2
 ``active_params_b`` = a x 500 and ``attn_flops_per_token_ctx`` = b x 1e12; a decode step =
 overhead + c x context tokens gives memory bandwidth = KV bytes per token / c (efficiency 1,
 weights negligible).
+
+The testbed runs every engine as a one-thread process on one machine, beside the control plane
+(gateway) and the load client, so :func:`testbed_host` puts the simulated fleet on a shared
+host of this machine's cores (``fleet.host``, planner/host.py: each busy engine's work is
+stretched by max(1, busy tasks / cores)), with the gateway's CPU per request as measured in
+bench/gateway/REPORT.md. Without ``host`` every engine runs alone at its measured speed.
 """
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Any
 
 from bench.pdd import scaling
@@ -23,9 +31,20 @@ from planner.workload import generate
 INTRA_DC_GBPS = 8.0  # assumption: loopback TCP between agent processes, ~1 GB/s
 AGENT_MAX_RUNNING = 32  # agents' default decode slots
 AGENT_BATCH_TOKENS = 2048  # agents' default prefill chunk (EngineConfig.max_batch_tokens)
+# The control plane's CPU per gateway request at 1 stream (bench/gateway/REPORT.md, "The
+# gateway's own overhead per request": 18.3 ms, 24.2 ms per request less 5.9 ms of background).
+GATEWAY_CPU_S = 0.0183
 
 
-def fleet_dict(system: str, engine: dict[str, Any]) -> dict[str, Any]:
+def testbed_host(cores: int | None = None) -> dict[str, Any]:
+    """The live testbed's machine as a planner host: its cores (this machine's by default)
+    shared by the engines, and the gateway's CPU per request."""
+    return {"cores": cores or os.cpu_count() or 1, "request_cpu_s": GATEWAY_CPU_S}
+
+
+def fleet_dict(
+    system: str, engine: dict[str, Any], host: dict[str, Any] | None = None
+) -> dict[str, Any]:
     spec = SYSTEMS[system]
     kv = scaling.KV_BYTES_PER_TOKEN
     pre, dec = engine["prefill"], engine["decode"]
@@ -58,7 +77,9 @@ def fleet_dict(system: str, engine: dict[str, Any]) -> dict[str, Any]:
             "per_connection_gbps": link["bandwidth_gbps"],  # the agents' shaper has no cap
             "pool_size": link["connection_pool_size"],
         }
+    extra = {"host": dict(host)} if host is not None else {}
     return {
+        **extra,
         "system": system,
         "gpu_types": gpu_types,
         "model": {
@@ -88,12 +109,20 @@ def fleet_dict(system: str, engine: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def simulate(system: str, engine: dict, rps: float, duration_s: float, sla: dict) -> dict:
-    """The planner's summary for one (system, rate), on the trace the live run replays."""
-    fleet = fleet_from_dict(fleet_dict(system, engine))
+def simulate(
+    system: str,
+    engine: dict,
+    rps: float,
+    duration_s: float,
+    sla: dict,
+    host: dict[str, Any] | None = None,
+) -> dict:
+    """The planner's summary for one (system, rate), on the trace the live run replays; on a
+    shared ``host`` (:func:`testbed_host`) when given, else every engine on its own."""
+    fleet = fleet_from_dict(fleet_dict(system, engine, host))
     trace = generate(scaling.workload(rps=rps, duration_s=duration_s))
-    summary, _ = run_fleet(fleet, trace, Sla(sla["ttft_p90_s"], sla["ttft_p99_s"]), 0.0)
-    return {
+    summary, record = run_fleet(fleet, trace, Sla(sla["ttft_p90_s"], sla["ttft_p99_s"]), 0.0)
+    out = {
         "ttft_s": {k: summary["ttft_s"][k] for k in ("p50", "p90", "p99")},
         "e2e_s": {k: summary["e2e_s"][k] for k in ("p50", "p90")},
         "rld_share": summary["tokens"]["relay_share"],
@@ -103,4 +132,35 @@ def simulate(system: str, engine: dict, rps: float, duration_s: float, sla: dict
         "unfinished": summary["unfinished"],
         "sla_met": summary["sla"]["met"],
         "cost_per_hour": summary["cost_per_hour"],
+        "means": request_means(record),
     }
+    if "host" in summary:
+        out["host"] = {
+            "cores": summary["host"]["cores"],
+            "request_cpu_s": summary["host"]["request_cpu_s"],
+            "cpu": role_cores(summary["host"]["cpu_s"], summary["host"]["span_s"]),
+        }
+    return out
+
+
+def request_means(record) -> dict[str, float]:
+    """Mean seconds per answered request in P (arrival to P's last token ready) and from there
+    to the first token: the live records' ``prefill_s`` and ``kv_wait_s``."""
+    ttft = record.ttft_s
+    prefill = record.prefill_done_s - record.arrival_s
+    ok = ~(ttft != ttft) & ~(prefill != prefill)  # both known (not NaN)
+    if not ok.any():
+        return {"prefill_s": math.nan, "kv_wait_s": math.nan}
+    return {
+        "prefill_s": float(prefill[ok].mean()),
+        "kv_wait_s": float((ttft[ok] - prefill[ok]).mean()),
+    }
+
+
+def role_cores(cpu_s: dict[str, float], span_s: float) -> dict[str, float]:
+    """CPU seconds per host task (instance ids, "gateway") as cores per role over ``span_s``."""
+    out: dict[str, float] = {}
+    for name, seconds in cpu_s.items():
+        role = name.split("-", 1)[0]
+        out[role] = out.get(role, 0.0) + (seconds / span_s if span_s > 0 else 0.0)
+    return out

@@ -1,0 +1,74 @@
+"""bench/planner/live_check.py: the simulator's prediction of the committed live run, on a
+tiny slice (one system, one rate)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.planner.live_check import (
+    cores_of,
+    engine_from_report,
+    live_extras_from_report,
+    main,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+SUMMARY = ROOT / "bench/pdd/summary.json"
+REPORT = ROOT / "bench/pdd/REPORT.md"
+
+
+def test_it_reproduces_the_committed_sim_and_adds_the_host_arms(tmp_path, capsys):
+    out = tmp_path / "check.json"
+    args = ["--systems", "idc-pd", "--rates", "u50", "--arms", "dedicated", "host+gateway"]
+    assert main([*args, "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
+    assert (row["system"], row["rate"], result["cores"]) == ("idc-pd", "u50", 2)
+    committed = json.loads(SUMMARY.read_text())["sim"]["idc-pd"]["u50"]["ttft_s"]["p90"]
+    dedicated = row["sim"]["dedicated"]
+    # The engine fit is read rounded from REPORT.md: the same figures to within that rounding.
+    assert dedicated["ttft_s"]["p90"] == pytest.approx(committed, rel=0.01)
+    assert dedicated["host"] is None
+    shared = row["sim"]["host+gateway"]
+    assert shared["host"] == {"cores": 2, "request_cpu_s": 0.0183}
+    assert shared["ttft_s"]["p90"] >= dedicated["ttft_s"]["p90"]
+    assert set(shared["cpu"]) == {"prefill", "main_decode", "gateway"}
+    live = row["live"]
+    assert live["record_means"] == {"prefill_s": 0.233, "kv_wait_s": 0.162}
+    assert live["cpu"]["gateway"] == 0.22 and live["cpu"]["load_avg"] == 1.16
+    err = (shared["ttft_s"]["p90"] - live["ttft_s"]["p90"]) / live["ttft_s"]["p90"]
+    assert shared["p90_error"] == pytest.approx(err)
+    assert set(result["verdict"]) == {"dedicated", "host+gateway"}
+    printed = capsys.readouterr().out
+    assert "idc-pd  u50" in printed and "dedicated vs the committed sim P90" in printed
+
+
+def test_the_engine_and_cores_come_from_the_summary_when_it_has_them(tmp_path):
+    summary = json.loads(SUMMARY.read_text())
+    summary["engine"] = engine_from_report(REPORT.read_text())
+    summary["meta"]["machine"] = "4 cores, x86_64"
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    out = tmp_path / "check.json"
+    args = ["--summary", str(path), "--report", str(tmp_path / "none.md"), "--arms", "host"]
+    assert main([*args, "--systems", "idc-pd", "--rates", "u50", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["sim"]["host"]["host"] == {"cores": 4}
+    assert row["live"]["cpu"] is None  # no report: only what summary.json carries
+
+
+def test_the_report_parsers():
+    text = REPORT.read_text()
+    engine = engine_from_report(text)
+    assert engine["prefill"]["per_token_s"] == pytest.approx(145e-6)
+    assert engine["decode"]["per_ctx_token_s"] == pytest.approx(4.40e-6)
+    extras = live_extras_from_report(text, json.loads(SUMMARY.read_text()))
+    assert extras["pdd"]["u90"]["record_means"]["prefill_s"] == 3.945
+    assert extras["pdd"]["u90"]["cpu"]["relay_decode"] == 0.31
+    assert "relay_decode" not in extras["cdc-pd"]["u70"]["cpu"]  # "-": no such process
+    assert cores_of({"machine": "2 cores, x86_64, Python 3.11.7"}) == 2
+    with pytest.raises(ValueError, match="meta.machine"):
+        cores_of({"machine": "a laptop"})
