@@ -70,7 +70,9 @@ class Run:
         self.offset = 0  # tokens delivered before the current attempt (its index 0)
 
     async def deltas(self, recover: Recover):
-        """Yield text pieces in order as tokens arrive; set finish_reason at the end.
+        """Yield text pieces in order as tokens arrive, as lists of ``(piece, logprobs)``: the
+        pieces of the tokens that arrived together (one read from P's stream), each with the
+        logprobs of the tokens it completes (None when not asked); set finish_reason at the end.
 
         When an attempt fails, ``recover(exc, delivered, remaining)`` (the caller's: it routes
         again) decides whether another attempt follows: before the first token a retry on
@@ -79,8 +81,8 @@ class Run:
         gap and no duplicate, and greedy output equals ``single``'s."""
         while True:
             try:
-                async for piece in self._attempt():
-                    yield piece
+                async for pieces in self._attempt():
+                    yield pieces
                 return
             except AgentRunError as exc:
                 remaining = self.p.greq.max_tokens - self.token_count
@@ -88,7 +90,7 @@ class Run:
                     self.finish_reason = "length"
                     tail = self.text.flush()
                     if tail:
-                        yield tail
+                        yield [(tail, self.take_logprobs())]
                     return
                 if not await recover(exc, list(self.token_ids), remaining):
                     raise
@@ -127,12 +129,13 @@ class Run:
                         return
                     deadline.reschedule(None)
                     try:
-                        event = parse_event(raw)
+                        # One read's events (runner.run_events); a single event is a batch of one.
+                        batch = [parse_event(e) for e in (raw if isinstance(raw, list) else [raw])]
                     except ValueError as exc:
                         raise AgentRunError(
                             f"the prefill agent sent a malformed event: {exc}", at_prefill=False
                         ) from None
-                    yield event
+                    yield batch
         except TimeoutError:
             if limit is None:
                 raise AgentRunError(
@@ -149,52 +152,72 @@ class Run:
     async def _attempt(self):
         events = self._events()
         try:
-            async for event in events:
-                if isinstance(event, TokenEvent):
-                    if event.index != self.token_count - self.offset:
-                        raise AgentRunError(
-                            f"token stream out of order: got index {event.index}, "
-                            f"expected {self.token_count - self.offset}",
-                            at_prefill=False,
-                        )
-                    self.token_count += 1
-                    self.token_ids.append(event.token_id)
-                    now = time.monotonic()
-                    if now - self.progress_at >= PROGRESS_EVERY_S:
-                        self.progress_at = now
-                        self._save_progress()
-                    if self.first_at is None:
-                        self.first_at = now
-                    else:
-                        self.max_gap_s = max(self.max_gap_s, now - self.last_at)
-                        self.gaps.append(now - self.last_at)
-                    self.last_at = now
-                    role = event.role
-                    self.last_role = role
-                    if role in self.by_role:
-                        self.by_role[role] += 1
-                    if self.logprobs is not None:
-                        self.logprobs.add(event, self.text.decoded_len)
-                    piece, stopped = self.text.push(event.token_id)
-                    if piece:
-                        yield piece
+            async for batch in events:
+                pieces: list[tuple[str, dict | None]] = []
+                stopped = False
+                for event in batch:
+                    try:
+                        stopped = self._take(event, pieces)
+                    except AgentRunError:
+                        if pieces:  # the tokens before the failure are the user's already
+                            yield pieces
+                        raise
                     if stopped:
-                        self.finish_reason = "stop"
-                        return
-                elif isinstance(event, DoneEvent):
-                    self.stats = event.stats
-                    self.finish_reason = "length" if event.hit_length else "stop"
-                elif isinstance(event, ErrorEvent):
-                    raise AgentRunError(event.message, at_prefill=False)
+                        break
+                if pieces:
+                    yield pieces
+                if stopped:
+                    return
             tail = self.text.flush()
             if tail:
-                yield tail
+                yield [(tail, self.take_logprobs())]
             if self.finish_reason is None:
                 raise AgentRunError(
                     "the agent stream ended without a 'done' event", at_prefill=False
                 )
         finally:
             await events.aclose()
+
+    def _take(self, event, pieces: list[tuple[str, dict | None]]) -> bool:
+        """One agent event: a token's text (and logprobs) onto ``pieces``, the done event's
+        stats, an error event raised. True when a stop string ended the answer."""
+        if isinstance(event, TokenEvent):
+            if event.index != self.token_count - self.offset:
+                raise AgentRunError(
+                    f"token stream out of order: got index {event.index}, "
+                    f"expected {self.token_count - self.offset}",
+                    at_prefill=False,
+                )
+            self.token_count += 1
+            self.token_ids.append(event.token_id)
+            now = time.monotonic()
+            if now - self.progress_at >= PROGRESS_EVERY_S:
+                self.progress_at = now
+                self._save_progress()
+            if self.first_at is None:
+                self.first_at = now
+            elif self.last_at is not None:
+                self.max_gap_s = max(self.max_gap_s, now - self.last_at)
+                self.gaps.append(now - self.last_at)
+            self.last_at = now
+            role = event.role
+            self.last_role = role
+            if role in self.by_role:
+                self.by_role[role] += 1
+            if self.logprobs is not None:
+                self.logprobs.add(event, self.text.decoded_len)
+            piece, stopped = self.text.push(event.token_id)
+            if piece:
+                pieces.append((piece, self.take_logprobs()))
+            if stopped:
+                self.finish_reason = "stop"
+                return True
+        elif isinstance(event, DoneEvent):
+            self.stats = event.stats
+            self.finish_reason = "length" if event.hit_length else "stop"
+        elif isinstance(event, ErrorEvent):
+            raise AgentRunError(event.message, at_prefill=False)
+        return False
 
     def outcome(self) -> Outcome:
         now = time.monotonic()

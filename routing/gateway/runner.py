@@ -110,9 +110,10 @@ def build_plan(
     return prefill.http.rstrip("/") + "/v1/pdd/generate", body
 
 
-async def run_events(url: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    """Yield the agent's NDJSON events; closing the generator closes the stream, which the
-    agents take as a cancellation."""
+async def run_events(url: str, body: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
+    """Yield the agent's NDJSON events, as lists: the events of one read from the socket
+    together (a burst of tokens that arrived at once is relayed in one write to the client).
+    Closing the generator closes the stream, which the agents take as a cancellation."""
     try:
         async with http_client().stream(
             "POST", url, json=body, headers=data_plane_headers()
@@ -120,8 +121,13 @@ async def run_events(url: str, body: dict[str, Any]) -> AsyncIterator[dict[str, 
             if response.status_code != 200:
                 detail = (await response.aread()).decode(errors="replace")[:500]
                 raise AgentRunError(f"prefill agent answered HTTP {response.status_code}: {detail}")
-            async for line in response.aiter_lines():
-                if line.strip():
-                    yield json.loads(line)
+            rest = b""
+            async for data in response.aiter_bytes():
+                *lines, rest = (rest + data).split(b"\n")
+                batch = [json.loads(line) for line in lines if line.strip()]
+                if batch:
+                    yield batch
+            if rest.strip():
+                yield [json.loads(rest)]
     except httpx.HTTPError as exc:
         raise AgentRunError(f"prefill agent unreachable: {exc}") from exc

@@ -126,8 +126,9 @@ async def _stream(p: Prepared):
     try:
         if p.kind == "chat.completions":
             yield openai_shapes.sse(openai_shapes.role_chunk(p.request_id, p.model.name, created))
-        async for piece in run.deltas(_recoverer(p)):
-            yield chunk(piece, None, logprobs=run.take_logprobs())
+        async for pieces in run.deltas(_recoverer(p)):
+            # The tokens that arrived together leave together: one event each, one write.
+            yield b"".join(chunk(piece, None, logprobs=lp) for piece, lp in pieces)
         # Every token is out: the request is complete. Start writing its record before the
         # last bytes go, so a client that closes right after [DONE] (the openai client does)
         # cannot lose it, but do not make the client wait for the database: the write runs
@@ -163,8 +164,8 @@ async def _complete(p: Prepared) -> JsonResponse:
     created = int(time.time())
     pieces: list[str] = []
     try:
-        async for piece in run.deltas(_recoverer(p)):
-            pieces.append(piece)
+        async for batch in run.deltas(_recoverer(p)):
+            pieces.extend(piece for piece, _ in batch)
     except AgentRunError as exc:
         run.status, run.error = "error", str(exc)
         await run.record()

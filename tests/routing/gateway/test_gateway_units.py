@@ -218,7 +218,7 @@ def test_the_gateway_sends_the_data_plane_token_to_the_agents(settings, monkeypa
     monkeypatch.setattr(runner, "_client", httpx.AsyncClient(transport=httpx.MockTransport(answer)))
 
     async def run() -> list[dict]:
-        return [e async for e in runner.run_events("http://agent/v1/pdd/generate", {})]
+        return [e async for b in runner.run_events("http://agent/v1/pdd/generate", {}) for e in b]
 
     settings.BATON_DATA_TOKEN = ""
     assert asyncio.run(run())[-1]["type"] == "done"
