@@ -69,3 +69,30 @@ def usage_record(
     except IntegrityError:  # a concurrent writer won the race: keep its line
         return UsageEntry.objects.get(request_id=request_id), False
     return entry, True
+
+
+def usage_records(lines: list[dict]) -> int:
+    """``usage_record`` for many requests in two statements (the gateway's record writer writes
+    a batch's lines at once): each ``lines`` item holds ``usage_record``'s keyword arguments;
+    a request id that has a line already, or comes twice, is written once. Returns how many
+    lines were written. A concurrent writer's line makes the insert fail with IntegrityError
+    (nothing written): the caller writes those lines one by one with ``usage_record``."""
+    ids = [line["request_id"] for line in lines]
+    written = set(
+        UsageEntry.objects.filter(request_id__in=ids)
+        .order_by()
+        .values_list("request_id", flat=True)
+    )
+    new: list[UsageEntry] = []
+    for line in lines:
+        if line["request_id"] in written:
+            continue
+        written.add(line["request_id"])
+        new.append(
+            UsageEntry(
+                **{k: v for k, v in line.items() if k != "cached_tokens"},
+                cached_tokens=min(line["cached_tokens"], line["prompt_tokens"]),
+            )
+        )
+    UsageEntry.objects.bulk_create(new)
+    return len(new)

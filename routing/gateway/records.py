@@ -11,6 +11,7 @@ import socket
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import ApiKey
-from billing.services import usage_record
+from billing.services import usage_record, usage_records
 from fleet.agent_client import tls_context
 from fleet.endpoints import check_agent_endpoint
 from routing.gateway.journal import Journal, recover
@@ -62,6 +63,96 @@ class Outcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _record_row(
+    *,
+    request_id: str,
+    api_key: ApiKey,
+    model: str,
+    endpoint: str,
+    stream: bool,
+    decision: Decision | None,
+    outcome: Outcome,
+    client_request_id: str = "",
+    **_: Any,
+) -> RequestRecord:
+    """A request's record, not saved yet."""
+    return RequestRecord(
+        request_id=request_id,
+        client_request_id=client_request_id,
+        tenant=api_key.tenant,
+        model=model,
+        endpoint=endpoint,
+        stream=stream,
+        status=outcome.status,
+        error=outcome.error[:2000],
+        pipeline=decision.pipeline if decision else "",
+        handoff_mode=decision.handoff_mode if decision else "",
+        handoff_at_token=outcome.handoff_at_token,
+        handoff_batches=outcome.handoff_batches,
+        migrations=outcome.migrations,
+        prompt_tokens=outcome.prompt_tokens,
+        cached_tokens=min(outcome.cached_tokens, outcome.prompt_tokens),
+        completion_tokens=outcome.completion_tokens,
+        tokens_by_rld=outcome.tokens_by_rld,
+        tokens_by_md=outcome.tokens_by_md,
+        ttft_s=outcome.ttft_s,
+        prefill_s=outcome.prefill_s,
+        kv_wait_s=outcome.kv_wait_s,
+        max_gap_s=outcome.max_gap_s,
+        first_token_early=outcome.first_token_early,
+        tpot_s=outcome.tpot_s,
+        e2e_s=outcome.e2e_s,
+        finish_reason=outcome.finish_reason if outcome.status == "ok" else "",
+        kv_bytes_intra_dc=outcome.kv_bytes_intra_dc,
+        kv_bytes_wan=outcome.kv_bytes_wan,
+        handoff_bytes=outcome.handoff_bytes,
+        prefill_instance=(decision.prefill_id if decision else "") or "",
+        relay_instance=(decision.relay_id if decision else "") or "",
+        main_instance=(decision.main_id if decision else "") or "",
+    )
+
+
+def _decision_row(
+    record: RequestRecord, decision: Decision, policy_version: int, decision_inputs: dict
+) -> RoutingDecision:
+    return RoutingDecision(
+        request=record,
+        policy_version=policy_version,
+        pipeline=decision.pipeline,
+        handoff_mode=decision.handoff_mode,
+        cached_tokens=decision.cached_tokens,
+        delta_tokens=decision.delta_tokens,
+        est_wan_s=decision.est_wan_s,
+        fallback=decision.fallback,
+        reason=decision.reason,
+        inputs=decision_inputs,
+    )
+
+
+def _usage_line(write: dict[str, Any]) -> dict[str, Any] | None:
+    """The usage line's fields for a record write; None when nothing is billed."""
+    outcome: Outcome = write["outcome"]
+    if outcome.status not in ("ok", "cancelled", "interrupted") or not outcome.prompt_tokens:
+        return None
+    return {
+        "request_id": write["request_id"],
+        "tenant": write["api_key"].tenant,
+        "api_key": write["api_key"],
+        "model": write["model"],
+        "prompt_tokens": outcome.prompt_tokens,
+        "cached_tokens": outcome.cached_tokens,
+        "completion_tokens": outcome.completion_tokens,
+    }
+
+
+def _notify(record: RequestRecord) -> None:
+    for observer in record_observers:
+        try:
+            observer(record)
+        except Exception:  # telemetry must never fail a request
+            log.warning("record observer failed", exc_info=True)
+
+
 def record_request(
     *,
     request_id: str,
@@ -75,78 +166,67 @@ def record_request(
     outcome: Outcome,
     client_request_id: str = "",
 ) -> RequestRecord:
+    """The record, decision and usage line of a finished request, in one transaction, and its
+    admission removed; a request id already recorded is left as it is (its record returned)."""
+    write: dict[str, Any] = {
+        "request_id": request_id,
+        "api_key": api_key,
+        "model": model,
+        "endpoint": endpoint,
+        "stream": stream,
+        "decision": decision,
+        "outcome": outcome,
+        "client_request_id": client_request_id,
+    }
     existing = RequestRecord.objects.filter(request_id=request_id).first()
     if existing is not None:
         return existing
     with transaction.atomic():
-        record = RequestRecord.objects.create(
-            request_id=request_id,
-            client_request_id=client_request_id,
-            tenant=api_key.tenant,
-            model=model,
-            endpoint=endpoint,
-            stream=stream,
-            status=outcome.status,
-            error=outcome.error[:2000],
-            pipeline=decision.pipeline if decision else "",
-            handoff_mode=decision.handoff_mode if decision else "",
-            handoff_at_token=outcome.handoff_at_token,
-            handoff_batches=outcome.handoff_batches,
-            migrations=outcome.migrations,
-            prompt_tokens=outcome.prompt_tokens,
-            cached_tokens=min(outcome.cached_tokens, outcome.prompt_tokens),
-            completion_tokens=outcome.completion_tokens,
-            tokens_by_rld=outcome.tokens_by_rld,
-            tokens_by_md=outcome.tokens_by_md,
-            ttft_s=outcome.ttft_s,
-            prefill_s=outcome.prefill_s,
-            kv_wait_s=outcome.kv_wait_s,
-            max_gap_s=outcome.max_gap_s,
-            first_token_early=outcome.first_token_early,
-            tpot_s=outcome.tpot_s,
-            e2e_s=outcome.e2e_s,
-            finish_reason=outcome.finish_reason if outcome.status == "ok" else "",
-            kv_bytes_intra_dc=outcome.kv_bytes_intra_dc,
-            kv_bytes_wan=outcome.kv_bytes_wan,
-            handoff_bytes=outcome.handoff_bytes,
-            prefill_instance=(decision.prefill_id if decision else "") or "",
-            relay_instance=(decision.relay_id if decision else "") or "",
-            main_instance=(decision.main_id if decision else "") or "",
-        )
+        record = _record_row(**write)
+        record.save(force_insert=True)
         if decision is not None:
-            RoutingDecision.objects.create(
-                request=record,
-                policy_version=policy_version,
-                pipeline=decision.pipeline,
-                handoff_mode=decision.handoff_mode,
-                cached_tokens=decision.cached_tokens,
-                delta_tokens=decision.delta_tokens,
-                est_wan_s=decision.est_wan_s,
-                fallback=decision.fallback,
-                reason=decision.reason,
-                inputs=decision_inputs,
-            )
+            _decision_row(record, decision, policy_version, decision_inputs).save(force_insert=True)
         Admission.objects.filter(request_id=request_id).delete()
-        if outcome.status in ("ok", "cancelled", "interrupted") and outcome.prompt_tokens:
-            usage_record(
-                request_id=request_id,
-                tenant=api_key.tenant,
-                api_key=api_key,
-                model=model,
-                prompt_tokens=outcome.prompt_tokens,
-                cached_tokens=outcome.cached_tokens,
-                completion_tokens=outcome.completion_tokens,
-            )
-
-        def notify() -> None:
-            for observer in record_observers:
-                try:
-                    observer(record)
-                except Exception:  # telemetry must never fail a request
-                    log.warning("record observer failed", exc_info=True)
-
-        transaction.on_commit(notify)
+        line = _usage_line(write)
+        if line is not None:
+            usage_record(**line)
+        transaction.on_commit(partial(_notify, record))
     return record
+
+
+def record_requests(writes: list[dict[str, Any]]) -> list[RequestRecord]:
+    """``record_request`` for a batch (the record writer's): each item its keyword arguments,
+    the same rows as calling it for each in turn, in a few statements for the whole batch
+    (records, decisions and usage lines each in one insert, the admissions in one delete).
+    Needs the database to return the inserted rows' keys (PostgreSQL, SQLite >= 3.35);
+    otherwise, or when a concurrent writer got a request id in first (IntegrityError), it
+    raises and the caller writes the batch one by one (``workers.BatchWriter``)."""
+    ids = [w["request_id"] for w in writes]
+    # Which ids have a record already: one narrow query, no ordering; their rows (rare) next.
+    done = RequestRecord.objects.filter(request_id__in=ids).order_by()
+    found = list(done.values_list("request_id", flat=True))
+    records = {r.request_id: r for r in done.filter(request_id__in=found)} if found else {}
+    new: dict[str, tuple[RequestRecord, dict[str, Any]]] = {}
+    for w in writes:
+        if w["request_id"] not in records and w["request_id"] not in new:
+            new[w["request_id"]] = (_record_row(**w), w)
+    if new:
+        rows = RequestRecord.objects.bulk_create([row for row, _ in new.values()])
+        if any(row.pk is None for row in rows):
+            raise NotImplementedError("the database did not return the new records' keys")
+        RoutingDecision.objects.bulk_create(
+            [
+                _decision_row(row, w["decision"], w["policy_version"], w["decision_inputs"])
+                for row, w in new.values()
+                if w["decision"] is not None
+            ]
+        )
+        Admission.objects.filter(request_id__in=list(new)).delete()
+        usage_records([line for _, w in new.values() if (line := _usage_line(w)) is not None])
+        for row, _ in new.values():
+            records[row.request_id] = row
+            transaction.on_commit(partial(_notify, row))
+    return [records[i] for i in ids]
 
 
 def this_process() -> str:
@@ -188,6 +268,17 @@ def _admission_entry(
 
 def _admission_row(entry: dict[str, Any], owner: str) -> Admission:
     return Admission.objects.create(**entry, owner=owner)
+
+
+def _admission_rows(writes: list[dict[str, Any]]) -> list[Admission]:
+    """``_admission_row`` for a batch, in one insert (the record writer's)."""
+    return Admission.objects.bulk_create(
+        [Admission(**w["entry"], owner=w["owner"]) for w in writes]
+    )
+
+
+record_writer.batched(_admission_row, _admission_rows)
+record_writer.batched(record_request, record_requests)
 
 
 def admission_open(**fields: Any) -> None:

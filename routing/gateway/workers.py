@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
+import logging
 import queue
 import threading
+from collections.abc import Callable
 
 from asgiref.sync import sync_to_async
 from django.db import (
@@ -17,6 +20,8 @@ from django.db import (
     connection,
     transaction,
 )
+
+log = logging.getLogger(__name__)
 
 # Blocking work (ORM, tokenizer, policy) runs in a thread pool, not Django's single
 # thread-sensitive thread: concurrent requests must not queue behind each other there.
@@ -53,8 +58,10 @@ async def drain_pending_records(timeout_s: float = 30.0) -> int:
 
 class BatchWriter:
     """Record writes batched: a dedicated thread takes every write queued while it was busy
-    and runs them in one transaction (each in its own savepoint, so one bad write does not
-    undo the others), one commit for many requests.
+    and runs them in one transaction, one commit for many requests. Consecutive writes of a
+    function registered with ``batched`` run as one call of its batch form (a few multi-row
+    statements for all of them); any other write, or a batch form that fails, runs one write
+    at a time, each in its own savepoint, so one bad write does not undo the others.
 
     The queue needs no disk of its own to keep the exactly-once guarantee: every request has
     its durable admission row before any agent runs, so a write lost with a killed process is
@@ -69,6 +76,13 @@ class BatchWriter:
         self._lock = threading.Lock()
         self.batches = 0  # committed batches, and the writes in them (for the tests and bench)
         self.writes = 0
+        self.many: dict[Callable, Callable[[list[dict]], list]] = {}
+
+    def batched(self, fn: Callable, many: Callable[[list[dict]], list]) -> None:
+        """Run consecutive writes of ``fn`` as ``many([kwargs, ...])``, which returns their
+        results in order (the same rows as ``fn`` for each in turn) or raises, and then
+        they run one by one."""
+        self.many[fn] = many
 
     def submit(self, fn, /, **kwargs) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -118,18 +132,30 @@ class BatchWriter:
             else:
                 future.set_exception(error)
 
-    @staticmethod
-    def _attempt(batch: list) -> list:
+    def _attempt(self, batch: list) -> list:
         results: list[tuple[concurrent.futures.Future, object, BaseException | None]] = []
         with transaction.atomic():
-            for fn, kwargs, future in batch:
-                try:
-                    with transaction.atomic():
-                        results.append((future, fn(**kwargs), None))
-                except (OperationalError, InterfaceError):
-                    raise  # the connection, not this write: the whole batch again
-                except Exception as exc:  # noqa: BLE001 - that write only
-                    results.append((future, None, exc))
+            for fn, run in itertools.groupby(batch, key=lambda write: write[0]):
+                writes = list(run)
+                many = self.many.get(fn)
+                if many is not None:
+                    try:
+                        with transaction.atomic():
+                            values = many([kwargs for _, kwargs, _ in writes])
+                        results += [(w[2], v, None) for w, v in zip(writes, values, strict=True)]
+                        continue
+                    except (OperationalError, InterfaceError):
+                        raise  # the connection: the whole batch again
+                    except Exception:  # noqa: BLE001 - undone; each write on its own below
+                        log.debug("batched %s failed; one at a time", fn.__name__, exc_info=True)
+                for _, kwargs, future in writes:
+                    try:
+                        with transaction.atomic():
+                            results.append((future, fn(**kwargs), None))
+                    except (OperationalError, InterfaceError):
+                        raise  # the connection, not this write: the whole batch again
+                    except Exception as exc:  # noqa: BLE001 - that write only
+                        results.append((future, None, exc))
         return results
 
 

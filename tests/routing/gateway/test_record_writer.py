@@ -84,3 +84,61 @@ def test_the_writer_keeps_its_connection_from_batch_to_batch():
     for i in range(3):
         assert writer.submit(which, i=i).result(timeout=30) == i
     assert len(set(seen)) == 1
+
+
+def test_consecutive_writes_of_a_batched_function_run_as_one_call():
+    writer = BatchWriter()
+    release, started = threading.Event(), threading.Event()
+    calls: list[list[str]] = []
+
+    def hold() -> None:
+        started.set()
+        release.wait(10)
+
+    def create(name: str) -> str:
+        Tenant.objects.create(name=name)
+        return name
+
+    def create_many(writes: list[dict]) -> list[str]:
+        calls.append([w["name"] for w in writes])
+        Tenant.objects.bulk_create([Tenant(name=w["name"]) for w in writes])
+        return [w["name"] for w in writes]
+
+    writer.batched(create, create_many)
+    writer.submit(hold)
+    assert started.wait(10)
+    futures = [writer.submit(create, name=f"t{i}") for i in range(4)]
+    release.set()
+    assert [f.result(10) for f in futures] == ["t0", "t1", "t2", "t3"]
+    assert calls == [["t0", "t1", "t2", "t3"]]  # one call for the four
+    assert Tenant.objects.count() == 4
+
+
+def test_a_failing_batch_form_is_undone_and_its_writes_run_one_by_one():
+    writer = BatchWriter()
+    release, started = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(10)
+
+    def create(name: str) -> str:
+        if name == "bad":
+            raise ValueError("bad name")
+        Tenant.objects.create(name=name)
+        return name
+
+    def create_many(writes: list[dict]) -> list[str]:
+        Tenant.objects.bulk_create([Tenant(name=w["name"]) for w in writes])
+        raise RuntimeError("the batch form failed after writing")
+
+    writer.batched(create, create_many)
+    writer.submit(hold)
+    assert started.wait(10)
+    futures = [writer.submit(create, name=n) for n in ("a", "bad", "b")]
+    release.set()
+    assert futures[0].result(10) == "a" and futures[2].result(10) == "b"
+    with pytest.raises(ValueError, match="bad name"):
+        futures[1].result(10)
+    # The batch form's rows were rolled back; each good write's row once.
+    assert sorted(Tenant.objects.values_list("name", flat=True)) == ["a", "b"]
