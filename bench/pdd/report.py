@@ -249,17 +249,32 @@ def render(results: Mapping[str, Any], plots: Mapping[str, str] | None = None) -
     # --- simulator ----------------------------------------------------------------------------
     if results.get("sim"):
         w("## Simulator beside it\n")
+        host = _sim_host(results)
+        dedicated = results.get("sim_dedicated") or {}
+        if host:
+            where = (
+                f"one unit per role, every engine on a host of {host['cores']:g} cores shared "
+                "as the live agents share this machine's (planner/host.py: while more tasks are "
+                "busy than cores, each one's work is stretched by busy tasks / cores), with the "
+                f"gateway's {1000 * host.get('request_cpu_s', 0.0):.1f} ms of CPU per request "
+                "(bench/gateway/REPORT.md) as one more task"
+                + ("; *dedicated*: every engine alone at its measured speed" if dedicated else "")
+            )
+        else:
+            where = "one unit per role, dedicated hardware (the live agents share two cores)"
         w(
             "`planner` (planner/sim.py through planner.api.run_fleet) on the same trace, link, "
-            "prices, policies and the measured engine step times; one unit per role, dedicated "
-            "hardware (the live agents share two cores).\n"
+            f"prices, policies and the measured engine step times; {where}. "
+            "`.venv/bin/python bench/planner/live_check.py` regenerates these figures from "
+            "summary.json.\n"
         )
+        extra = " dedicated P90 (s) |" if dedicated else ""
         w(
             "| system | rate | live TTFT P50 / P90 / P99 (s) | simulated P50 / P90 / P99 (s) | "
-            "P90 error | live RLD share | simulated RLD share | simulated relayed | "
+            f"P90 error |{extra} live RLD share | simulated RLD share | simulated relayed | "
             "simulated WAN busy |"
         )
-        w("|---|---|---|---|---|---|---|---|---|")
+        w("|---|---|---|---|---|" + ("---|" if dedicated else "") + "---|---|---|---|")
         for key in systems(results):
             for rk in rate_keys(results):
                 r = results["live"][key].get(rk)
@@ -268,10 +283,14 @@ def render(results: Mapping[str, Any], plots: Mapping[str, str] | None = None) -
                     continue
                 lt, st = r["ttft_s"], m["ttft_s"]
                 err = (st["p90"] - lt["p90"]) / lt["p90"] if lt["p90"] else float("nan")
+                alone = dedicated.get(key, {}).get(rk)
+                cell = ""
+                if dedicated:
+                    cell = f" {s(alone['ttft_s']['p90']) if alone else '-'} |"
                 w(
                     f"| {LABELS[key]} | {rate_label(results, rk)} | {s(lt['p50'])} / "
                     f"{s(lt['p90'])} / {s(lt['p99'])} | {s(st['p50'])} / {s(st['p90'])} / "
-                    f"{s(st['p99'])} | {'+' if err >= 0 else ''}{pct(err)} | "
+                    f"{s(st['p99'])} | {'+' if err >= 0 else ''}{pct(err)} |{cell} "
                     f"{pct(r['rld_share'])} | {pct(m['rld_share'])} | "
                     f"{m['pipelines'].get('p-rld-md', 0)} of {m['requests']} | "
                     f"{pct(m['wan_utilisation'])} |"
@@ -411,6 +430,12 @@ def plot(results: Mapping[str, Any], out_dir: Path) -> dict[str, str]:
     return made
 
 
+def _sim_host(results: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The shared host the simulated figures ran on, if any (``meta.sim_host``)."""
+    host = (results.get("meta") or {}).get("sim_host")
+    return host if isinstance(host, Mapping) else None
+
+
 def _never_sent(r: Mapping) -> str:
     if "unfinished_at_drain" not in r or "requests" not in r:
         return "-"
@@ -490,13 +515,33 @@ def explain(results: Mapping[str, Any]) -> list[str]:
             d = (r.get("diagnostics") or {}).get("all") or {}
             cpu = r.get("cpu") or {}
             used = sum(v for k, v in cpu.items() if k != "load_avg" and v is not None)
+            host = _sim_host(results)
+            means = m.get("means") or {}
+            if host:
+                simulated = (
+                    f" (simulated: {s(means['prefill_s'], 2)} s and {s(means['kv_wait_s'], 2)} s)"
+                    if means.get("prefill_s") is not None and means.get("kv_wait_s") is not None
+                    else ""
+                )
+                model = (
+                    f"on average{simulated}; the simulator shares "
+                    f"{host['cores']:g} cores among the engines and the gateway's "
+                    f"{1000 * host.get('request_cpu_s', 0.0):.1f} ms per request, with no term "
+                    "for the KV handoff's CPU, the processes' work outside the engine steps or "
+                    "other work on the machine, while here"
+                )
+            else:
+                model = (
+                    "on average; the simulator runs each engine alone at the measured speed, "
+                    "while here"
+                )
             lines.append(
                 f"Simulator at {label}, {LABELS.get(system, system)}: P90 "
                 f"{s((m.get('ttft_s') or {}).get('p90'), 2)} s simulated against "
                 f"{s(r['ttft_s']['p90'], 2)} s live ({pct(g['value'])} off). Live requests "
                 f"spent {s(d.get('prefill_s'), 2)} s in P and {s(d.get('kv_wait_s'), 2)} s "
-                f"waiting for KV on average; the simulator runs each engine alone at the "
-                f"measured speed, while here the benchmark's processes used {used:.2f} cores "
-                f"at a load average of {s(cpu.get('load_avg'), 2)} on 2 cores."
+                f"waiting for KV {model} the benchmark's processes used {used:.2f} cores at a "
+                f"load average of {s(cpu.get('load_avg'), 2)} on "
+                f"{host['cores'] if host else 2:g} cores."
             )
     return lines

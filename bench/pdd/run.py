@@ -364,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "live": {},
         "sim": {},
+        "sim_dedicated": {},
         "series": {},
         "cdf": {},
         "spot": {},
@@ -480,9 +481,17 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_sim:
             bar.progress.phase = "simulator"
             bar.say("simulator: the same trace, link and measured engine on planner")
+            # On this machine's cores, shared as the agents share them (the prediction), and
+            # with every engine alone (as before the host model).
+            host = pdd_sim.testbed_host()
+            results["meta"]["sim_host"] = host
             for name in chosen:
                 for p in plans:
-                    results["sim"].setdefault(name, {})[rate_key(p.utilisation)] = pdd_sim.simulate(
+                    key = rate_key(p.utilisation)
+                    results["sim"].setdefault(name, {})[key] = pdd_sim.simulate(
+                        name, engine, p.rps, duration, sla, host
+                    )
+                    results["sim_dedicated"].setdefault(name, {})[key] = pdd_sim.simulate(
                         name, engine, p.rps, duration, sla
                     )
         results["goals"] = metrics.goals(results["live"], results["sim"])
@@ -560,20 +569,26 @@ def small_summary(results: dict) -> dict:
         "relayed_cached",
         "relayed_cached_share",
         "pipelines",
+        "record_means",
+        "cpu",
     )
+    sim_keep = ("ttft_s", "rld_share", "pipelines", "means", "host")
+    engine = results.get("engine") or {}
     return {
         "meta": results["meta"],
         "scaling": results.get("scaling"),
+        # The fitted step times (bench/planner/live_check.py re-simulates the run from them).
+        "engine": {part: engine[part] for part in ("prefill", "decode") if part in engine},
         "live": {
             sname: {k: {f: v[f] for f in keep if f in v} for k, v in by.items()}
             for sname, by in results["live"].items()
         },
-        "sim": {
-            sname: {
-                k: {f: v[f] for f in ("ttft_s", "rld_share", "pipelines") if f in v}
-                for k, v in by.items()
+        **{
+            arm: {
+                sname: {k: {f: v[f] for f in sim_keep if f in v} for k, v in by.items()}
+                for sname, by in results.get(arm, {}).items()
             }
-            for sname, by in results.get("sim", {}).items()
+            for arm in ("sim", "sim_dedicated")
         },
         "goals": results.get("goals", []),
         "spot": {

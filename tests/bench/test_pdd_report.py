@@ -171,6 +171,24 @@ def test_the_report_renders_every_section_from_the_results() -> None:
     assert "SLA**: TTFT P90 <= **1.00 s** and P99 <= **1.50 s**" in text
 
 
+def test_the_simulator_on_the_testbed_host_shows_the_dedicated_figures_beside_it() -> None:
+    results = canned()
+    text = report.render(results)
+    assert "dedicated hardware (the live agents share two cores)" in text  # a run before the host
+    assert "dedicated P90 (s)" not in text
+    results["meta"]["sim_host"] = {"cores": 2, "request_cpu_s": 0.0183}
+    results["sim_dedicated"] = {
+        key: {"u50": {**m["u50"], "ttft_s": {"p50": 0.1, "p90": 0.3, "p99": 0.8}}}
+        for key, m in results["sim"].items()
+    }
+    results["sim"]["idc-pd"]["u50"]["means"] = {"prefill_s": 0.2, "kv_wait_s": 0.03}
+    text = report.render(results)
+    assert "on a host of 2 cores shared" in text and "18.3 ms of CPU per request" in text
+    assert "P90 error | dedicated P90 (s) | live RLD share |" in text
+    # IDC-PD: live P90 0.8, simulated on the host 0.85 (+6.2%), alone 0.300.
+    assert "| 0.100 / 0.850 / 0.900 | +6.2% | 0.300 | 0.0% |" in text
+
+
 def test_a_quick_run_says_so_and_skips_what_it_lacks() -> None:
     results = canned()
     results["meta"]["quick"] = True
@@ -191,3 +209,19 @@ def test_cells_format_missing_and_infinite_values() -> None:
     assert report.s(1.23456) == "1.235"
     assert report.pct(0.1234) == "12.3%" and report.pct(math.inf) == "-"
     assert report.mb(2.5e6) == "2.5" and report.mb(None) == "-"
+
+
+def test_the_small_summary_keeps_what_the_live_check_needs() -> None:
+    from bench.pdd.run import small_summary
+
+    results = canned()
+    results["engine"] = {"prefill": {"overhead_s": 0.006}, "decode": {"overhead_s": 0.004}}
+    results["engine"]["raw"] = {"prefill": [1, 2, 3]}
+    results["live"]["pdd"]["u50"]["cpu"] = {"prefill": 0.4, "load_avg": 2.0}
+    results["live"]["pdd"]["u50"]["record_means"] = {"prefill_s": 0.3, "kv_wait_s": 0.2}
+    results["sim_dedicated"] = results["sim"]
+    summary = small_summary(results)
+    assert summary["engine"] == {"prefill": {"overhead_s": 0.006}, "decode": {"overhead_s": 0.004}}
+    assert summary["live"]["pdd"]["u50"]["cpu"] == {"prefill": 0.4, "load_avg": 2.0}
+    assert summary["live"]["pdd"]["u50"]["record_means"]["kv_wait_s"] == 0.2
+    assert summary["sim_dedicated"]["pdd"]["u50"]["ttft_s"]["p90"] == 0.4
