@@ -11,7 +11,9 @@ The gateway's work takes cores from the engines; it does not delay the request i
 (most of it is the answer's relay and its record, after the first token).
 
 A task whose speed changes mid-way keeps the work it has done: a prefill pass's remaining
-work, and a decode instance's token clock, continue at the new speed.
+work, and a decode instance's token clock, continue at the new speed. The instances on a host
+are :class:`HostedPrefill` and :class:`HostedDecode`; a fleet without a host runs the plain
+instances, untouched.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from planner.events import EventLoop
+from planner.instances import DecodeInstance, PrefillInstance
 from planner.spec import check_positive, check_range
 
 
@@ -148,3 +151,90 @@ class HostWork:
         self.busy = False
         self.left = 0.0
         self.host.leave(self.idx)
+
+
+class HostedPrefill(PrefillInstance):
+    """A prefill instance on a shared host: a pass is work (its seconds at full speed) done at
+    the host's speed, busy from its first pass until its queue is empty."""
+
+    def __init__(self, *args, host: Host, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.host = host
+        self.host_idx = host.add(self, self.state.id)
+        self.host_busy = False
+        self._pass: list = []  # [work left, since, speed, finished, tokens]
+        self._pass_version = 0
+
+    def _begin_pass(self, seconds: float, finished: list, tokens: int) -> None:
+        if not self.host_busy:
+            self.host_busy = True
+            self.host.enter(self.host_idx)
+        rate = self.host.rate
+        now = self.loop.now
+        self._pass = [seconds, now, rate, finished, tokens]
+        self._pass_version += 1
+        self.loop.at(now + seconds / rate, self._pass_end, self._pass_version)
+
+    def rerate(self, rate: float) -> None:
+        """The host's speed changed during a pass: its work left continues at ``rate``."""
+        work, since, old, finished, tokens = self._pass
+        now = self.loop.now
+        work -= (now - since) * old
+        if work < 0.0:
+            work = 0.0
+        self._pass = [work, now, rate, finished, tokens]
+        self._pass_version += 1
+        self.loop.at(now + work / rate, self._pass_end, self._pass_version)
+
+    def _pass_end(self, version: int) -> None:
+        if version != self._pass_version:
+            return  # rescheduled at another speed since
+        _, _, _, finished, tokens = self._pass
+        self._finish_batch(finished, tokens)
+
+    def _finish_batch(self, finished: list, tokens: int) -> None:
+        super()._finish_batch(finished, tokens)
+        if self.host_busy and not self.busy:  # no next pass started
+            self.host_busy = False
+            self.host.leave(self.host_idx)
+
+
+class HostedDecode(DecodeInstance):
+    """A decode instance on a shared host: busy while it has a running request, its steps
+    stretched by 1 / the host's speed (its fixed and per-byte step costs both scaled)."""
+
+    def __init__(self, *args, host: Host, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.host = host
+        self.host_idx = host.add(self, self.state.id)
+        self.host_busy = False
+        self._full_speed = (self._overhead_s, self._bytes_per_s)
+
+    def _stretch(self, factor: float) -> None:
+        overhead, per_s = self._full_speed
+        self._overhead_s = overhead * factor
+        self._bytes_per_s = per_s / factor
+
+    def _start(self, ctx_tokens: int, start) -> None:
+        if not self.host_busy:
+            self.host_busy = True
+            self.host.enter(self.host_idx)
+            self._stretch(1.0 / self.host.rate)  # the step computed next is at the host's speed
+        super()._start(ctx_tokens, start)
+
+    def release(self, ctx_tokens: int) -> None:
+        super().release(ctx_tokens)
+        if self.host_busy and not self.running:
+            self.host_busy = False
+            self._stretch(1.0)
+            self.host.leave(self.host_idx)
+            self.step = self.step_time()
+            self._reschedule()
+
+    def rerate(self, rate: float) -> None:
+        """The host's speed changed while this instance decodes: steps at ``rate`` of full speed
+        from now (the token clock keeps what it has counted)."""
+        self._advance()
+        self._stretch(1.0 / rate)
+        self.step = self.step_time()
+        self._reschedule()

@@ -17,7 +17,6 @@ from planner.hardware import (
     ModelSpec,
     prefill_batch_time,
 )
-from planner.host import Host
 from routing.policy import InstanceState
 
 
@@ -64,18 +63,6 @@ class PrefillInstance:
         # A list the simulator ranks instances by, and this one's slot: kept = state.load.
         self.rank_keys: list | None = None
         self.rank_idx = 0
-        # A shared machine (``planner.host``; None: the instance has its chip to itself). A
-        # pass's work is its seconds at full speed: [work left, since, speed, finished, tokens].
-        self.host: Host | None = None
-        self.host_idx = 0
-        self.host_busy = False
-        self._pass: list = []
-        self._pass_version = 0
-
-    def attach(self, host: Host) -> None:
-        """Run on ``host``'s shared cores from now on (before the first request)."""
-        self.host = host
-        self.host_idx = host.add(self, self.state.id)
 
     def submit(self, req: int, new_tokens: int, cached_tokens: int, done: Callable[[int], None]):
         self._push([req, new_tokens, cached_tokens, done])
@@ -131,36 +118,14 @@ class PrefillInstance:
             head[1] -= chunk
             head[2] += chunk
         seconds = prefill_batch_time(flops, self.gpu, self.engine, tokens)
-        if self.host is not None and not self.host_busy:
-            self.host_busy = True
-            self.host.enter(self.host_idx)
         self.busy = True
         self.busy_s += seconds
         self.passes += 1
-        if self.host is None:
-            self.loop.at(self.loop.now + seconds, self._finish_batch, finished, tokens)
-            return
-        rate = self.host.rate
-        self._pass = [seconds, self.loop.now, rate, finished, tokens]
-        self._pass_version += 1
-        self.loop.at(self.loop.now + seconds / rate, self._pass_end, self._pass_version)
+        self._begin_pass(seconds, finished, tokens)
 
-    def rerate(self, rate: float) -> None:
-        """The host's speed changed during a pass: its work left continues at ``rate``."""
-        work, since, old, finished, tokens = self._pass
-        now = self.loop.now
-        work -= (now - since) * old
-        if work < 0.0:
-            work = 0.0
-        self._pass = [work, now, rate, finished, tokens]
-        self._pass_version += 1
-        self.loop.at(now + work / rate, self._pass_end, self._pass_version)
-
-    def _pass_end(self, version: int) -> None:
-        if version != self._pass_version:
-            return  # rescheduled at another speed since
-        _, _, _, finished, tokens = self._pass
-        self._finish_batch(finished, tokens)
+    def _begin_pass(self, seconds: float, finished: list, tokens: int) -> None:
+        """The pass of ``seconds`` ends then (on a shared host, ``planner.host``: later)."""
+        self.loop.at(self.loop.now + seconds, self._finish_batch, finished, tokens)
 
     def _finish_batch(self, finished: list, tokens: int) -> None:
         self.backlog_tokens -= tokens
@@ -171,9 +136,6 @@ class PrefillInstance:
         self.busy = False
         if self.queued:
             self._start_batch()
-        elif self.host is not None:
-            self.host_busy = False
-            self.host.leave(self.host_idx)
         for req, _, _, done in finished:
             done(req)
 
@@ -237,12 +199,6 @@ class DecodeInstance:
         self._overhead_s = engine.decode_overhead_s
         self._kv_bytes = model.kv_bytes_per_token
         self._bytes_per_s = gpu.mem_bw_tbps * 1e12 * engine.decode_mem_efficiency
-        # A shared machine (``planner.host``; None: the instance has its chip to itself): its
-        # steps take ``_stretch`` times as long while the host's busy tasks outnumber its cores.
-        self.host: Host | None = None
-        self.host_idx = 0
-        self.host_busy = False
-        self._stretch = 1.0
         # Token clock.
         self.clock = 0.0
         self._last = 0.0
@@ -253,19 +209,6 @@ class DecodeInstance:
         # A list the simulator ranks instances by, and this one's slot: kept = (load, queue).
         self.rank_keys: list | None = None
         self.rank_idx = 0
-
-    def attach(self, host: Host) -> None:
-        """Run on ``host``'s shared cores from now on (before the first request)."""
-        self.host = host
-        self.host_idx = host.add(self, self.state.id)
-
-    def rerate(self, rate: float) -> None:
-        """The host's speed changed while this instance decodes: steps at ``rate`` of full speed
-        from now (the token clock keeps what it has counted)."""
-        self._advance()
-        self._stretch = 1.0 / rate
-        self.step = self.step_time()
-        self._reschedule()
 
     # --- batch slots --------------------------------------------------------------------------
     def assign(self) -> None:
@@ -303,11 +246,6 @@ class DecodeInstance:
         while queue and self._fits(queue[0][0]):
             ctx, start = queue.popleft()
             self._start(ctx, start)
-        host = self.host
-        if host is not None and self.host_busy and not self.running:
-            self.host_busy = False
-            self._stretch = 1.0
-            host.leave(self.host_idx)
         self._update_load()
         self.step = self.step_time()
         self._reschedule()
@@ -328,15 +266,12 @@ class DecodeInstance:
         return self.clock - job
 
     def step_time(self) -> float:
-        """decode_step_time(ctx_sum, model, gpu, engine, max(running, 1)), the same float
-        (times the host's stretch, 1.0 off a shared host)."""
+        """decode_step_time(ctx_sum, model, gpu, engine, max(running, 1)), the same float."""
         batch = self.running if self.running > 1 else 1
         weights = self._weight_bytes.get(batch)
         if weights is None:
             weights = self._weight_bytes[batch] = self.model.decode_weight_bytes(batch)
-        return (
-            self._overhead_s + (weights + self.ctx_sum * self._kv_bytes) / self._bytes_per_s
-        ) * self._stretch
+        return self._overhead_s + (weights + self.ctx_sum * self._kv_bytes) / self._bytes_per_s
 
     def _fits(self, ctx_tokens: int) -> bool:
         if self.running == 0:
@@ -351,10 +286,6 @@ class DecodeInstance:
             self._last = now
         self.running = running = self.running + 1
         self.ctx_sum = ctx_sum = self.ctx_sum + ctx_tokens
-        if self.host is not None and not self.host_busy:
-            self.host_busy = True
-            self.host.enter(self.host_idx)
-            self._stretch = 1.0 / self.host.rate
         state = self.state
         queued = len(self.queue)
         state.load = load = (running + queued + self.assigned) / self.max_batch
@@ -367,7 +298,7 @@ class DecodeInstance:
             weights = self._weight_bytes[batch] = self.model.decode_weight_bytes(batch)
         self.step = step = (
             self._overhead_s + (weights + ctx_sum * self._kv_bytes) / self._bytes_per_s
-        ) * self._stretch
+        )
         # The mark event is held back: start() nearly always runs or releases, which
         # reschedules; it is pushed, under the sequence number it would have had, otherwise.
         self._version = version = self._version + 1

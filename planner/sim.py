@@ -25,7 +25,7 @@ import numpy as np
 from planner.events import EventLoop
 from planner.fleet import FleetSpec, Handoff, System
 from planner.hardware import kv_capacity_tokens
-from planner.host import Host, HostWork
+from planner.host import Host, HostedDecode, HostedPrefill, HostWork
 from planner.instances import DecodeInstance, PrefillInstance
 from planner.wan import WanLink
 from routing import policy as routing_policy
@@ -103,6 +103,9 @@ class Simulator:
         cache_tokens = int(fleet.drc_capacity_gb * 1e9 / model.kv_bytes_per_token)
         # session -> the MDs that may hold its context: the router looks at those only.
         self._holders: dict[int, dict[str, DecodeInstance]] = {}
+        # A shared machine (``fleet.host``): every instance's work is stretched while the busy
+        # tasks outnumber its cores; the gateway's per-request CPU is one more task.
+        self.host = host = Host(fleet.host, self.loop) if fleet.host is not None else None
         for pool in fleet.pools:
             gpu = fleet.gpu_types[pool.gpu]
             role = pool.role
@@ -115,29 +118,28 @@ class Simulator:
                     f"{role}-{pool.datacenter}-{pool.gpu}-{k}", role, pool.datacenter
                 )
                 if role == Role.PREFILL:
-                    self.prefill[state.id] = PrefillInstance(state, gpu, model, engine, self.loop)
+                    args = (state, gpu, model, engine, self.loop)
+                    self.prefill[state.id] = (
+                        PrefillInstance(*args) if host is None else HostedPrefill(*args, host=host)
+                    )
                 else:
                     kv_cap = kv_capacity_tokens(model, gpu, fleet.resident_weight_gb)
                     is_main = role == Role.MAIN_DECODE
-                    inst = DecodeInstance(
+                    d_args = (
                         state, gpu, model, engine, self.loop, kv_cap,
                         cache_tokens if is_main else 0, self._holders if is_main else None,
                     )  # fmt: skip
+                    inst = (
+                        DecodeInstance(*d_args)
+                        if host is None
+                        else HostedDecode(*d_args, host=host)
+                    )
                     (self.relay if role == Role.RELAY_DECODE else self.main)[state.id] = inst
-        # A shared machine (``fleet.host``): every instance's work is stretched while the busy
-        # tasks outnumber its cores; the gateway's per-request CPU is one more task.
-        self.host: Host | None = None
         self._gateway: HostWork | None = None
         self._request_cpu_s = 0.0
-        if fleet.host is not None:
-            self.host = Host(fleet.host, self.loop)
-            for p_inst in self.prefill.values():
-                p_inst.attach(self.host)
-            for d_inst in (*self.relay.values(), *self.main.values()):
-                d_inst.attach(self.host)
-            if fleet.host.request_cpu_s > 0:
-                self._gateway = HostWork(self.host, "gateway")
-                self._request_cpu_s = fleet.host.request_cpu_s
+        if host is not None and fleet.host is not None and fleet.host.request_cpu_s > 0:
+            self._gateway = HostWork(host, "gateway")
+            self._request_cpu_s = fleet.host.request_cpu_s
         self.idc = fleet.system == System.IDC_PD
         self.links: dict[str, WanLink] = {}
         link_states: dict[str, WanLinkState] = {}

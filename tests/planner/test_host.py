@@ -13,7 +13,7 @@ from planner.api import _parse_case, run_fleet
 from planner.events import EventLoop
 from planner.fleet import fleet_from_dict
 from planner.hardware import EngineSpec, GpuType, ModelSpec
-from planner.host import Host, HostSpec, HostWork
+from planner.host import Host, HostedDecode, HostedPrefill, HostSpec, HostWork
 from planner.instances import DecodeInstance, PrefillInstance
 from planner.metrics import Sla
 from planner.scenario import case_configs, load_scenario
@@ -27,13 +27,14 @@ MODEL = ModelSpec("m", active_params_b=10, attn_flops_per_token_ctx=1e6, kv_byte
 ENGINE = EngineSpec(prefill_overhead_s=1.0, decode_overhead_s=0.01)
 
 
-def _prefill(loop: EventLoop, name: str) -> PrefillInstance:
-    return PrefillInstance(InstanceState(name, "prefill"), GPU, MODEL, ENGINE, loop)
+def _prefill(loop: EventLoop, name: str, host: Host | None = None) -> PrefillInstance:
+    args = (InstanceState(name, "prefill"), GPU, MODEL, ENGINE, loop)
+    return PrefillInstance(*args) if host is None else HostedPrefill(*args, host=host)
 
 
-def _decode(loop: EventLoop, name: str) -> DecodeInstance:
-    return DecodeInstance(InstanceState(name, "main_decode"), GPU, MODEL, ENGINE, loop,
-                          kv_capacity_tokens=10**9)  # fmt: skip
+def _decode(loop: EventLoop, name: str, host: Host | None = None) -> DecodeInstance:
+    args = (InstanceState(name, "main_decode"), GPU, MODEL, ENGINE, loop, 10**9)
+    return DecodeInstance(*args) if host is None else HostedDecode(*args, host=host)
 
 
 def _prefill_ends(cores: float | None, starts: dict[str, float]) -> dict[str, float]:
@@ -41,9 +42,7 @@ def _prefill_ends(cores: float | None, starts: dict[str, float]) -> dict[str, fl
     host = Host(HostSpec(cores=cores), loop) if cores is not None else None
     done: dict[str, float] = {}
     for name, at in starts.items():
-        inst = _prefill(loop, name)
-        if host is not None:
-            inst.attach(host)
+        inst = _prefill(loop, name, host)
         loop.at(at, inst.submit, 0, 1, 0, lambda _req, n=name: done.__setitem__(n, loop.now))
     loop.run()
     return done
@@ -73,9 +72,7 @@ def test_two_busy_decodes_on_one_core_take_twice_as_long() -> None:
         done: dict[str, float] = {}
         step = 0.0
         for name in ("a", "b"):
-            inst = _decode(loop, name)
-            if host is not None:
-                inst.attach(host)
+            inst = _decode(loop, name, host)
 
             def end(inst: DecodeInstance = inst, name: str = name) -> None:
                 done[name] = loop.now
@@ -103,8 +100,7 @@ def test_the_gateways_work_takes_its_share_and_the_host_counts_cpu() -> None:
     loop = EventLoop()
     host = Host(HostSpec(cores=1, request_cpu_s=0.5), loop)
     gateway = HostWork(host, "gateway")
-    inst = _prefill(loop, "p")
-    inst.attach(host)
+    inst = _prefill(loop, "p", host)
     pass_s = inst.engine.prefill_overhead_s + MODEL.prefill_flops(1, 0) / (
         GPU.peak_tflops * 1e12 * ENGINE.prefill_efficiency
     )
