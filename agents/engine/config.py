@@ -12,6 +12,8 @@ _DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
+# The dtype names an engine accepts (EngineConfig.dtype), in that order.
+DTYPE_NAMES: tuple[str, ...] = tuple(_DTYPES)
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from agents.engine import Engine, EngineConfig, load_model
+from agents.engine.config import DTYPE_NAMES
 from agents.engine.loader import LoadedModel
 from agents.node.inflight import block_prefix_len
 from agents.node.served import ServedLedger
@@ -68,6 +69,7 @@ class Instance:
     role: str
     model: str
     source: str
+    dtype: str = "float32"  # the engine's weights and KV (EngineConfig.dtype)
     state: str = InstanceState.STARTING
     worker: EngineWorker | None = None
     error: str | None = None
@@ -76,8 +78,8 @@ class Instance:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
-    def spec(self) -> tuple[str, str, str]:
-        return (self.role, self.model, self.source)
+    def spec(self) -> tuple[str, str, str, str]:
+        return (self.role, self.model, self.source, self.dtype)
 
     def admitting(self) -> bool:
         return self.state == InstanceState.RUNNING and self.worker is not None
@@ -188,7 +190,7 @@ class Agent:
         # Imports whose counted-on prefix never landed, so MD recomputed it, and its tokens.
         self.recomputed_imports = 0
         self.recomputed_tokens = 0
-        self._models: dict[str, LoadedModel] = {}
+        self._models: dict[tuple[str, str], LoadedModel] = {}  # by (source, dtype)
         self._janitor: asyncio.Task | None = None
         self._idle = asyncio.Event()
         self._idle.set()
@@ -265,21 +267,34 @@ class Agent:
     # -- instances ---------------------------------------------------------------------------
 
     async def put_instance(
-        self, instance_id: str, role: str, model: str, source: str, wait_s: float = 3.0
+        self,
+        instance_id: str,
+        role: str,
+        model: str,
+        source: str,
+        wait_s: float = 3.0,
+        *,
+        dtype: str | None = None,
     ) -> Instance:
-        """Start an instance (idempotent for the same spec; 409 for a different one)."""
+        """Start an instance (idempotent for the same spec; 409 for a different one). The spec
+        is (role, model, source, dtype); `dtype` None is the agent's own (settings.dtype)."""
         if role not in ROLES:
             raise AgentError(400, f"role must be one of {list(ROLES)}, got {role!r}", "role")
+        dtype = self.settings.dtype if dtype is None else dtype
+        if dtype not in DTYPE_NAMES:
+            raise AgentError(
+                400, f"dtype must be one of {list(DTYPE_NAMES)}, got {dtype!r}", "dtype"
+            )
+        spec = (role, model, source, dtype)
         current = self.instances.get(instance_id)
         if current is not None and current.state not in (
             InstanceState.STOPPED,
             InstanceState.FAILED,
         ):
-            if current.spec != (role, model, source):
+            if current.spec != spec:
                 raise AgentError(
                     409,
-                    f"instance {instance_id} runs {current.spec}; stop it before starting "
-                    f"{(role, model, source)}",
+                    f"instance {instance_id} runs {current.spec}; stop it before starting {spec}",
                 )
             if current.state in (InstanceState.DRAINING, InstanceState.DRAINED):
                 if self.draining:
@@ -290,7 +305,7 @@ class Agent:
             return current
         if self.draining:
             raise AgentError(503, "agent is draining; not starting instances")
-        inst = Instance(instance_id, role, model, source)
+        inst = Instance(instance_id, role, model, source, dtype)
         self.instances[instance_id] = inst
         task = asyncio.create_task(self._load(inst))
         await asyncio.wait({task}, timeout=wait_s)
@@ -305,17 +320,20 @@ class Agent:
             max_running=s.max_running,
             max_queued=s.max_queued,
             seed=s.seed,
-            dtype=s.dtype,
+            dtype=inst.dtype,
             decode_weights=None if s.decode_weights == "full" else s.decode_weights,
             **device,
         )
+        # One loaded checkpoint per (source, dtype): an engine casts its model in place
+        # (Engine.__init__), so instances of one source in different dtypes must not share it.
+        key = (inst.source, inst.dtype)
         try:
-            loaded = self._models.get(inst.source)
+            loaded = self._models.get(key)
             if loaded is None:
                 loaded = await asyncio.to_thread(
                     load_model, inst.source, config.torch_dtype, s.seed
                 )
-                self._models[inst.source] = loaded
+                self._models[key] = loaded
             engine = Engine(loaded, config)
         except Exception as exc:  # noqa: BLE001 - reported in the state document
             log.exception("instance %s failed to load %s", inst.instance_id, inst.source)
@@ -667,6 +685,7 @@ class Agent:
             "role": inst.role,
             "model": inst.model,
             "source": inst.source,
+            "dtype": inst.dtype,
             "state": inst.state,
             "tokens_generated": inst.tokens_emitted,
             "kv_endpoint": self.kv_endpoint(),

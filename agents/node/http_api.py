@@ -19,6 +19,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from agents.engine import EngineFull
+from agents.engine.config import DTYPE_NAMES
 from agents.node import pipelines
 from agents.node.agent import Agent, AgentError, Instance, link_json
 from agents.node.settings import link_from_json
@@ -161,7 +162,9 @@ def build_app(agent: Agent) -> Starlette:
         role = get_str(body, "role")
         model = get_str(body, "model", "baton-tiny")
         source = get_str(body, "source", model)
-        inst = await agent.put_instance(iid, role, model, source)
+        # Absent (or null): the agent's own --dtype.
+        dtype = get_str(body, "dtype", None, choices=DTYPE_NAMES)
+        inst = await agent.put_instance(iid, role, model, source, dtype=dtype)
         return JSONResponse(agent.instance_state(inst))
 
     async def drain_instance(request: Request) -> Response:
