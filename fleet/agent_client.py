@@ -122,10 +122,15 @@ class AgentClient:
     def state(self) -> dict[str, Any]:
         return self._call("GET", "/state")
 
-    def start_instance(self, *, instance_id: int, role: str, model: str, source: str) -> dict:
-        return self._call(
-            "PUT", f"/instances/{instance_id}", {"role": role, "model": model, "source": source}
-        )
+    def start_instance(
+        self, *, instance_id: int, role: str, model: str, source: str, dtype: str | None = None
+    ) -> dict:
+        """PUT the instance; `dtype` (the served model's) is left out when None, so the agent
+        uses its own --dtype."""
+        body = {"role": role, "model": model, "source": source}
+        if dtype is not None:
+            body["dtype"] = dtype
+        return self._call("PUT", f"/instances/{instance_id}", body)
 
     def drain_instance(self, *, instance_id: int) -> dict:
         return self._call("POST", f"/instances/{instance_id}/drain")

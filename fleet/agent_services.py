@@ -318,6 +318,7 @@ def _execute(client: AgentClient, node: Node, action: Action, *, actor: str) -> 
             role=instance.role,
             model=instance.served_model.name,
             source=instance.served_model.source,
+            dtype=instance.served_model.dtype,
         )
     elif action.verb == "drain":
         client.drain_instance(instance_id=action.instance_id)

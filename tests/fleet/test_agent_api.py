@@ -3,15 +3,18 @@ heartbeats, health, and the plan that brings reported states to desired ones."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
+import httpx
 import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from fleet import agent_services, services
+from fleet.agent_client import AgentClient
 from fleet.choices import ActualState, NodeStatus
-from fleet.models import FleetEvent, Instance, Node
+from fleet.models import FleetEvent, Instance, Node, ServedModel
 
 pytestmark = pytest.mark.django_db
 
@@ -226,6 +229,56 @@ def test_plan_actions(desired, reported, expected):
 def test_plan_stops_instances_the_fleet_does_not_know():
     actions = agent_services.plan_actions(desired=[], reported={7: "running"}, known_ids=set())
     assert [(a.verb, a.instance_id) for a in actions] == [("stop", 7)]
+
+
+def _recording_agent(monkeypatch) -> list[httpx.Request]:
+    """Every AgentClient the services make talks to a fake agent that runs nothing."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.method == "GET":
+            return httpx.Response(200, json=state_doc())
+        return httpx.Response(200, json={"state": "starting"})
+
+    transport = httpx.MockTransport(handler)
+    real = agent_services.AgentClient
+    monkeypatch.setattr(agent_services, "AgentClient", lambda node: real(node, transport=transport))
+    return seen
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_reconcile_starts_an_instance_in_its_served_models_dtype(
+    node_a, token_a, prefill_a, monkeypatch, dtype
+):
+    ServedModel.objects.filter(pk=prefill_a.served_model_id).update(dtype=dtype)
+    register(token_a)
+    node_a.refresh_from_db()
+    seen = _recording_agent(monkeypatch)
+    actions = agent_services.node_reconcile(node=node_a)
+    assert [(a.verb, a.instance_id) for a in actions] == [("start", prefill_a.pk)]
+    (put,) = [r for r in seen if r.method == "PUT"]
+    assert put.url.path == f"/instances/{prefill_a.pk}"
+    assert json.loads(put.content) == {
+        "role": "prefill",
+        "model": "baton-tiny",
+        "source": "baton-tiny",
+        "dtype": dtype,
+    }
+
+
+def test_a_start_without_a_dtype_leaves_it_to_the_agent(node_a, token_a):
+    register(token_a)
+    node_a.refresh_from_db()
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={})
+
+    with AgentClient(node_a, transport=httpx.MockTransport(handler)) as client:
+        client.start_instance(instance_id=4, role="prefill", model="m", source="m")
+    assert json.loads(seen[0].content) == {"role": "prefill", "model": "m", "source": "m"}
 
 
 def test_agent_command_prints_a_serve_line_with_a_working_token(node_a, capsys):
