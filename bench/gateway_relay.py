@@ -104,20 +104,27 @@ def main(argv: list[str] | None = None) -> dict:
             per_token[n].append(asyncio.run(one(f"relay-{r}-{n}", n)))
     result = {
         "rounds": args.rounds,
-        "us_per_token": {
-            str(n): {
-                "median": round(statistics.median(v), 2),
-                "min": round(min(v), 2),
-                "max": round(max(v), 2),
-            }
-            for n, v in per_token.items()
-        },
+        "us_per_token": {str(n): spread(v, 2) for n, v in per_token.items()},
     }
-    print(json.dumps(result, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    publish(result, args.out)
     return result
+
+
+def spread(values: list[float], digits: int) -> dict[str, float]:
+    """Median, min and max of a benchmark's rounds, rounded."""
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+    }
+
+
+def publish(result: dict, out: Path | None) -> None:
+    """Print a benchmark's result and write it to ``out`` (when given) as JSON."""
+    print(json.dumps(result, indent=2))
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,12 +13,10 @@ median and spread over the rounds. Run:
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import time
 from pathlib import Path
 
-from bench.gateway_relay import _setup
+from bench.gateway_relay import _setup, publish, spread
 
 BATCHES = {1: 64, 32: 4}  # batch size -> batches per round
 
@@ -80,20 +78,10 @@ def main(argv: list[str] | None = None) -> dict:
             ms[size].append((time.process_time() - start) / (batches * size) * 1000)
     result = {
         "rounds": args.rounds,
-        "cpu_ms_per_request": {
-            str(size): {
-                "median": round(statistics.median(v), 3),
-                "min": round(min(v), 3),
-                "max": round(max(v), 3),
-            }
-            for size, v in ms.items()
-        },
+        "cpu_ms_per_request": {str(size): spread(v, 3) for size, v in ms.items()},
         "writer": {"batches": writer.batches, "writes": writer.writes},
     }
-    print(json.dumps(result, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    publish(result, args.out)
     return result
 
 
