@@ -173,8 +173,15 @@ def _wait_gone(pids: list[int], timeout_s: float = 10.0) -> bool:
 
 def _start(tmp_path: Path, argv: list[str]) -> tuple[subprocess.Popen, list[int]]:
     # Its own process group, as a terminal's foreground job: a Ctrl-C is SIGINT to the group.
+    # A foreground job takes Ctrl-C even when this suite runs in the background (where the
+    # shell starts it with SIGINT ignored, and a child would inherit that).
     proc = subprocess.Popen(
-        argv, cwd=tmp_path, stdout=subprocess.PIPE, text=True, start_new_session=True
+        argv,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
