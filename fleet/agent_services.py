@@ -21,18 +21,12 @@ from fleet.choices import ActualState, DesiredState, NodeStatus
 from fleet.dispatch import enqueue_after_commit
 from fleet.events import event_record
 from fleet.models import Instance, Node, WANLink
+from pdd.vocab import InstanceStatus
 
 log = logging.getLogger(__name__)
 
 # What an agent may report for an instance, mapped onto the control plane's states.
-REPORTED_STATES = {
-    "starting": ActualState.STARTING,
-    "running": ActualState.RUNNING,
-    "draining": ActualState.DRAINING,
-    "drained": ActualState.DRAINED,
-    "stopped": ActualState.STOPPED,
-    "failed": ActualState.FAILED,
-}
+REPORTED_STATES = {status.value: ActualState(status.value) for status in InstanceStatus}
 ACTIVE_STATES = {ActualState.STARTING, ActualState.RUNNING, ActualState.DRAINING}
 
 

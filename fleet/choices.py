@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from pdd.vocab import InstanceStatus, Role
 from pdd.vocab import LinkStatus as Link
-from pdd.vocab import Role
 
 
 class InstanceRole(models.TextChoices):
@@ -21,14 +21,17 @@ class DesiredState(models.TextChoices):
 
 
 class ActualState(models.TextChoices):
+    """An instance's state as the control plane last knew it: what its agent reports
+    (``pdd.vocab.InstanceStatus``) and the control plane's own pending and unavailable."""
+
     PENDING = "pending", "Pending"
-    STARTING = "starting", "Starting"
-    RUNNING = "running", "Running"
-    DRAINING = "draining", "Draining"
-    DRAINED = "drained", "Drained"
-    STOPPED = "stopped", "Stopped"
+    STARTING = InstanceStatus.STARTING, "Starting"
+    RUNNING = InstanceStatus.RUNNING, "Running"
+    DRAINING = InstanceStatus.DRAINING, "Draining"
+    DRAINED = InstanceStatus.DRAINED, "Drained"
+    STOPPED = InstanceStatus.STOPPED, "Stopped"
     UNAVAILABLE = "unavailable", "Unavailable"
-    FAILED = "failed", "Failed"
+    FAILED = InstanceStatus.FAILED, "Failed"
 
 
 class NodeStatus(models.TextChoices):

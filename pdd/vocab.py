@@ -57,6 +57,20 @@ ROLE_TOKENS = {
 }
 
 
+class InstanceStatus(StrEnum):
+    """An engine instance's lifecycle as its agent runs and reports it (the state document);
+    the control plane's stored state (fleet's ``ActualState``) is these plus its own
+    ``pending`` (not placed on an agent yet) and ``unavailable`` (its agent went silent)."""
+
+    CHOICES: ClassVar[tuple[InstanceStatus, ...]]  # set below: every member, in order
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    DRAINED = "drained"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
 class LinkStatus(StrEnum):
     CHOICES: ClassVar[tuple[LinkStatus, ...]]  # set below: every member, in order
     UP = "up"
@@ -74,3 +88,4 @@ HandoffMode.CHOICES = tuple(HandoffMode)
 Role.CHOICES = tuple(Role)
 TokenRole.CHOICES = tuple(TokenRole)
 LinkStatus.CHOICES = tuple(LinkStatus)
+InstanceStatus.CHOICES = tuple(InstanceStatus)

@@ -33,6 +33,7 @@ from agents.transfer.server import FabricServer
 from agents.transfer.shaping import LinkSettings, LinkShaper
 from pdd.dataplane import bearer_headers
 from pdd.prefix import prefix_block_hashes, tree_block_hashes
+from pdd.vocab import InstanceStatus
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +43,6 @@ PROTOCOL_VERSION = 1
 SEP = "|"
 # How many ended (request, instance) pairs an agent remembers, to drop their late transfers.
 ENDED_REMEMBERED = 4096
-
-
-class InstanceState:
-    STARTING = "starting"
-    RUNNING = "running"
-    DRAINING = "draining"
-    DRAINED = "drained"
-    STOPPED = "stopped"
-    FAILED = "failed"
 
 
 class AgentError(Exception):
@@ -70,7 +62,7 @@ class Instance:
     model: str
     source: str
     dtype: str = "float32"  # the engine's weights and KV (EngineConfig.dtype)
-    state: str = InstanceState.STARTING
+    state: str = InstanceStatus.STARTING
     worker: EngineWorker | None = None
     error: str | None = None
     active: int = 0  # requests in flight on this instance
@@ -82,7 +74,7 @@ class Instance:
         return (self.role, self.model, self.source, self.dtype)
 
     def admitting(self) -> bool:
-        return self.state == InstanceState.RUNNING and self.worker is not None
+        return self.state == InstanceStatus.RUNNING and self.worker is not None
 
     @property
     def running_worker(self) -> EngineWorker:
@@ -251,7 +243,7 @@ class Agent:
             )
             inst = self.instances["0"]
             await inst.ready.wait()
-            if inst.state == InstanceState.FAILED:
+            if inst.state == InstanceStatus.FAILED:
                 raise RuntimeError(f"instance 0 failed to start: {inst.error}")
 
     async def close(self) -> None:
@@ -288,19 +280,19 @@ class Agent:
         spec = (role, model, source, dtype)
         current = self.instances.get(instance_id)
         if current is not None and current.state not in (
-            InstanceState.STOPPED,
-            InstanceState.FAILED,
+            InstanceStatus.STOPPED,
+            InstanceStatus.FAILED,
         ):
             if current.spec != spec:
                 raise AgentError(
                     409,
                     f"instance {instance_id} runs {current.spec}; stop it before starting {spec}",
                 )
-            if current.state in (InstanceState.DRAINING, InstanceState.DRAINED):
+            if current.state in (InstanceStatus.DRAINING, InstanceStatus.DRAINED):
                 if self.draining:
                     raise AgentError(503, "agent is draining; not resuming instances")
                 # Start after drain: the engine is still loaded, so it just admits work again.
-                current.state = InstanceState.RUNNING
+                current.state = InstanceStatus.RUNNING
             await asyncio.wait({asyncio.ensure_future(current.ready.wait())}, timeout=wait_s)
             return current
         if self.draining:
@@ -337,23 +329,23 @@ class Agent:
             engine = Engine(loaded, config)
         except Exception as exc:  # noqa: BLE001 - reported in the state document
             log.exception("instance %s failed to load %s", inst.instance_id, inst.source)
-            inst.state, inst.error = InstanceState.FAILED, f"{type(exc).__name__}: {exc}"
+            inst.state, inst.error = InstanceStatus.FAILED, f"{type(exc).__name__}: {exc}"
         else:
-            if inst.state == InstanceState.STARTING:
+            if inst.state == InstanceStatus.STARTING:
                 loop = asyncio.get_running_loop()
                 # Decode instances report their prefix-cache blocks with every heartbeat: the
                 # engine thread keeps a copy fresh, so a report never waits behind engine work.
                 snapshot = self._cached_block_hashes if inst.role != "prefill" else None
                 inst.worker = EngineWorker(engine, loop, inst.instance_id, snapshot=snapshot)
-                inst.state = InstanceState.RUNNING
+                inst.state = InstanceStatus.RUNNING
         inst.ready.set()
 
     async def drain_instance(self, instance_id: str) -> Instance:
         inst = self.instances.get(instance_id)
-        if inst is None or inst.state == InstanceState.STOPPED:
+        if inst is None or inst.state == InstanceStatus.STOPPED:
             raise AgentError(404, f"no instance {instance_id}")
-        if inst.state in (InstanceState.RUNNING, InstanceState.STARTING):
-            inst.state = InstanceState.DRAINING
+        if inst.state in (InstanceStatus.RUNNING, InstanceStatus.STARTING):
+            inst.state = InstanceStatus.DRAINING
         self._check_drained(inst)
         return inst
 
@@ -363,7 +355,7 @@ class Agent:
             await self._stop_instance(inst)
 
     async def _stop_instance(self, inst: Instance) -> None:
-        inst.state = InstanceState.STOPPED
+        inst.state = InstanceStatus.STOPPED
         inst.ready.set()
         if inst.worker is not None:
             inst.worker.stop()
@@ -371,8 +363,8 @@ class Agent:
             inst.worker = None
 
     def _check_drained(self, inst: Instance) -> None:
-        if inst.state == InstanceState.DRAINING and inst.active == 0:
-            inst.state = InstanceState.DRAINED
+        if inst.state == InstanceStatus.DRAINING and inst.active == 0:
+            inst.state = InstanceStatus.DRAINED
 
     def instance(self, instance_id: str | None, role: str | None) -> Instance:
         """The instance a data-plane request names (or the only one of `role`), admitting."""
@@ -395,7 +387,7 @@ class Agent:
             raise AgentError(
                 400, f"instance {inst.instance_id} is a {inst.role}, not a {role}", "instance"
             )
-        if self.draining or inst.state in (InstanceState.DRAINING, InstanceState.DRAINED):
+        if self.draining or inst.state in (InstanceStatus.DRAINING, InstanceStatus.DRAINED):
             raise AgentError(503, f"instance {inst.instance_id} is draining; not admitting")
         if not inst.admitting():
             raise AgentError(503, f"instance {inst.instance_id} is {inst.state}")
@@ -425,8 +417,8 @@ class Agent:
         """Stop admitting; wait up to grace_s for in-flight requests. True if all finished."""
         self.draining = True
         for inst in self.instances.values():
-            if inst.state in (InstanceState.RUNNING, InstanceState.STARTING):
-                inst.state = InstanceState.DRAINING
+            if inst.state in (InstanceStatus.RUNNING, InstanceStatus.STARTING):
+                inst.state = InstanceStatus.DRAINING
             self._check_drained(inst)
         try:
             await asyncio.wait_for(self._idle.wait(), grace_s)
