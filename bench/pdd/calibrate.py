@@ -4,17 +4,27 @@ passive waiting, as the agents run), and fitted to the two linear models the sim
 * prefill of ``new`` tokens on top of ``cached`` ones: overhead + a x new + b x new x
   (cached + new / 2) (the linear layers, and causal attention over the context);
 * one decode step of a batch holding ``ctx`` context tokens in all: overhead + c x ctx.
+
+And the KV handoff between agents over the intra-datacenter fabric (``measure_fabric``): one
+request at a time through real agent processes on loopback (P, RLD, MD), fitted to the
+simulator's fabric model, latency + bytes / bandwidth (``fit_fabric``). The step times above are
+one engine in one process and contain none of the handoff's own work (P's export, the transfer
+over loopback TCP, the decoder's import and admission).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
 
 PREFILL_POINTS = ((64, 0), (256, 0), (600, 0), (1000, 0), (1600, 0), (96, 1000), (200, 1500))
 DECODE_POINTS = ((1, 200), (1, 1400), (4, 400), (4, 1200), (8, 1000), (16, 600))
+FABRIC_PROMPTS = (300, 1300, 2400)  # prompt tokens of the handoff points (1.2-9.8 MB of KV)
 BLOCK = 16
 
 
@@ -122,3 +132,49 @@ def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def _max_rel_error(pred: np.ndarray, y: np.ndarray) -> float:
     return float(np.max(np.abs(pred - y) / np.maximum(y, 1e-9)))
+
+
+def measure_fabric(prompts: tuple[int, ...] = FABRIC_PROMPTS, threads: int = 1) -> list[dict]:
+    """One p-rld-md request per prompt length through P, RLD and MD agent processes on
+    loopback (``python -m agents loopback``), the WAN to MD slow (50 Mbit/s, 30 ms) so that RLD,
+    whose KV comes over the intra-datacenter fabric, decodes the answer's second token: the
+    request's KV wait is then P's export, the fabric transfer, RLD's import and its first decode
+    step. Returns the points (prompt tokens, KV bytes, KV wait seconds)."""
+    points = []
+    for n in prompts:
+        argv = [sys.executable, "-m", "agents", "loopback", "--pipeline", "p-rld-md",
+                "--prompt-len", str(n), "--max-tokens", "2", "--wan-gbps", "0.05",
+                "--wan-rtt-ms", "30", "--threads", str(threads), "--json"]  # fmt: skip
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"agents loopback failed: {done.stderr.strip()[-500:]}")
+        out = json.loads(done.stdout)
+        if (out.get("tokens_by_role") or {}).get("rld") != 1:
+            raise RuntimeError(f"the fabric point at {n} tokens was not decoded by RLD: {out}")
+        points.append(
+            {
+                "prompt_tokens": n,
+                "kv_bytes": out["kv_bytes"]["intra_dc"],
+                "kv_wait_s": out["kv_wait_s"],
+            }
+        )
+    return points
+
+
+def fit_fabric(points: list[dict], decode: dict) -> dict:
+    """The fabric model's constants from the handoff points: each KV wait less the decoder's
+    first step (``decode``: the fitted step, overhead + c x the prompt's tokens, which the
+    simulator charges on its own) is latency + bytes x 8 / (gbps x 1e9), fitted by least
+    squares (latency >= 0; a non-positive slope means no measurable bandwidth limit)."""
+    x = np.array([[1.0, p["kv_bytes"]] for p in points], dtype=float)
+    step = [decode["overhead_s"] + decode["per_ctx_token_s"] * p["prompt_tokens"] for p in points]
+    y = np.array([p["kv_wait_s"] - s for p, s in zip(points, step, strict=True)])
+    coef = _nnls(x, np.maximum(y, 1e-6))
+    per_byte = float(coef[1])
+    return {
+        "latency_ms": float(coef[0]) * 1000.0,
+        "gbps": 8.0 / (per_byte * 1e9) if per_byte > 0 else 1e3,
+        "max_error": _max_rel_error(x @ coef, np.maximum(y, 1e-6)),
+        "points": points,
+    }

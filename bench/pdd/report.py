@@ -161,6 +161,14 @@ def render(results: Mapping[str, Any], plots: Mapping[str, str] | None = None) -
         f"- **Engines** measured in-process before the runs (baton-tiny, 1 thread, passive wait): "
         f"{_engine_text(results['engine'])}. The simulator runs on these."
     )
+    fabric = results["engine"].get("fabric")
+    if fabric:
+        w(
+            "- **KV fabric** measured on agents on loopback before the runs (one p-rld-md request "
+            "at a time, RLD decoding over the intra-datacenter fabric): "
+            f"{fabric['latency_ms']:.1f} ms + bytes at {fabric['gbps']:.2f} Gbit/s per handoff "
+            f"(within {100 * fabric['max_error']:.0f}%); the simulator's intra-DC fabric."
+        )
     w("- **Fleets** (GPUs are nominal: every engine is one CPU process here):")
     for key in systems(results):
         f = results["fleets"][key]

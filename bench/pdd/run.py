@@ -381,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         bar.progress.phase = "measuring the engines"
         bar.say("measuring baton-tiny's prefill and decode step times on this machine")
         engine = calibrate.fit(calibrate.measure())
+        bar.say("measuring the KV handoff between agents on loopback (P, RLD, MD)")
+        engine["fabric"] = calibrate.fit_fabric(calibrate.measure_fabric(), engine["decode"])
         opening = int(np.median([scaling.median_opening_tokens(t) for t in traces.values()]))
         sla = scaling.sla_from(engine, opening).to_dict()
         results["engine"] = engine
@@ -578,7 +580,9 @@ def small_summary(results: dict) -> dict:
         "meta": results["meta"],
         "scaling": results.get("scaling"),
         # The fitted step times (bench/planner/live_check.py re-simulates the run from them).
-        "engine": {part: engine[part] for part in ("prefill", "decode") if part in engine},
+        "engine": {
+            part: engine[part] for part in ("prefill", "decode", "fabric") if part in engine
+        },
         "live": {
             sname: {k: {f: v[f] for f in keep if f in v} for k, v in by.items()}
             for sname, by in results["live"].items()

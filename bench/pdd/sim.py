@@ -28,7 +28,11 @@ from planner.fleet import fleet_from_dict
 from planner.metrics import Sla
 from planner.workload import generate
 
-INTRA_DC_GBPS = 8.0  # assumption: loopback TCP between agent processes, ~1 GB/s
+# Assumptions for a run that did not measure its KV fabric (calibrate.measure_fabric): loopback
+# TCP between agent processes, ~1 GB/s, 0.5 ms. Measured on idle agents on 2026-12-03 it was
+# ~27 ms + ~1.2 Gbit/s (bench/planner/calibration.md).
+INTRA_DC_GBPS = 8.0
+INTRA_DC_LATENCY_MS = 0.5
 AGENT_MAX_RUNNING = 32  # agents' default decode slots
 AGENT_BATCH_TOKENS = 2048  # agents' default prefill chunk (EngineConfig.max_batch_tokens)
 # The control plane's CPU per gateway request at 1 stream (bench/gateway/REPORT.md, "The
@@ -50,11 +54,14 @@ def fleet_dict(
     pre, dec = engine["prefill"], engine["decode"]
     kv_gb = AGENT_NUM_BLOCKS * 16 * kv / 1e9
     resident = 1e-3
+    # The KV fabric as measured on the agents (calibrate.fit_fabric), when the run measured it;
+    # else the old assumption (runs before 2026-12-03).
+    fabric = engine.get("fabric") or {}
     chip = {
         "peak_tflops": 1.0,
         "mem_gb": resident + kv_gb,
         "mem_bw_tbps": kv / max(dec["per_ctx_token_s"], 1e-12) / 1e12,
-        "interconnect_gbps": INTRA_DC_GBPS,
+        "interconnect_gbps": fabric.get("gbps", INTRA_DC_GBPS),
     }
     gpu_types = {}
     pools = []
@@ -101,7 +108,7 @@ def fleet_dict(
             "prefill_half_tokens": 0,
             "prefill_order": "fifo",
         },
-        "fabric": {"latency_ms": 0.5},
+        "fabric": {"latency_ms": fabric.get("latency_ms", INTRA_DC_LATENCY_MS)},
         "policy": spec.policy_settings(),
         "handoff": "adaptive",
         "resident_weight_gb": resident,

@@ -44,3 +44,37 @@ def test_the_fleets_link_prices_and_policies() -> None:
     idc = fleet_from_dict(fleet_dict("idc-pd", ENGINE))
     assert not idc.links and {p.datacenter for p in idc.pools} == {"A"}
     assert idc.cost_per_hour() == pytest.approx(16 * 2.0)
+
+
+def test_a_measured_kv_fabric_replaces_the_assumed_one() -> None:
+    from bench.pdd.sim import INTRA_DC_GBPS, INTRA_DC_LATENCY_MS
+
+    assumed = fleet_from_dict(fleet_dict("idc-pd", ENGINE))
+    assert assumed.fabric.latency_ms == INTRA_DC_LATENCY_MS
+    assert {g.interconnect_gbps for g in assumed.gpu_types.values()} == {INTRA_DC_GBPS}
+    measured = fleet_from_dict(
+        fleet_dict("idc-pd", {**ENGINE, "fabric": {"latency_ms": 24.7, "gbps": 1.03}})
+    )
+    assert measured.fabric.latency_ms == 24.7
+    assert {g.interconnect_gbps for g in measured.gpu_types.values()} == {1.03}
+
+
+def test_the_fabric_fit_recovers_latency_and_bandwidth() -> None:
+    from bench.pdd.calibrate import fit_fabric
+
+    decode = ENGINE["decode"]
+    latency_s, gbps = 0.025, 1.0
+
+    def point(tokens: int) -> dict:
+        nbytes = tokens * scaling.KV_BYTES_PER_TOKEN
+        step = decode["overhead_s"] + decode["per_ctx_token_s"] * tokens
+        return {
+            "prompt_tokens": tokens,
+            "kv_bytes": nbytes,
+            "kv_wait_s": latency_s + nbytes * 8 / (gbps * 1e9) + step,
+        }
+
+    fit = fit_fabric([point(n) for n in (300, 1300, 2400)], decode)
+    assert fit["latency_ms"] == pytest.approx(25.0, rel=1e-6)
+    assert fit["gbps"] == pytest.approx(1.0, rel=1e-6)
+    assert fit["max_error"] < 1e-6
