@@ -18,6 +18,11 @@ Arms, fixed before they were first run against the live figures:
 * ``measured-cpu`` (diagnostic, not a prediction): as ``host``, with the CPU the run itself
   measured for its gateway and load client (REPORT.md's CPU table, cores / offered rate) as the
   per-request work: how much of the gap the non-engine processes on the machine explain.
+* ``host+gateway+fabric`` (added on 2026-12-03, after the arms above showed the KV wait short):
+  as ``host+gateway``, with the intra-datacenter KV fabric measured on the agents (latency and
+  bandwidth of a handoff, bench/pdd/calibrate.py ``measure_fabric``) instead of the assumed
+  0.5 ms and 8 Gbit/s: the run's own measurement when its summary has one (then every arm uses
+  it), else ``calibration_fabric.json`` (measured on idle agents on this machine).
 
 The committed summary.json does not carry the engine fit, nor the per-process CPU and the
 records' P / KV-wait means (later runs' summaries do); they are then read from REPORT.md,
@@ -45,7 +50,10 @@ from bench.pdd import report as pdd_report  # noqa: E402
 from bench.pdd import sim as pdd_sim  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-ARMS = ("dedicated", "host", "host+gateway", "measured-cpu")
+ARMS = ("dedicated", "host", "host+gateway", "measured-cpu", "host+gateway+fabric")
+# The KV fabric measured on idle agents (bench/pdd/calibrate.py measure_fabric / fit_fabric),
+# for a run whose summary has none (runs before 2026-12-03 measured no fabric).
+FABRIC_FILE = Path(__file__).resolve().parent / "calibration_fabric.json"
 PREDICTION = "host+gateway"  # the arm the headline states
 P90_GOAL = 0.15
 SHARE_GOAL_POINTS = 2.0
@@ -120,12 +128,18 @@ def cores_of(meta: dict[str, Any]) -> int:
     return int(m.group(1))
 
 
+def committed_fabric() -> dict[str, Any]:
+    """The KV fabric measured on idle agents (``FABRIC_FILE``): latency_ms and gbps."""
+    data = json.loads(FABRIC_FILE.read_text())
+    return {"latency_ms": float(data["latency_ms"]), "gbps": float(data["gbps"])}
+
+
 def host_for(arm: str, cores: int, rps: float, live: dict[str, Any]) -> dict[str, Any] | None:
     if arm == "dedicated":
         return None
     if arm == "host":
         return {"cores": cores}
-    if arm == "host+gateway":
+    if arm in ("host+gateway", "host+gateway+fabric"):
         return {"cores": cores, "request_cpu_s": pdd_sim.GATEWAY_CPU_S}
     cpu = live.get("cpu") or {}
     outside = sum(cpu.get(r) or 0.0 for r in ("gateway", "client"))
@@ -186,7 +200,10 @@ def check(
             }
             for arm in arms:
                 host = host_for(arm, cores, rps_of[key], live)
-                m = pdd_sim.simulate(system, engine, rps_of[key], duration, sla, host)
+                arm_engine = engine
+                if arm == "host+gateway+fabric" and not engine.get("fabric"):
+                    arm_engine = {**engine, "fabric": committed_fabric()}
+                m = pdd_sim.simulate(system, arm_engine, rps_of[key], duration, sla, host)
                 row["sim"][arm] = {
                     "host": host,
                     "ttft_s": m["ttft_s"],
