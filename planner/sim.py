@@ -548,7 +548,11 @@ class Simulator:
             # A relayed request's user is already served by RLD: its KV to MD can yield the
             # connection queue to transfers a first token waits on.
             background = r is not None and self._yield
-            link.send(delta * kv, partial(self._kv_at_main, i), background)
+            handoff_s = link.spec.handoff_ms / 1000.0
+            if handoff_s:  # the ends' fixed work: the KV lands that much after its last byte
+                link.send(delta * kv, partial(self._kv_at_main_after, i, handoff_s), background)
+            else:
+                link.send(delta * kv, partial(self._kv_at_main, i), background)
 
     def _ctx(self, i: int) -> int:
         return self.n_in[i] + self.n_out[i] // 2
@@ -577,6 +581,9 @@ class Simulator:
         self._route_obj[i][1].release(self.ctx[i])
         self.rld_tokens[i] = self.n_out[i]
         self._finished(i)
+
+    def _kv_at_main_after(self, i: int, delay_s: float, transfer_s: float, wait_s: float) -> None:
+        self.loop.at(self.loop.now + delay_s, self._kv_at_main, i, transfer_s, wait_s)
 
     def _kv_at_main(self, i: int, transfer_s: float, wait_s: float) -> None:
         md = self._route_obj[i][2]

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.events import EventLoop
-from planner.spec import check_int, check_positive
+from planner.spec import check_int, check_non_negative, check_positive
 
 Done = Callable[[float, float], None]  # (transfer seconds incl. pool wait, pool wait seconds)
 
@@ -33,11 +33,15 @@ class WanLinkSpec:
     # rate is window / RTT (overriding per_connection_gbps), so a longer RTT slows each transfer
     # while the line share (bandwidth / active transfers) is unchanged.
     tcp_window_kb: float | None = None
+    # Fixed work per KV transfer at its two ends, off the wire (the sender's export, the
+    # receiver's import): the KV lands this much after its last byte. 0: none.
+    handoff_ms: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("bandwidth_gbps", "rtt_ms", "per_connection_gbps"):
             check_positive(self, name)
         check_int(self, "pool_size", 1)
+        check_non_negative(self, "handoff_ms")
         if self.tcp_window_kb is not None:
             check_positive(self, "tcp_window_kb")
 
