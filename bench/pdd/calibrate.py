@@ -175,6 +175,9 @@ def fit_fabric(points: list[dict], decode: dict) -> dict:
     return {
         "latency_ms": float(coef[0]) * 1000.0,
         "gbps": 8.0 / (per_byte * 1e9) if per_byte > 0 else 1e3,
+        # The fixed part is the ends' work (export, import), so every KV handoff pays it, over
+        # the WAN too (bench/pdd/sim.py: the link's handoff_ms).
+        "wan_handoff": True,
         "max_error": _max_rel_error(x @ coef, np.maximum(y, 1e-6)),
         "points": points,
     }

@@ -84,6 +84,9 @@ def fleet_dict(
             "per_connection_gbps": link["bandwidth_gbps"],  # the agents' shaper has no cap
             "pool_size": link["connection_pool_size"],
         }
+        if fabric.get("wan_handoff"):
+            # The measured handoff's fixed work (export, import) on the WAN path too.
+            links["B"]["handoff_ms"] = fabric["latency_ms"]
     extra = {"host": dict(host)} if host is not None else {}
     return {
         **extra,

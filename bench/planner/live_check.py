@@ -22,7 +22,10 @@ Arms, fixed before they were first run against the live figures:
   as ``host+gateway``, with the intra-datacenter KV fabric measured on the agents (latency and
   bandwidth of a handoff, bench/pdd/calibrate.py ``measure_fabric``) instead of the assumed
   0.5 ms and 8 Gbit/s: the run's own measurement when its summary has one (then every arm uses
-  it), else ``calibration_fabric.json`` (measured on idle agents on this machine).
+  it), else ``calibration_fabric.json`` (measured on idle agents on this machine);
+* ``host+gateway+handoffs`` (added with it, the rule ``make bench`` now runs): as
+  ``host+gateway+fabric``, with the measured handoff's fixed part (the ends' export and import
+  work) charged to every KV transfer over the WAN too (the link's ``handoff_ms``).
 
 The committed summary.json does not carry the engine fit, nor the per-process CPU and the
 records' P / KV-wait means (later runs' summaries do); they are then read from REPORT.md,
@@ -50,7 +53,15 @@ from bench.pdd import report as pdd_report  # noqa: E402
 from bench.pdd import sim as pdd_sim  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-ARMS = ("dedicated", "host", "host+gateway", "measured-cpu", "host+gateway+fabric")
+ARMS = (
+    "dedicated",
+    "host",
+    "host+gateway",
+    "measured-cpu",
+    "host+gateway+fabric",
+    "host+gateway+handoffs",
+)
+MEASURED_FABRIC = {"host+gateway+fabric": False, "host+gateway+handoffs": True}  # WAN too?
 # The KV fabric measured on idle agents (bench/pdd/calibrate.py measure_fabric / fit_fabric),
 # for a run whose summary has none (runs before 2026-12-03 measured no fabric).
 FABRIC_FILE = Path(__file__).resolve().parent / "calibration_fabric.json"
@@ -139,7 +150,7 @@ def host_for(arm: str, cores: int, rps: float, live: dict[str, Any]) -> dict[str
         return None
     if arm == "host":
         return {"cores": cores}
-    if arm in ("host+gateway", "host+gateway+fabric"):
+    if arm in ("host+gateway", *MEASURED_FABRIC):
         return {"cores": cores, "request_cpu_s": pdd_sim.GATEWAY_CPU_S}
     cpu = live.get("cpu") or {}
     outside = sum(cpu.get(r) or 0.0 for r in ("gateway", "client"))
@@ -201,8 +212,9 @@ def check(
             for arm in arms:
                 host = host_for(arm, cores, rps_of[key], live)
                 arm_engine = engine
-                if arm == "host+gateway+fabric" and not engine.get("fabric"):
-                    arm_engine = {**engine, "fabric": committed_fabric()}
+                if arm in MEASURED_FABRIC and not engine.get("fabric"):
+                    fabric = {**committed_fabric(), "wan_handoff": MEASURED_FABRIC[arm]}
+                    arm_engine = {**engine, "fabric": fabric}
                 m = pdd_sim.simulate(system, arm_engine, rps_of[key], duration, sla, host)
                 row["sim"][arm] = {
                     "host": host,

@@ -78,3 +78,30 @@ def test_the_fabric_fit_recovers_latency_and_bandwidth() -> None:
     assert fit["latency_ms"] == pytest.approx(25.0, rel=1e-6)
     assert fit["gbps"] == pytest.approx(1.0, rel=1e-6)
     assert fit["max_error"] < 1e-6
+
+
+def test_the_measured_handoff_is_charged_to_every_wan_transfer_when_asked() -> None:
+    import json
+    from pathlib import Path
+
+    from bench.pdd.sim import simulate
+
+    summary = json.loads(
+        (Path(__file__).resolve().parents[2] / "bench/pdd/summary.json").read_text()
+    )
+    engine, sla = summary["engine"], summary["scaling"]["sla"]
+    waits = []
+    for wan_handoff in (False, True):
+        fabric = {"latency_ms": 100.0, "gbps": 8.0, "wan_handoff": wan_handoff}
+        m = simulate("cdc-pd", {**engine, "fabric": fabric}, 1.0, 60.0, sla, None)
+        waits.append(m["means"]["kv_wait_s"])
+    # Each transfer lands 0.1 s later (the decoders then batch a little differently).
+    assert waits[1] - waits[0] == pytest.approx(0.1, rel=0.02)
+
+
+def test_a_negative_wan_handoff_is_refused_naming_the_field() -> None:
+    from planner.wan import WanLinkSpec
+
+    with pytest.raises(ValueError, match="handoff_ms"):
+        WanLinkSpec(handoff_ms=-1.0)
+    assert WanLinkSpec().handoff_ms == 0.0
