@@ -55,17 +55,18 @@ def usage_record(
     existing = UsageEntry.objects.filter(request_id=request_id).first()
     if existing is not None:
         return existing, False
+    entry = _usage_entry(
+        request_id=request_id,
+        tenant=tenant,
+        api_key=api_key,
+        model=model,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        completion_tokens=completion_tokens,
+    )
     try:
         with transaction.atomic():
-            entry = UsageEntry.objects.create(
-                request_id=request_id,
-                tenant=tenant,
-                api_key=api_key,
-                model=model,
-                prompt_tokens=prompt_tokens,
-                cached_tokens=min(cached_tokens, prompt_tokens),
-                completion_tokens=completion_tokens,
-            )
+            entry.save(force_insert=True)
     except IntegrityError:  # a concurrent writer won the race: keep its line
         return UsageEntry.objects.get(request_id=request_id), False
     return entry, True
@@ -88,11 +89,13 @@ def usage_records(lines: list[dict]) -> int:
         if line["request_id"] in written:
             continue
         written.add(line["request_id"])
-        new.append(
-            UsageEntry(
-                **{k: v for k, v in line.items() if k != "cached_tokens"},
-                cached_tokens=min(line["cached_tokens"], line["prompt_tokens"]),
-            )
-        )
+        new.append(_usage_entry(**line))
     UsageEntry.objects.bulk_create(new)
     return len(new)
+
+
+def _usage_entry(*, cached_tokens: int, prompt_tokens: int, **fields) -> UsageEntry:
+    """A ledger line, not saved yet; its cached tokens never exceed its prompt tokens."""
+    return UsageEntry(
+        **fields, prompt_tokens=prompt_tokens, cached_tokens=min(cached_tokens, prompt_tokens)
+    )
