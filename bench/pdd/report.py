@@ -534,8 +534,13 @@ def explain(results: Mapping[str, Any]) -> list[str]:
                 model = (
                     f"on average{simulated}; the simulator shares "
                     f"{host['cores']:g} cores among the engines and the gateway's "
-                    f"{1000 * host.get('request_cpu_s', 0.0):.1f} ms per request, with no term "
-                    "for the KV handoff's CPU, the processes' work outside the engine steps or "
+                    f"{1000 * host.get('request_cpu_s', 0.0):.1f} ms per request, "
+                    + (
+                        "the KV handoff as measured on the agents, and no term for"
+                        if results["engine"].get("fabric")
+                        else "with no term for the KV handoff's CPU,"
+                    )
+                    + " the processes' work outside the engine steps or "
                     "other work on the machine, while here"
                 )
             else:

@@ -30,7 +30,7 @@ from planner.workload import generate
 
 # Assumptions for a run that did not measure its KV fabric (calibrate.measure_fabric): loopback
 # TCP between agent processes, ~1 GB/s, 0.5 ms. Measured on idle agents on 2026-12-03 it was
-# ~27 ms + ~1.2 Gbit/s (bench/planner/calibration.md).
+# 24.7 ms + 1.03 Gbit/s (bench/planner/calibration_fabric.json).
 INTRA_DC_GBPS = 8.0
 INTRA_DC_LATENCY_MS = 0.5
 AGENT_MAX_RUNNING = 32  # agents' default decode slots

@@ -40,6 +40,7 @@ Usage (from the repository root):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -139,6 +140,7 @@ def cores_of(meta: dict[str, Any]) -> int:
     return int(m.group(1))
 
 
+@functools.cache
 def committed_fabric() -> dict[str, Any]:
     """The KV fabric measured on idle agents (``FABRIC_FILE``): latency_ms and gbps."""
     data = json.loads(FABRIC_FILE.read_text())

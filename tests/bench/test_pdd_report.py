@@ -189,6 +189,20 @@ def test_the_simulator_on_the_testbed_host_shows_the_dedicated_figures_beside_it
     assert "| 0.100 / 0.850 / 0.900 | +6.2% | 0.300 | 0.0% |" in text
 
 
+def test_a_measured_kv_fabric_is_named_where_the_simulator_is_explained() -> None:
+    results = canned()
+    results["meta"]["sim_host"] = {"cores": 2, "request_cpu_s": 0.0183}
+    text = report.render(results)
+    assert "KV fabric** measured" not in text
+    assert "with no term for the KV handoff's CPU" in text
+    fabric = {"latency_ms": 24.7, "gbps": 1.03, "max_error": 0.017, "wan_handoff": True}
+    results["engine"]["fabric"] = fabric
+    text = report.render(results)
+    assert "24.7 ms + bytes at 1.03 Gbit/s per handoff" in text
+    assert "the KV handoff as measured on the agents" in text
+    assert "no term for the KV handoff's CPU" not in text
+
+
 def test_a_quick_run_says_so_and_skips_what_it_lacks() -> None:
     results = canned()
     results["meta"]["quick"] = True
