@@ -428,7 +428,12 @@ class Simulator:
                 # A queue for connections means a new transfer sees a full link, and it first
                 # waits for a connection: the pool's expected wait (WanLink.expected_wait_s).
                 # Only urgent transfers queue ahead of a new one (background ones yield).
-                state.utilisation = 1.0 if link.waiting else link.utilisation
+                # With report_interval_s the policy sees the last heartbeat's figure instead,
+                # as the live gateway does (WanLinkSpec.report_interval_s).
+                if link.report_s:
+                    state.utilisation = link.reported_utilisation()
+                else:
+                    state.utilisation = 1.0 if link.waiting else link.utilisation
                 state.pool_wait_s = link.expected_wait_s() if pool_wait_aware else 0.0
         request = self._request  # decide() keeps no reference to it: one object, refilled
         request.prompt_tokens = n_in

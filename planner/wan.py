@@ -36,12 +36,19 @@ class WanLinkSpec:
     # Fixed work per KV transfer at its two ends, off the wire (the sender's export, the
     # receiver's import): the KV lands this much after its last byte. 0: none.
     handoff_ms: float = 0.0
+    # How the routing policy learns the link's use. 0: at once (every active transfer's share
+    # of the line, the moment it decides). > 0: as the live system learns it, from the
+    # sending agents' heartbeats every this many seconds: the bytes the link carried over the
+    # last whole interval over what the line could carry in it, refreshed at each interval's
+    # end (an agent's report of ``utilisation``, agents/node/agent.py).
+    report_interval_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("bandwidth_gbps", "rtt_ms", "per_connection_gbps"):
             check_positive(self, name)
         check_int(self, "pool_size", 1)
         check_non_negative(self, "handoff_ms")
+        check_non_negative(self, "report_interval_s")
         if self.tcp_window_kb is not None:
             check_positive(self, "tcp_window_kb")
 
@@ -109,6 +116,14 @@ class WanLink:
         self.transfers = 0  # transfers started (bytes_sent / transfers is the mean size)
         self.pool_busy_integral = 0.0
         self.waits: list[float] = []
+        # The reported use (spec.report_interval_s > 0): bytes carried so far (as of
+        # _carried_at), at the last report, and the last report's utilisation.
+        self.report_s = spec.report_interval_s
+        self.next_report = self.report_s if self.report_s > 0 else float("inf")
+        self.carried = 0.0
+        self._carried_at = 0.0
+        self._carried_mark = 0.0
+        self.reported = 0.0
 
     # --- state the policy reads ---------------------------------------------------------------
     @property
@@ -124,6 +139,29 @@ class WanLink:
     @property
     def pool_utilisation(self) -> float:
         return len(self.active) / self.pool_size
+
+    def reported_utilisation(self) -> float:
+        """The link's use as its last report gave it (``spec.report_interval_s``): what the
+        policy sees in the live system. 0 until the first report."""
+        self._carry(self.loop.now)
+        return self.reported
+
+    def _carry(self, now: float) -> None:
+        """Count the bytes carried up to ``now`` at the current rates, closing every report
+        interval that ended on the way. Called before the set of active transfers changes."""
+        n = len(self.active)
+        flow = min(self.cap * n, self.capacity) if n else 0.0  # bytes/s over all transfers
+        t = self._carried_at
+        while now >= self.next_report:
+            end = self.next_report
+            self.carried += flow * (end - t)
+            t = end
+            used = (self.carried - self._carried_mark) / (self.report_s * self.capacity)
+            self.reported = used if used < 1.0 else 1.0
+            self._carried_mark = self.carried
+            self.next_report = end + self.report_s
+        self.carried += flow * (now - t)
+        self._carried_at = now
 
     def expected_wait_s(self) -> float:
         """Expected seconds a transfer sent now would wait for a pool connection.
@@ -151,6 +189,8 @@ class WanLink:
         # _advance, _start and _reschedule, written out: this runs for every transfer.
         loop = self.loop
         now = loop.now
+        if self.report_s:
+            self._carry(now)
         active = self.active
         n = len(active)
         if n:
@@ -220,6 +260,8 @@ class WanLink:
             return  # superseded by a later arrival or departure
         self._advance()
         now = self.loop.now
+        if self.report_s:
+            self._carry(now)
         active = self.active
         finished = []
         # A relative tolerance absorbs float drift in the attained-bytes clock.

@@ -169,6 +169,13 @@ def render(results: Mapping[str, Any], plots: Mapping[str, str] | None = None) -
             f"{fabric['latency_ms']:.1f} ms + bytes at {fabric['gbps']:.2f} Gbit/s per handoff "
             f"(within {100 * fabric['max_error']:.0f}%); the simulator's intra-DC fabric."
         )
+    reports_s = results["meta"].get("sim_link_reports_s")
+    if reports_s:
+        w(
+            "- **The WAN link's use**, as the simulated policy reads it: from the P agent's "
+            f"heartbeat every {reports_s:g} s (the bytes of the last interval), as the live "
+            "gateway reads it, not at the moment of each decision."
+        )
     w("- **Fleets** (GPUs are nominal: every engine is one CPU process here):")
     for key in systems(results):
         f = results["fleets"][key]

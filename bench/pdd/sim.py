@@ -22,7 +22,7 @@ import os
 from typing import Any
 
 from bench.pdd import scaling
-from bench.pdd.fleet import AGENT_NUM_BLOCKS, SYSTEMS
+from bench.pdd.fleet import AGENT_NUM_BLOCKS, HEARTBEAT_S, SYSTEMS
 from planner.api import run_fleet
 from planner.fleet import fleet_from_dict
 from planner.metrics import Sla
@@ -47,8 +47,14 @@ def testbed_host(cores: int | None = None) -> dict[str, Any]:
 
 
 def fleet_dict(
-    system: str, engine: dict[str, Any], host: dict[str, Any] | None = None
+    system: str,
+    engine: dict[str, Any],
+    host: dict[str, Any] | None = None,
+    reports_s: float = HEARTBEAT_S,
 ) -> dict[str, Any]:
+    """The live ``system`` as a planner fleet. ``reports_s``: the policy sees the WAN link's
+    use as the agents' heartbeats report it, every this many seconds (the testbed's heartbeat
+    interval; 0: its use at the moment of each decision, the rule before this was modelled)."""
     spec = SYSTEMS[system]
     kv = scaling.KV_BYTES_PER_TOKEN
     pre, dec = engine["prefill"], engine["decode"]
@@ -84,6 +90,8 @@ def fleet_dict(
             "per_connection_gbps": link["bandwidth_gbps"],  # the agents' shaper has no cap
             "pool_size": link["connection_pool_size"],
         }
+        if reports_s:
+            links["B"]["report_interval_s"] = reports_s
         if fabric.get("wan_handoff"):
             # The measured handoff's fixed work (export, import) on the WAN path too.
             links["B"]["handoff_ms"] = fabric["latency_ms"]
@@ -126,10 +134,12 @@ def simulate(
     duration_s: float,
     sla: dict,
     host: dict[str, Any] | None = None,
+    reports_s: float = HEARTBEAT_S,
 ) -> dict:
     """The planner's summary for one (system, rate), on the trace the live run replays; on a
-    shared ``host`` (:func:`testbed_host`) when given, else every engine on its own."""
-    fleet = fleet_from_dict(fleet_dict(system, engine, host))
+    shared ``host`` (:func:`testbed_host`) when given, else every engine on its own;
+    ``reports_s`` as in :func:`fleet_dict`."""
+    fleet = fleet_from_dict(fleet_dict(system, engine, host, reports_s))
     trace = generate(scaling.workload(rps=rps, duration_s=duration_s))
     summary, record = run_fleet(fleet, trace, Sla(sla["ttft_p90_s"], sla["ttft_p99_s"]), 0.0)
     out = {

@@ -26,6 +26,14 @@ Arms, fixed before they were first run against the live figures:
 * ``host+gateway+handoffs`` (added with it, the rule ``make bench`` now runs): as
   ``host+gateway+fabric``, with the measured handoff's fixed part (the ends' export and import
   work) charged to every KV transfer over the WAN too (the link's ``handoff_ms``).
+* ``host+gateway+reports`` (added on 2026-12-03, after the arms above relayed more requests
+  than the live gateway; the rule ``make bench`` now runs): as ``host+gateway+handoffs``, with
+  the WAN link's use seen by the policy as the live gateway sees it, from the P agent's
+  heartbeat (every ``bench.pdd.fleet.HEARTBEAT_S`` = 2 s: the bytes the link carried over the
+  last interval; the link's ``report_interval_s``) instead of at the moment of each decision.
+  The earlier arms simulate the link's use as the committed run's own simulation did
+  (``meta.sim_link_reports_s`` of its summary; runs before 2026-12-03's last one used the
+  instantaneous use, 0), so that ``dedicated`` still reproduces the committed figures.
 
 The committed summary.json does not carry the engine fit, nor the per-process CPU and the
 records' P / KV-wait means (later runs' summaries do); they are then read from REPORT.md,
@@ -61,8 +69,15 @@ ARMS = (
     "measured-cpu",
     "host+gateway+fabric",
     "host+gateway+handoffs",
+    "host+gateway+reports",
 )
-MEASURED_FABRIC = {"host+gateway+fabric": False, "host+gateway+handoffs": True}  # WAN too?
+# The arms with the measured fabric: is its fixed part charged to WAN transfers too?
+MEASURED_FABRIC = {
+    "host+gateway+fabric": False,
+    "host+gateway+handoffs": True,
+    "host+gateway+reports": True,
+}
+REPORTED_USE = {"host+gateway+reports"}  # arms whose policy sees the link's reported use
 # The KV fabric measured on idle agents (bench/pdd/calibrate.py measure_fabric / fit_fabric),
 # for a run whose summary has none (runs before 2026-12-03 measured no fabric).
 FABRIC_FILE = Path(__file__).resolve().parent / "calibration_fabric.json"
@@ -190,6 +205,7 @@ def check(
     sla = summary["scaling"]["sla"]
     duration = float(summary["meta"]["duration_s"])
     rps_of = {r["key"]: r["rps"] for r in summary["scaling"]["rates"]}
+    run_reports_s = float(summary["meta"].get("sim_link_reports_s", 0.0))
     rows = []
     for system in pdd_report.systems(summary):
         if systems and system not in systems:
@@ -217,7 +233,10 @@ def check(
                 if arm in MEASURED_FABRIC and not engine.get("fabric"):
                     fabric = {**committed_fabric(), "wan_handoff": MEASURED_FABRIC[arm]}
                     arm_engine = {**engine, "fabric": fabric}
-                m = pdd_sim.simulate(system, arm_engine, rps_of[key], duration, sla, host)
+                reports_s = pdd_sim.HEARTBEAT_S if arm in REPORTED_USE else run_reports_s
+                m = pdd_sim.simulate(
+                    system, arm_engine, rps_of[key], duration, sla, host, reports_s
+                )
                 row["sim"][arm] = {
                     "host": host,
                     "ttft_s": m["ttft_s"],

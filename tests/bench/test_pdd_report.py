@@ -203,6 +203,13 @@ def test_a_measured_kv_fabric_is_named_where_the_simulator_is_explained() -> Non
     assert "no term for the KV handoff's CPU" not in text
 
 
+def test_the_reported_link_use_is_named_when_the_run_simulated_it() -> None:
+    results = canned()
+    assert "The WAN link's use" not in report.render(results)
+    results["meta"]["sim_link_reports_s"] = 2.0
+    assert "heartbeat every 2 s (the bytes of the last interval)" in report.render(results)
+
+
 def test_a_quick_run_says_so_and_skips_what_it_lacks() -> None:
     results = canned()
     results["meta"]["quick"] = True

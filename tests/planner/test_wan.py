@@ -144,3 +144,49 @@ def test_expected_pool_wait_matches_the_wait_a_transfer_gets() -> None:
     assert estimates[2:] == pytest.approx([0.5, 1.0, 1.5, 2.0])
     for est, wait in zip(estimates, waits, strict=True):
         assert wait - 0.5 - 1e-9 <= est <= wait + 1e-9
+
+
+def _reported_at(spec_: WanLinkSpec, transfers: list[tuple[float, float]], times: list[float]):
+    """The link's reported use (``reported_utilisation``) read at each of ``times``."""
+    loop = EventLoop()
+    link = WanLink(spec_, loop)
+    seen: list[float] = []
+    for start, nbytes in transfers:
+        loop.at(start, lambda n=nbytes: link.send(n, lambda s, w: None))
+    for t in times:
+        loop.at(t, lambda: seen.append(link.reported_utilisation()))
+    loop.run()
+    return seen
+
+
+def test_reported_use_is_the_last_whole_interval_of_carried_bytes() -> None:
+    # 1 GB/s line, heartbeats every 2 s: 1 GB sent at 0 s takes 1 s of the first interval.
+    seen = _reported_at(spec(report_interval_s=2.0), [(0.0, 1 * GB)], [0.5, 1.5, 2.5, 3.9, 4.5])
+    # Nothing reported before the first heartbeat, although the line is full at 0.5 s.
+    assert seen[:2] == [0.0, 0.0]
+    # From 2 s: the first interval's bytes over what the line could carry in it.
+    assert seen[2:4] == pytest.approx([0.5, 0.5])
+    # The second interval carried nothing.
+    assert seen[4] == 0.0
+
+
+def test_reported_use_counts_shared_and_capped_flows() -> None:
+    # Two transfers share a 1 GB/s line for 1 s; then a lone one capped at 0.25 GB/s.
+    seen = _reported_at(
+        spec(report_interval_s=1.0, per_connection_gbps=2),
+        [(0.0, 0.25 * GB), (0.0, 0.25 * GB), (1.0, 0.125 * GB)],
+        [1.0, 2.0],
+    )
+    # 0.25 GB/s each (the cap), 1 s: 0.5 GB of 1 GB; then one at 0.25 GB/s for 0.5 s.
+    assert seen == pytest.approx([0.5, 0.125])
+
+
+def test_instant_use_is_the_default_and_reports_stay_off() -> None:
+    assert WanLinkSpec().report_interval_s == 0.0
+    seen = _reported_at(spec(), [(0.0, 1 * GB)], [0.5, 2.5])
+    assert seen == [0.0, 0.0]
+
+
+def test_bad_report_interval_names_the_field() -> None:
+    with pytest.raises(ValueError, match="report_interval_s"):
+        WanLinkSpec(report_interval_s=-1.0)

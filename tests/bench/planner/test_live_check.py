@@ -93,3 +93,18 @@ def test_the_report_parsers():
     assert cores_of({"machine": "2 cores, x86_64, Python 3.11.7"}) == 2
     with pytest.raises(ValueError, match="meta.machine"):
         cores_of({"machine": "a laptop"})
+
+
+def test_the_reported_link_use_arm_relays_fewer_requests(tmp_path):
+    """The live gateway sees the WAN link's use from the P agent's heartbeat (the bytes of the
+    last 2-s interval), not at the moment of each decision: a transfer in flight no longer
+    reads as a full link, so fewer requests relay than with the instantaneous use."""
+    out = tmp_path / "check.json"
+    arms = ["host+gateway+handoffs", "host+gateway+reports"]
+    assert main(["--systems", "pdd", "--rates", "u70", "--arms", *arms, "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    instant, reported = (row["sim"][arm] for arm in arms)
+    assert instant["host"] == reported["host"]
+    assert reported["requests"] == instant["requests"]
+    assert reported["relayed"] < instant["relayed"]
+    assert reported["rld_share"] < instant["rld_share"]
