@@ -439,6 +439,14 @@ def decode_forward(
             return _packed_linear(x, weight, bias, prepacked)
     else:
         linear = _linear
+    # The new position's rows in the KV copy, flattened ([L * B * KVH * capacity, D], which the
+    # copy is, contiguous): one index per (request, KV head) per layer, so each layer writes its
+    # new keys and values with one index_copy_ each instead of a two-index index_put.
+    copy_k, copy_v = state.k.view(-1, dim), state.v.view(-1, dim)
+    capacity = state.k.shape[3]
+    heads_in_copy = (rows * kv_heads)[:, None] + torch.arange(kv_heads, device=rows.device)
+    at_layer0 = (heads_in_copy * capacity + positions[:, None]).reshape(-1)  # [B * KVH]
+    layer_stride = batch * kv_heads * capacity
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         h = _rms(x, layer.input_layernorm)
@@ -448,11 +456,12 @@ def decode_forward(
         qk = qk * cos + rotated * sin  # [B, H + KVH, D]
         k, v = qk[:, heads:], qkv[:, heads + kv_heads :]
         k, v = k.to(k_flat.dtype), v.to(v_flat.dtype)
-        k_flat[i][write_slots] = k
-        v_flat[i][write_slots] = v
+        k_flat[i].index_copy_(0, write_slots, k)
+        v_flat[i].index_copy_(0, write_slots, v)
+        at = at_layer0 + i * layer_stride if i else at_layer0
+        copy_k.index_copy_(0, at, k.to(attn_dtype).reshape(-1, dim))
+        copy_v.index_copy_(0, at, v.to(attn_dtype).reshape(-1, dim))
         k_all, v_all = state.k[i], state.v[i]  # [B, KVH, capacity, D]
-        k_all[rows, :, positions] = k.to(attn_dtype)
-        v_all[rows, :, positions] = v.to(attn_dtype)
         q = qk[:, :heads].reshape(batch, kv_heads, group, dim).to(attn_dtype) * scale
         scores = torch.matmul(q, k_all[:, :, :k_max].transpose(-1, -2))
         if mask is not None:
