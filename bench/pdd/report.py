@@ -176,6 +176,11 @@ def render(results: Mapping[str, Any], plots: Mapping[str, str] | None = None) -
             f"heartbeat every {reports_s:g} s (the bytes of the last interval), as the live "
             "gateway reads it, not at the moment of each decision."
         )
+    if results["meta"].get("sim_decision_in_flight"):
+        w(
+            "- **MD's prefix**, as the simulated policy reads it: with the KV already on its "
+            "way to MD, as the live gateway counts an MD agent's incoming blocks."
+        )
     w("- **Fleets** (GPUs are nominal: every engine is one CPU process here):")
     for key in systems(results):
         f = results["fleets"][key]

@@ -487,8 +487,10 @@ def main(argv: list[str] | None = None) -> int:
             # with every engine alone (as before the host model).
             host = pdd_sim.testbed_host()
             results["meta"]["sim_host"] = host
-            # The policy sees the WAN link's use as the agents' heartbeats report it.
+            # The policy sees what the gateway sees: the WAN link's use as the agents'
+            # heartbeats report it, and MD's prefix with the KV on its way to it.
             results["meta"]["sim_link_reports_s"] = pdd_sim.HEARTBEAT_S
+            results["meta"]["sim_decision_in_flight"] = True
             for name in chosen:
                 for p in plans:
                     key = rate_key(p.utilisation)

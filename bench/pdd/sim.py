@@ -51,10 +51,15 @@ def fleet_dict(
     engine: dict[str, Any],
     host: dict[str, Any] | None = None,
     reports_s: float = HEARTBEAT_S,
+    decision_in_flight: bool = True,
 ) -> dict[str, Any]:
-    """The live ``system`` as a planner fleet. ``reports_s``: the policy sees the WAN link's
-    use as the agents' heartbeats report it, every this many seconds (the testbed's heartbeat
-    interval; 0: its use at the moment of each decision, the rule before this was modelled)."""
+    """The live ``system`` as a planner fleet, its policy seeing what the live gateway sees.
+
+    ``reports_s``: the WAN link's use as the agents' heartbeats report it, every this many
+    seconds (the testbed's heartbeat interval; 0: its use at the moment of each decision, the
+    rule before this was modelled). ``decision_in_flight``: MD's prefix counts the KV already
+    on its way to it, as the gateway counts an MD agent's ``incoming_prefix_blocks``
+    (``fleet.decision_counts_in_flight``; off: landed KV only, the rule before)."""
     spec = SYSTEMS[system]
     kv = scaling.KV_BYTES_PER_TOKEN
     pre, dec = engine["prefill"], engine["decode"]
@@ -122,6 +127,7 @@ def fleet_dict(
         "fabric": {"latency_ms": fabric.get("latency_ms", INTRA_DC_LATENCY_MS)},
         "policy": spec.policy_settings(),
         "handoff": "adaptive",
+        "decision_counts_in_flight": decision_in_flight,
         "resident_weight_gb": resident,
         "drc_capacity_gb": kv_gb,
     }
@@ -135,11 +141,12 @@ def simulate(
     sla: dict,
     host: dict[str, Any] | None = None,
     reports_s: float = HEARTBEAT_S,
+    decision_in_flight: bool = True,
 ) -> dict:
     """The planner's summary for one (system, rate), on the trace the live run replays; on a
     shared ``host`` (:func:`testbed_host`) when given, else every engine on its own;
-    ``reports_s`` as in :func:`fleet_dict`."""
-    fleet = fleet_from_dict(fleet_dict(system, engine, host, reports_s))
+    ``reports_s`` and ``decision_in_flight`` as in :func:`fleet_dict`."""
+    fleet = fleet_from_dict(fleet_dict(system, engine, host, reports_s, decision_in_flight))
     trace = generate(scaling.workload(rps=rps, duration_s=duration_s))
     summary, record = run_fleet(fleet, trace, Sla(sla["ttft_p90_s"], sla["ttft_p99_s"]), 0.0)
     out = {

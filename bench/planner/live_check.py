@@ -31,9 +31,15 @@ Arms, fixed before they were first run against the live figures:
   the WAN link's use seen by the policy as the live gateway sees it, from the P agent's
   heartbeat (every ``bench.pdd.fleet.HEARTBEAT_S`` = 2 s: the bytes the link carried over the
   last interval; the link's ``report_interval_s``) instead of at the moment of each decision.
-  The earlier arms simulate the link's use as the committed run's own simulation did
-  (``meta.sim_link_reports_s`` of its summary; runs before 2026-12-03's last one used the
-  instantaneous use, 0), so that ``dedicated`` still reproduces the committed figures.
+* ``host+gateway+in-flight`` (added with it, for the same reason; the rule ``make bench``
+  now runs): as ``host+gateway+reports``, with the decision counting the KV already on its way
+  to MD as MD's prefix (``fleet.decision_counts_in_flight``), as the live gateway counts an
+  MD agent's ``incoming_prefix_blocks`` (routing/live.py); the simulator's default is off.
+
+The earlier arms simulate these two as the committed run's own simulation did
+(``meta.sim_link_reports_s`` and ``meta.sim_decision_in_flight`` of its summary; runs before
+the last of 2026-12-03 used neither), so that ``dedicated`` still reproduces the committed
+figures.
 
 The committed summary.json does not carry the engine fit, nor the per-process CPU and the
 records' P / KV-wait means (later runs' summaries do); they are then read from REPORT.md,
@@ -70,14 +76,18 @@ ARMS = (
     "host+gateway+fabric",
     "host+gateway+handoffs",
     "host+gateway+reports",
+    "host+gateway+in-flight",
 )
 # The arms with the measured fabric: is its fixed part charged to WAN transfers too?
 MEASURED_FABRIC = {
     "host+gateway+fabric": False,
     "host+gateway+handoffs": True,
     "host+gateway+reports": True,
+    "host+gateway+in-flight": True,
 }
-REPORTED_USE = {"host+gateway+reports"}  # arms whose policy sees the link's reported use
+# Arms whose policy sees the link's reported use; of those, arms counting in-flight KV.
+REPORTED_USE = {"host+gateway+reports", "host+gateway+in-flight"}
+IN_FLIGHT = {"host+gateway+in-flight"}
 # The KV fabric measured on idle agents (bench/pdd/calibrate.py measure_fabric / fit_fabric),
 # for a run whose summary has none (runs before 2026-12-03 measured no fabric).
 FABRIC_FILE = Path(__file__).resolve().parent / "calibration_fabric.json"
@@ -206,6 +216,7 @@ def check(
     duration = float(summary["meta"]["duration_s"])
     rps_of = {r["key"]: r["rps"] for r in summary["scaling"]["rates"]}
     run_reports_s = float(summary["meta"].get("sim_link_reports_s", 0.0))
+    run_in_flight = bool(summary["meta"].get("sim_decision_in_flight", False))
     rows = []
     for system in pdd_report.systems(summary):
         if systems and system not in systems:
@@ -234,8 +245,9 @@ def check(
                     fabric = {**committed_fabric(), "wan_handoff": MEASURED_FABRIC[arm]}
                     arm_engine = {**engine, "fabric": fabric}
                 reports_s = pdd_sim.HEARTBEAT_S if arm in REPORTED_USE else run_reports_s
+                in_flight = arm in IN_FLIGHT or run_in_flight
                 m = pdd_sim.simulate(
-                    system, arm_engine, rps_of[key], duration, sla, host, reports_s
+                    system, arm_engine, rps_of[key], duration, sla, host, reports_s, in_flight
                 )
                 row["sim"][arm] = {
                     "host": host,

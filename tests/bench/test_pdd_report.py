@@ -208,6 +208,9 @@ def test_the_reported_link_use_is_named_when_the_run_simulated_it() -> None:
     assert "The WAN link's use" not in report.render(results)
     results["meta"]["sim_link_reports_s"] = 2.0
     assert "heartbeat every 2 s (the bytes of the last interval)" in report.render(results)
+    assert "KV already on its way to MD" not in report.render(results)
+    results["meta"]["sim_decision_in_flight"] = True
+    assert "KV already on its way to MD" in report.render(results)
 
 
 def test_a_quick_run_says_so_and_skips_what_it_lacks() -> None:

@@ -108,3 +108,14 @@ def test_the_reported_link_use_arm_relays_fewer_requests(tmp_path):
     assert reported["requests"] == instant["requests"]
     assert reported["relayed"] < instant["relayed"]
     assert reported["rld_share"] < instant["rld_share"]
+
+
+def test_the_in_flight_arm_counts_kv_on_its_way_to_md(tmp_path):
+    """As the live gateway counts an MD agent's incoming blocks, a turn whose context is
+    still crossing to MD is no longer low-hit: fewer requests relay than without it."""
+    out = tmp_path / "check.json"
+    arms = ["host+gateway+reports", "host+gateway+in-flight"]
+    assert main(["--systems", "pdd", "--rates", "u70", "--arms", *arms, "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    landed, in_flight = (row["sim"][arm] for arm in arms)
+    assert in_flight["relayed"] < landed["relayed"]
