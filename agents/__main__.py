@@ -153,6 +153,13 @@ def _loopback_parser(sub) -> None:
     p.add_argument("--catch-up-batch", type=int, default=64)
     p.add_argument("--handoff-at", type=int, default=0, help="RLD tokens before the handoff")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--md-datacenter",
+        choices=("dc-a", "dc-b"),
+        default="dc-b",
+        help="MD's datacenter: dc-b behind the WAN link (default), or dc-a, P's own, where P "
+        "ships it the KV over the intra-DC fabric (in-DC PD)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object (always JSON)")
 
 

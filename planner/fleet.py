@@ -54,12 +54,24 @@ class Pool:
 
 @dataclass(slots=True)
 class FabricSpec:
-    """Intra-datacenter RDMA fabric: latency plus bytes over the slower end's NIC."""
+    """Intra-datacenter RDMA fabric: latency plus bytes over the slower end's NIC.
+
+    ``relay_latency_ms`` / ``relay_gbps``, when set, price P's handoff to RLD in a P-RLD-MD
+    request instead: there P exports the KV twice (for RLD and, the delta, for MD) and ships
+    both at once, which the testbed's agents measure as a costlier handoff than a plain one
+    (None: the plain latency and the slower end's interconnect, as for any handoff)."""
 
     latency_ms: float = 0.5
+    relay_latency_ms: float | None = None
+    relay_gbps: float | None = None
 
     def __post_init__(self) -> None:
         check_positive(self, "latency_ms")
+        for name in ("relay_latency_ms", "relay_gbps"):
+            if getattr(self, name) is not None:
+                check_positive(self, name)
+        if self.relay_latency_ms is not None and self.relay_gbps is None:
+            raise ValueError("relay_latency_ms: needs relay_gbps too (a relay's bandwidth)")
 
 
 @dataclass(slots=True)

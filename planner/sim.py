@@ -168,6 +168,14 @@ class Simulator:
         self._kv_bytes = model.kv_bytes_per_token
         self._yield = fleet.relay_transfers_yield
         self._fabric_terms: dict[tuple[float, float], tuple[float, float]] = {}
+        # A relay's handoff priced apart (FabricSpec.relay_*), whatever the chips: its terms.
+        fabric = fleet.fabric
+        self._relay_fabric: tuple[float, float] | None = None
+        if fabric.relay_gbps is not None:
+            latency_ms = (
+                fabric.latency_ms if fabric.relay_latency_ms is None else fabric.relay_latency_ms
+            )
+            self._relay_fabric = (latency_ms / 1000.0, fabric.relay_gbps * 1e9)
         self._p_rld = fleet.system == System.P_RLD
         self._drc_in_flight = fleet.drc_counts_in_flight
         self._decision_in_flight = fleet.decision_counts_in_flight
@@ -543,7 +551,7 @@ class Simulator:
             self.loop.at(now + delay, self._kv_at_main, i, 0.0, 0.0)
             return
         if r is not None and self.pipe[i] != P_MD:
-            latency, per_s = self._fabric(p, r)
+            latency, per_s = self._relay_fabric or self._fabric(p, r)
             delay = latency + self.n_in[i] * kv * 8 / per_s  # = _fabric_s
             self.loop.at(now + delay, self._kv_at_relay, i)
         if m is not None:

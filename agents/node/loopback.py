@@ -85,6 +85,7 @@ def pdd_body(
     catch_up_batch: int = 64,
     handoff_at: int = 0,
     max_catch_up_batches: int | None = None,
+    main_datacenter: str = "dc-b",
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "request_id": request_id,
@@ -101,7 +102,7 @@ def pdd_body(
             "kv_port": md.kv_port,
             "wan_port": md.wan_port,
             "instance": "0",
-            "datacenter": "dc-b",
+            "datacenter": main_datacenter,
         },
         "relay": None,
     }
@@ -183,9 +184,9 @@ def run_loopback(args) -> dict[str, Any]:
                 "error": result["error"],
             }
         link = f"{args.wan_gbps}:{args.wan_rtt_ms}:{args.wan_pool}"
-        md = AgentProcess(
-            agent_args("main_decode", "dc-b", f"dc-a={link}", args.threads), "md", share
-        )
+        md_dc = getattr(args, "md_datacenter", "dc-b")
+        md_link = f"dc-a={link}" if md_dc == "dc-b" else None  # in P's datacenter: no WAN
+        md = AgentProcess(agent_args("main_decode", md_dc, md_link, args.threads), "md", share)
         p = AgentProcess(agent_args("prefill", "dc-a", f"dc-b={link}", args.threads), "p", share)
         rld = None
         procs += [md.start(), p.start()]
@@ -206,6 +207,7 @@ def run_loopback(args) -> dict[str, Any]:
             md,
             catch_up_batch=args.catch_up_batch,
             handoff_at=args.handoff_at,
+            main_datacenter=md_dc,
         )
         events, ttft, e2e = stream_events(f"{p.http}/v1/pdd/generate", body)
         result = summarize(events)

@@ -6,8 +6,11 @@ passive waiting, as the agents run), and fitted to the two linear models the sim
 * one decode step of a batch holding ``ctx`` context tokens in all: overhead + c x ctx.
 
 And the KV handoff between agents over the intra-datacenter fabric (``measure_fabric``): one
-request at a time through real agent processes on loopback (P, RLD, MD), fitted to the
-simulator's fabric model, latency + bytes / bandwidth (``fit_fabric``). The step times above are
+request at a time through real agent processes on loopback, fitted to the simulator's fabric
+model, latency + bytes / bandwidth (``fit_fabric``), for two handoffs that cost differently:
+a plain one (p-md with MD in P's datacenter: P exports the KV once and ships it once) and a
+relay's (p-rld-md: P exports the KV twice, for RLD and for MD, and ships both at once, the WAN
+one through its shaper). The step times above are
 one engine in one process and contain none of the handoff's own work (P's export, the transfer
 over loopback TCP, the decoder's import and admission).
 """
@@ -134,15 +137,31 @@ def _max_rel_error(pred: np.ndarray, y: np.ndarray) -> float:
     return float(np.max(np.abs(pred - y) / np.maximum(y, 1e-9)))
 
 
-def measure_fabric(prompts: tuple[int, ...] = FABRIC_PROMPTS, threads: int = 1) -> list[dict]:
-    """One p-rld-md request per prompt length through P, RLD and MD agent processes on
-    loopback (``python -m agents loopback``), the WAN to MD slow (50 Mbit/s, 30 ms) so that RLD,
-    whose KV comes over the intra-datacenter fabric, decodes the answer's second token: the
-    request's KV wait is then P's export, the fabric transfer, RLD's import and its first decode
-    step. Returns the points (prompt tokens, KV bytes, KV wait seconds)."""
+FABRIC_KINDS = ("relay", "plain")
+
+
+def measure_fabric(
+    prompts: tuple[int, ...] = FABRIC_PROMPTS, threads: int = 1, kind: str = "relay"
+) -> list[dict]:
+    """One request per prompt length through agent processes on loopback (``python -m agents
+    loopback``); returns the points (prompt tokens, KV bytes, KV wait seconds).
+
+    ``relay``: p-rld-md through P, RLD and MD, the WAN to MD slow (50 Mbit/s, 30 ms) so that
+    RLD, whose KV comes over the intra-datacenter fabric, decodes the answer's second token:
+    the KV wait is P's two exports, the fabric transfer beside the WAN one, RLD's import and its
+    first decode step. ``plain``: p-md with MD in P's datacenter (``--md-datacenter dc-a``): P's
+    one export, the fabric transfer, MD's import and its first step."""
+    if kind not in FABRIC_KINDS:
+        raise ValueError(f"kind: must be one of {', '.join(FABRIC_KINDS)}, got {kind!r}")
+    decoder = "rld" if kind == "relay" else "md"
+    route = (
+        ["--pipeline", "p-rld-md"]
+        if kind == "relay"
+        else ["--pipeline", "p-md", "--md-datacenter", "dc-a"]
+    )
     points = []
     for n in prompts:
-        argv = [sys.executable, "-m", "agents", "loopback", "--pipeline", "p-rld-md",
+        argv = [sys.executable, "-m", "agents", "loopback", *route,
                 "--prompt-len", str(n), "--max-tokens", "2", "--wan-gbps", "0.05",
                 "--wan-rtt-ms", "30", "--threads", str(threads), "--json"]  # fmt: skip
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
@@ -150,8 +169,10 @@ def measure_fabric(prompts: tuple[int, ...] = FABRIC_PROMPTS, threads: int = 1) 
         if done.returncode != 0:
             raise RuntimeError(f"agents loopback failed: {done.stderr.strip()[-500:]}")
         out = json.loads(done.stdout)
-        if (out.get("tokens_by_role") or {}).get("rld") != 1:
-            raise RuntimeError(f"the fabric point at {n} tokens was not decoded by RLD: {out}")
+        if (out.get("tokens_by_role") or {}).get(decoder) != 1:
+            raise RuntimeError(
+                f"the {kind} fabric point at {n} tokens was not decoded by {decoder}: {out}"
+            )
         points.append(
             {
                 "prompt_tokens": n,

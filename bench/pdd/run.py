@@ -381,8 +381,15 @@ def main(argv: list[str] | None = None) -> int:
         bar.progress.phase = "measuring the engines"
         bar.say("measuring baton-tiny's prefill and decode step times on this machine")
         engine = calibrate.fit(calibrate.measure())
-        bar.say("measuring the KV handoff between agents on loopback (P, RLD, MD)")
-        engine["fabric"] = calibrate.fit_fabric(calibrate.measure_fabric(), engine["decode"])
+        bar.say("measuring the KV handoffs between agents on loopback (P to MD; P to RLD and MD)")
+        # The plain handoff (P to one decoder) is the fabric; a relay's, where P also ships to
+        # MD at the same time, is measured apart (bench/pdd/calibrate.py measure_fabric).
+        engine["fabric"] = calibrate.fit_fabric(
+            calibrate.measure_fabric(kind="plain"), engine["decode"]
+        )
+        relay = calibrate.fit_fabric(calibrate.measure_fabric(kind="relay"), engine["decode"])
+        engine["fabric"]["relay"] = {k: relay[k] for k in ("latency_ms", "gbps", "max_error")}
+        engine["fabric"]["relay_points"] = relay["points"]
         opening = int(np.median([scaling.median_opening_tokens(t) for t in traces.values()]))
         sla = scaling.sla_from(engine, opening).to_dict()
         results["engine"] = engine

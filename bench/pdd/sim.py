@@ -124,7 +124,15 @@ def fleet_dict(
             "prefill_half_tokens": 0,
             "prefill_order": "fifo",
         },
-        "fabric": {"latency_ms": fabric.get("latency_ms", INTRA_DC_LATENCY_MS)},
+        "fabric": {
+            "latency_ms": fabric.get("latency_ms", INTRA_DC_LATENCY_MS),
+            # A relay's handoff, measured apart (calibrate.measure_fabric kind="relay").
+            **(
+                {"relay_latency_ms": relay["latency_ms"], "relay_gbps": relay["gbps"]}
+                if (relay := fabric.get("relay"))
+                else {}
+            ),
+        },
         "policy": spec.policy_settings(),
         "handoff": "adaptive",
         "decision_counts_in_flight": decision_in_flight,

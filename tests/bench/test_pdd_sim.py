@@ -118,3 +118,41 @@ def test_the_policy_sees_what_the_live_gateway_sees_unless_told_otherwise() -> N
     instant = fleet_from_dict(fleet_dict("pdd", ENGINE, reports_s=0.0, decision_in_flight=False))
     assert instant.links["B"].report_interval_s == 0.0
     assert instant.decision_counts_in_flight is False
+
+
+def test_a_relays_handoff_measured_apart_prices_only_the_relay_path() -> None:
+    import json
+    from pathlib import Path
+
+    from bench.pdd.sim import simulate
+
+    summary = json.loads(
+        (Path(__file__).resolve().parents[2] / "bench/pdd/summary.json").read_text()
+    )
+    engine, sla = summary["engine"], summary["scaling"]["sla"]
+    plain = {"latency_ms": 20.0, "gbps": 2.0}
+    slow_relay = {**plain, "relay": {"latency_ms": 200.0, "gbps": 0.2}}
+    pdd, idc = [], []
+    for fabric in (plain, slow_relay):
+        e = {**engine, "fabric": fabric}
+        pdd.append(simulate("pdd", e, 2.0, 60.0, sla, None)["means"]["kv_wait_s"])
+        idc.append(simulate("idc-pd", e, 2.0, 60.0, sla, None)["ttft_s"])
+    assert pdd[1] > pdd[0] + 0.1  # relayed requests wait for the slower handoff
+    assert idc[0] == idc[1]  # IDC-PD's plain handoff is untouched
+
+
+def test_fabric_relay_fields_are_checked() -> None:
+    from planner.fleet import FabricSpec
+
+    with pytest.raises(ValueError, match="relay_gbps"):
+        FabricSpec(relay_gbps=-1.0)
+    with pytest.raises(ValueError, match="relay_latency_ms"):
+        FabricSpec(relay_latency_ms=5.0)
+    assert FabricSpec(relay_gbps=1.0).relay_latency_ms is None
+
+
+def test_measure_fabric_refuses_an_unknown_kind() -> None:
+    from bench.pdd.calibrate import measure_fabric
+
+    with pytest.raises(ValueError, match="kind"):
+        measure_fabric(kind="wan")

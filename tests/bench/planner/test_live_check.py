@@ -95,13 +95,25 @@ def test_the_report_parsers():
         cores_of({"machine": "a laptop"})
 
 
+def _without_gateway_view(tmp_path: Path) -> Path:
+    """The committed summary as a run that simulated neither rule (the earlier arms then keep
+    the instantaneous link use and the landed-only prefix, whatever the committed run did)."""
+    summary = json.loads(SUMMARY.read_text())
+    for key in ("sim_link_reports_s", "sim_decision_in_flight"):
+        summary["meta"].pop(key, None)
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    return path
+
+
 def test_the_reported_link_use_arm_relays_fewer_requests(tmp_path):
     """The live gateway sees the WAN link's use from the P agent's heartbeat (the bytes of the
     last 2-s interval), not at the moment of each decision: a transfer in flight no longer
     reads as a full link, so fewer requests relay than with the instantaneous use."""
     out = tmp_path / "check.json"
     arms = ["host+gateway+handoffs", "host+gateway+reports"]
-    assert main(["--systems", "pdd", "--rates", "u70", "--arms", *arms, "--out", str(out)]) == 0
+    args = ["--systems", "pdd", "--rates", "u70", "--arms", *arms, "--out", str(out)]
+    assert main([*args, "--summary", str(_without_gateway_view(tmp_path))]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     instant, reported = (row["sim"][arm] for arm in arms)
     assert instant["host"] == reported["host"]
@@ -115,7 +127,8 @@ def test_the_in_flight_arm_counts_kv_on_its_way_to_md(tmp_path):
     still crossing to MD is no longer low-hit: fewer requests relay than without it."""
     out = tmp_path / "check.json"
     arms = ["host+gateway+reports", "host+gateway+in-flight"]
-    assert main(["--systems", "pdd", "--rates", "u70", "--arms", *arms, "--out", str(out)]) == 0
+    args = ["--systems", "pdd", "--rates", "u70", "--arms", *arms, "--out", str(out)]
+    assert main([*args, "--summary", str(_without_gateway_view(tmp_path))]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     landed, in_flight = (row["sim"][arm] for arm in arms)
     assert in_flight["relayed"] < landed["relayed"]
