@@ -140,11 +140,18 @@ def _max_rel_error(pred: np.ndarray, y: np.ndarray) -> float:
 FABRIC_KINDS = ("relay", "plain")
 
 
+FABRIC_REPEATS = 3  # requests per point: one request's KV wait swung 4x between runs on a VM
+
+
 def measure_fabric(
-    prompts: tuple[int, ...] = FABRIC_PROMPTS, threads: int = 1, kind: str = "relay"
+    prompts: tuple[int, ...] = FABRIC_PROMPTS,
+    threads: int = 1,
+    kind: str = "relay",
+    repeats: int = FABRIC_REPEATS,
 ) -> list[dict]:
-    """One request per prompt length through agent processes on loopback (``python -m agents
-    loopback``); returns the points (prompt tokens, KV bytes, KV wait seconds).
+    """Requests through agent processes on loopback (``python -m agents loopback``), ``repeats``
+    per prompt length (each with its own prompt and fresh agents); returns the points (prompt
+    tokens, KV bytes, the median KV wait in seconds, and every sample's).
 
     ``relay``: p-rld-md through P, RLD and MD, the WAN to MD slow (50 Mbit/s, 30 ms) so that
     RLD, whose KV comes over the intra-datacenter fabric, decodes the answer's second token:
@@ -153,34 +160,46 @@ def measure_fabric(
     one export, the fabric transfer, MD's import and its first step."""
     if kind not in FABRIC_KINDS:
         raise ValueError(f"kind: must be one of {', '.join(FABRIC_KINDS)}, got {kind!r}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats: must be a positive integer, got {repeats!r}")
+    points = []
+    for n in prompts:
+        samples = [_fabric_sample(kind, n, threads, seed) for seed in range(repeats)]
+        waits = sorted(s["kv_wait_s"] for s in samples)
+        points.append(
+            {
+                "prompt_tokens": n,
+                "kv_bytes": samples[0]["kv_bytes"],
+                "kv_wait_s": float(np.median(waits)),
+                "kv_wait_samples_s": [s["kv_wait_s"] for s in samples],
+            }
+        )
+    return points
+
+
+def _fabric_sample(kind: str, n: int, threads: int, seed: int) -> dict:
+    """One request of ``measure_fabric``'s kind with an ``n``-token prompt: its KV bytes over
+    the intra-DC fabric and its KV wait."""
     decoder = "rld" if kind == "relay" else "md"
     route = (
         ["--pipeline", "p-rld-md"]
         if kind == "relay"
         else ["--pipeline", "p-md", "--md-datacenter", "dc-a"]
     )
-    points = []
-    for n in prompts:
-        argv = [sys.executable, "-m", "agents", "loopback", *route,
-                "--prompt-len", str(n), "--max-tokens", "2", "--wan-gbps", "0.05",
-                "--wan-rtt-ms", "30", "--threads", str(threads), "--json"]  # fmt: skip
-        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
-        if done.returncode != 0:
-            raise RuntimeError(f"agents loopback failed: {done.stderr.strip()[-500:]}")
-        out = json.loads(done.stdout)
-        if (out.get("tokens_by_role") or {}).get(decoder) != 1:
-            raise RuntimeError(
-                f"the {kind} fabric point at {n} tokens was not decoded by {decoder}: {out}"
-            )
-        points.append(
-            {
-                "prompt_tokens": n,
-                "kv_bytes": out["kv_bytes"]["intra_dc"],
-                "kv_wait_s": out["kv_wait_s"],
-            }
+    argv = [sys.executable, "-m", "agents", "loopback", *route,
+            "--prompt-len", str(n), "--max-tokens", "2", "--wan-gbps", "0.05",
+            "--wan-rtt-ms", "30", "--threads", str(threads), "--seed", str(seed),
+            "--json"]  # fmt: skip
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"agents loopback failed: {done.stderr.strip()[-500:]}")
+    out = json.loads(done.stdout)
+    if (out.get("tokens_by_role") or {}).get(decoder) != 1:
+        raise RuntimeError(
+            f"the {kind} fabric point at {n} tokens was not decoded by {decoder}: {out}"
         )
-    return points
+    return {"kv_bytes": out["kv_bytes"]["intra_dc"], "kv_wait_s": out["kv_wait_s"]}
 
 
 def fit_fabric(points: list[dict], decode: dict) -> dict:

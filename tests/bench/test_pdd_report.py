@@ -201,6 +201,10 @@ def test_a_measured_kv_fabric_is_named_where_the_simulator_is_explained() -> Non
     assert "24.7 ms + bytes at 1.03 Gbit/s per handoff" in text
     assert "the KV handoff as measured on the agents" in text
     assert "no term for the KV handoff's CPU" not in text
+    fabric["relay"] = {"latency_ms": 32.9, "gbps": 0.97, "max_error": 0.04}
+    text = report.render(results)
+    assert "P to MD in its datacenter, 24.7 ms + bytes at 1.03 Gbit/s" in text
+    assert "P to RLD while it ships MD's KV too, 32.9 ms + bytes at 0.97 Gbit/s" in text
 
 
 def test_the_reported_link_use_is_named_when_the_run_simulated_it() -> None:

@@ -156,3 +156,24 @@ def test_measure_fabric_refuses_an_unknown_kind() -> None:
 
     with pytest.raises(ValueError, match="kind"):
         measure_fabric(kind="wan")
+
+
+def test_each_fabric_point_is_the_median_of_its_repeated_requests(monkeypatch) -> None:
+    from bench.pdd import calibrate
+
+    waits = iter([0.30, 0.05, 0.06, 0.10, 0.11, 0.90])
+    seen = []
+
+    def sample(kind, n, threads, seed):
+        seen.append((kind, n, seed))
+        return {"kv_bytes": n * 4096, "kv_wait_s": next(waits)}
+
+    monkeypatch.setattr(calibrate, "_fabric_sample", sample)
+    points = calibrate.measure_fabric((300, 2400), kind="plain", repeats=3)
+    assert seen == [("plain", 300, 0), ("plain", 300, 1), ("plain", 300, 2),
+                    ("plain", 2400, 0), ("plain", 2400, 1), ("plain", 2400, 2)]  # fmt: skip
+    # One slow request no longer sets the point.
+    assert [p["kv_wait_s"] for p in points] == [0.06, 0.11]
+    assert points[0]["kv_wait_samples_s"] == [0.30, 0.05, 0.06]
+    with pytest.raises(ValueError, match="repeats"):
+        calibrate.measure_fabric(repeats=0)
