@@ -106,16 +106,21 @@ def _without_gateway_view(tmp_path: Path) -> Path:
     return path
 
 
+def _pdd_arms(tmp_path: Path, *arms: str) -> list[dict]:
+    """The simulated figures of ``arms`` for PDD at 70%, on the committed run without the
+    gateway-view rules (``_without_gateway_view``)."""
+    out = tmp_path / "check.json"
+    args = ["--systems", "pdd", "--rates", "u70", "--arms", *arms, "--out", str(out)]
+    assert main([*args, "--summary", str(_without_gateway_view(tmp_path))]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    return [row["sim"][arm] for arm in arms]
+
+
 def test_the_reported_link_use_arm_relays_fewer_requests(tmp_path):
     """The live gateway sees the WAN link's use from the P agent's heartbeat (the bytes of the
     last 2-s interval), not at the moment of each decision: a transfer in flight no longer
     reads as a full link, so fewer requests relay than with the instantaneous use."""
-    out = tmp_path / "check.json"
-    arms = ["host+gateway+handoffs", "host+gateway+reports"]
-    args = ["--systems", "pdd", "--rates", "u70", "--arms", *arms, "--out", str(out)]
-    assert main([*args, "--summary", str(_without_gateway_view(tmp_path))]) == 0
-    (row,) = json.loads(out.read_text())["rows"]
-    instant, reported = (row["sim"][arm] for arm in arms)
+    instant, reported = _pdd_arms(tmp_path, "host+gateway+handoffs", "host+gateway+reports")
     assert instant["host"] == reported["host"]
     assert reported["requests"] == instant["requests"]
     assert reported["relayed"] < instant["relayed"]
@@ -125,10 +130,5 @@ def test_the_reported_link_use_arm_relays_fewer_requests(tmp_path):
 def test_the_in_flight_arm_counts_kv_on_its_way_to_md(tmp_path):
     """As the live gateway counts an MD agent's incoming blocks, a turn whose context is
     still crossing to MD is no longer low-hit: fewer requests relay than without it."""
-    out = tmp_path / "check.json"
-    arms = ["host+gateway+reports", "host+gateway+in-flight"]
-    args = ["--systems", "pdd", "--rates", "u70", "--arms", *arms, "--out", str(out)]
-    assert main([*args, "--summary", str(_without_gateway_view(tmp_path))]) == 0
-    (row,) = json.loads(out.read_text())["rows"]
-    landed, in_flight = (row["sim"][arm] for arm in arms)
+    landed, in_flight = _pdd_arms(tmp_path, "host+gateway+reports", "host+gateway+in-flight")
     assert in_flight["relayed"] < landed["relayed"]
