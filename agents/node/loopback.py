@@ -184,7 +184,7 @@ def run_loopback(args) -> dict[str, Any]:
                 "error": result["error"],
             }
         link = f"{args.wan_gbps}:{args.wan_rtt_ms}:{args.wan_pool}"
-        md_dc = getattr(args, "md_datacenter", "dc-b")
+        md_dc = args.md_datacenter
         md_link = f"dc-a={link}" if md_dc == "dc-b" else None  # in P's datacenter: no WAN
         md = AgentProcess(agent_args("main_decode", md_dc, md_link, args.threads), "md", share)
         p = AgentProcess(agent_args("prefill", "dc-a", f"dc-b={link}", args.threads), "p", share)
