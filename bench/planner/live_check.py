@@ -35,6 +35,12 @@ Arms, fixed before they were first run against the live figures:
   now runs): as ``host+gateway+reports``, with the decision counting the KV already on its way
   to MD as MD's prefix (``fleet.decision_counts_in_flight``), as the live gateway counts an
   MD agent's ``incoming_prefix_blocks`` (routing/live.py); the simulator's default is off.
+* ``all-cpu`` (added on 2026-12-03, late; a diagnostic, not a prediction): as
+  ``host+gateway+in-flight``, with every process's CPU that the simulator does not charge as
+  contention on the host: the gateway task's work per request is 18.3 ms plus (the cores the
+  run measured for all its processes - the cores ``host+gateway+in-flight`` simulates for its
+  engines and gateway) / rate. Whether the CPU the agents, gateway and client spend outside the
+  modelled engine work explains the gap as contention for the cores.
 
 The earlier arms simulate these two as the committed run's own simulation did
 (``meta.sim_link_reports_s`` and ``meta.sim_decision_in_flight`` of its summary; runs before
@@ -46,9 +52,15 @@ records' P / KV-wait means (later runs' summaries do); they are then read from R
 where the engine fit is printed rounded (so the ``dedicated`` arm reproduces the committed
 ``sim`` figures to within that rounding, not bit for bit).
 
+``--runs S1 S2 ...`` reads several runs' summaries instead (each run's own ``sim``, the
+prediction ``make bench`` makes) and gives, per system and rate, the live P90 of every run, its
+run-to-run spread, each run's simulated P90 and error, and the median simulated P90 against the
+median live one: whether the goal holds beyond one run's noise.
+
 Usage (from the repository root):
     .venv/bin/python bench/planner/live_check.py [--systems pdd] [--rates u50] \
         [--out var/planner/live_check.json] [--publish bench/planner/live_check.json]
+    .venv/bin/python bench/planner/live_check.py --runs A/summary.json B/summary.json ...
 """
 
 from __future__ import annotations
@@ -58,6 +70,7 @@ import functools
 import json
 import math
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,17 +90,21 @@ ARMS = (
     "host+gateway+handoffs",
     "host+gateway+reports",
     "host+gateway+in-flight",
+    "all-cpu",
 )
+# ``all-cpu`` charges the CPU this arm's simulation leaves out; it runs with this arm's rules.
+ALL_CPU_BASE = "host+gateway+in-flight"
 # The arms with the measured fabric: is its fixed part charged to WAN transfers too?
 MEASURED_FABRIC = {
     "host+gateway+fabric": False,
     "host+gateway+handoffs": True,
     "host+gateway+reports": True,
     "host+gateway+in-flight": True,
+    "all-cpu": True,
 }
 # Arms whose policy sees the link's reported use; of those, arms counting in-flight KV.
-REPORTED_USE = {"host+gateway+reports", "host+gateway+in-flight"}
-IN_FLIGHT = {"host+gateway+in-flight"}
+REPORTED_USE = {"host+gateway+reports", "host+gateway+in-flight", "all-cpu"}
+IN_FLIGHT = {"host+gateway+in-flight", "all-cpu"}
 # The KV fabric measured on idle agents (bench/pdd/calibrate.py measure_fabric / fit_fabric),
 # for a run whose summary has none (runs before 2026-12-03 measured no fabric).
 FABRIC_FILE = Path(__file__).resolve().parent / "calibration_fabric.json"
@@ -172,14 +189,23 @@ def committed_fabric() -> dict[str, Any]:
     return {"latency_ms": float(data["latency_ms"]), "gbps": float(data["gbps"])}
 
 
-def host_for(arm: str, cores: int, rps: float, live: dict[str, Any]) -> dict[str, Any] | None:
+def host_for(
+    arm: str, cores: int, rps: float, live: dict[str, Any], base_cpu: dict[str, float] | None = None
+) -> dict[str, Any] | None:
+    """The simulated host of ``arm``; ``base_cpu``: the cores per role that ``ALL_CPU_BASE``
+    simulated for the row (``all-cpu`` only)."""
     if arm == "dedicated":
         return None
     if arm == "host":
         return {"cores": cores}
+    cpu = live.get("cpu") or {}
+    if arm == "all-cpu":
+        measured = sum(v or 0.0 for r, v in cpu.items() if r != "load_avg")
+        simulated = sum((base_cpu or {}).values())
+        extra = max(0.0, measured - simulated) / rps
+        return {"cores": cores, "request_cpu_s": pdd_sim.GATEWAY_CPU_S + extra}
     if arm in ("host+gateway", *MEASURED_FABRIC):
         return {"cores": cores, "request_cpu_s": pdd_sim.GATEWAY_CPU_S}
-    cpu = live.get("cpu") or {}
     outside = sum(cpu.get(r) or 0.0 for r in ("gateway", "client"))
     return {"cores": cores, "request_cpu_s": outside / rps}
 
@@ -217,6 +243,8 @@ def check(
     rps_of = {r["key"]: r["rps"] for r in summary["scaling"]["rates"]}
     run_reports_s = float(summary["meta"].get("sim_link_reports_s", 0.0))
     run_in_flight = bool(summary["meta"].get("sim_decision_in_flight", False))
+    if "all-cpu" in arms:  # it needs its base arm's simulated CPU, simulated before it
+        arms = tuple(a for a in ARMS if a in arms or a == ALL_CPU_BASE)
     rows = []
     for system in pdd_report.systems(summary):
         if systems and system not in systems:
@@ -239,7 +267,8 @@ def check(
                 "sim": {},
             }
             for arm in arms:
-                host = host_for(arm, cores, rps_of[key], live)
+                base = row["sim"].get(ALL_CPU_BASE, {}).get("cpu")
+                host = host_for(arm, cores, rps_of[key], live, base)
                 arm_engine = engine
                 if arm in MEASURED_FABRIC and not engine.get("fabric"):
                     fabric = {**committed_fabric(), "wan_handoff": MEASURED_FABRIC[arm]}
@@ -333,6 +362,73 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def runs_table(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several ``make bench`` runs side by side: per (system, rate), each run's live and
+    simulated P90 TTFT and RLD share (the run's own ``sim``), the live spread (largest over
+    smallest - 1) and the median simulated P90's error against the median live P90."""
+    rows = []
+    first = summaries[0]
+    for system in pdd_report.systems(first):
+        for key in pdd_report.rate_keys(first):
+            runs = [
+                (s["live"][system][key], s["sim"][system][key])
+                for s in summaries
+                if key in s.get("live", {}).get(system, {})
+                and key in s.get("sim", {}).get(system, {})
+            ]
+            if not runs:
+                continue
+            live = [lv["ttft_s"]["p90"] for lv, _ in runs]
+            sim = [sm["ttft_s"]["p90"] for _, sm in runs]
+            errors = [p90_error(b, a) for a, b in zip(live, sim, strict=True)]
+            live_med, sim_med = statistics.median(live), statistics.median(sim)
+            rows.append(
+                {
+                    "system": system,
+                    "rate": key,
+                    "live_p90_s": live,
+                    "sim_p90_s": sim,
+                    "p90_errors": errors,
+                    "runs_within_goal": sum(1 for e in errors if abs(e) <= P90_GOAL),
+                    "live_spread": max(live) / min(live) - 1 if min(live) > 0 else math.inf,
+                    "live_median_p90_s": live_med,
+                    "sim_median_p90_s": sim_med,
+                    "median_error": p90_error(sim_med, live_med),
+                    "live_rld_share": [lv["rld_share"] for lv, _ in runs],
+                    "sim_rld_share": [sm["rld_share"] for _, sm in runs],
+                }
+            )
+    medians_within = sum(1 for r in rows if abs(r["median_error"]) <= P90_GOAL)
+    return {
+        "runs": [{k: s["meta"].get(k) for k in ("started", "git", "machine")} for s in summaries],
+        "goals": {"p90_error": P90_GOAL, "share_points": SHARE_GOAL_POINTS},
+        "rows": rows,
+        "medians_within_goal": f"{medians_within} of {len(rows)}",
+    }
+
+
+def render_runs(result: dict[str, Any]) -> str:
+    lines = [
+        "runs: " + "; ".join(f"{r['started']} ({r['git']})" for r in result["runs"]),
+        "system  rate | live P90 per run (s) | spread | sim P90 per run (error) | "
+        "median live -> median sim (error) | live / sim RLD share per run",
+    ]
+    for r in result["rows"]:
+        live = " / ".join(f"{x:.3f}" for x in r["live_p90_s"])
+        pairs = zip(r["sim_p90_s"], r["p90_errors"], strict=True)
+        sim = " / ".join(f"{x:.3f} ({100 * e:+.0f}%)" for x, e in pairs)
+        shares = zip(r["live_rld_share"], r["sim_rld_share"], strict=True)
+        share = " / ".join(f"{100 * a:.1f}-{100 * b:.1f}" for a, b in shares)
+        lines.append(
+            f"{r['system']:7} {r['rate']:4} | {live} | {100 * r['live_spread']:.0f}% | {sim} | "
+            f"{r['live_median_p90_s']:.3f} -> {r['sim_median_p90_s']:.3f} "
+            f"({100 * r['median_error']:+.1f}%) | {share}"
+        )
+    lines.append(f"median simulated P90 within 15% of the median live P90: "
+                 f"{result['medians_within_goal']} rows")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--summary", default=str(ROOT / "bench/pdd/summary.json"))
@@ -342,7 +438,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", nargs="*", default=list(ARMS), choices=ARMS)
     ap.add_argument("--out", default=str(ROOT / "var/planner/live_check.json"))
     ap.add_argument("--publish", default=None, help="also write the result here (small JSON)")
+    ap.add_argument(
+        "--runs", nargs="+", default=None, metavar="SUMMARY",
+        help="several runs' summary.json: their live and simulated figures side by side",
+    )  # fmt: skip
     args = ap.parse_args(argv)
+    if args.runs:
+        try:
+            summaries = [json.loads(Path(p).read_text()) for p in args.runs]
+        except (OSError, ValueError) as exc:
+            ap.error(f"--runs: {exc}")
+        runs = runs_table(summaries)
+        print(render_runs(runs))
+        for path in filter(None, (args.out, args.publish)):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(json.dumps(rounded(runs), indent=1) + "\n")
+        return 0
     summary = json.loads(Path(args.summary).read_text())
     report_path = Path(args.report)
     text = report_path.read_text() if report_path.exists() else ""

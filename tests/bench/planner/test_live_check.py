@@ -132,3 +132,52 @@ def test_the_in_flight_arm_counts_kv_on_its_way_to_md(tmp_path):
     still crossing to MD is no longer low-hit: fewer requests relay than without it."""
     landed, in_flight = _pdd_arms(tmp_path, "host+gateway+reports", "host+gateway+in-flight")
     assert in_flight["relayed"] < landed["relayed"]
+
+
+def test_the_all_cpu_arm_charges_the_measured_cpu_the_simulation_leaves_out(tmp_path):
+    """``all-cpu`` runs with its base arm's rules; its gateway task carries, per request, the
+    gateway's 18.3 ms plus the cores the run measured for all its processes beyond the cores
+    the base arm simulated, over the rate. Asked for alone, the base arm is simulated too."""
+    out = tmp_path / "check.json"
+    args = ["--systems", "pdd", "--rates", "u70", "--arms", "all-cpu", "--out", str(out)]
+    assert main([*args, "--summary", str(SUMMARY)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    base, arm = row["sim"]["host+gateway+in-flight"], row["sim"]["all-cpu"]
+    measured = sum(v for k, v in row["live"]["cpu"].items() if k != "load_avg")
+    extra = (measured - sum(base["cpu"].values())) / row["rps"]
+    assert extra > 0
+    assert arm["host"]["request_cpu_s"] == pytest.approx(0.0183 + extra, rel=1e-4)
+    assert arm["host"]["cores"] == base["host"]["cores"]
+    assert arm["requests"] == base["requests"]
+
+
+def test_runs_side_by_side_give_the_spread_and_the_median_error(tmp_path, capsys):
+    """--runs: each run's live and simulated P90 per row, the live run-to-run spread and the
+    median simulated P90's error against the median live one."""
+    summary = json.loads(SUMMARY.read_text())
+    slower = json.loads(SUMMARY.read_text())
+    for system in slower["live"]:
+        for row in slower["live"][system].values():
+            row["ttft_s"]["p90"] *= 1.2
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(slower))
+    out = tmp_path / "runs.json"
+    assert main(["--runs", str(SUMMARY), str(other), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert len(result["runs"]) == 2
+    assert len(result["rows"]) == sum(len(v) for v in summary["live"].values())
+    for row in result["rows"]:
+        live = summary["live"][row["system"]][row["rate"]]["ttft_s"]["p90"]
+        sim = summary["sim"][row["system"]][row["rate"]]["ttft_s"]["p90"]
+        assert row["live_p90_s"] == pytest.approx([live, 1.2 * live], rel=1e-5)
+        assert row["sim_p90_s"] == pytest.approx([sim, sim], rel=1e-5)
+        assert row["live_spread"] == pytest.approx(0.2, rel=1e-4)
+        assert row["median_error"] == pytest.approx(sim / (1.1 * live) - 1, rel=1e-4, abs=1e-6)
+    assert "median simulated P90 within 15%" in capsys.readouterr().out
+
+
+def test_runs_with_a_missing_summary_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--runs", str(tmp_path / "nope.json")])
+    assert exc.value.code == 2
+    assert "--runs" in capsys.readouterr().err
