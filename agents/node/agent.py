@@ -711,6 +711,9 @@ class Agent:
                 "tokens_sampled": st.tokens_generated,
                 "forwards": st.forwards,
                 "preemptions": st.preemptions,
+                # Wall seconds the engine thread has spent in engine work (steps and commands:
+                # prefill, KV export and import) since the instance started.
+                "busy_s": round(inst.worker.busy_s, 6),
             }
         return doc
 

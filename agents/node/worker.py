@@ -53,6 +53,9 @@ class EngineWorker:
         self.snapshot: Any = snapshot(engine) if snapshot is not None else None
         self.snapshot_at = time.monotonic()  # when `snapshot` was taken
         self._changed = False  # the engine changed since the last snapshot
+        # Wall seconds this thread has spent in engine work (commands and steps) since it
+        # started: the instance's engine_busy_s in the agent's state document.
+        self.busy_s = 0.0
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
         self._thread.start()
 
@@ -97,12 +100,14 @@ class EngineWorker:
                 self._run_command(*item)
                 stalled = False
                 continue
+            began = time.perf_counter()
             try:
                 outputs = self.engine.step()
             except Exception as exc:  # noqa: BLE001 - fail the requests, keep the agent alive
                 log.exception("engine step failed")
                 self._fail_all(exc)
                 outputs = []
+            self.busy_s += time.perf_counter() - began
             stalled = not outputs
             self.stats = self.engine.stats()
             self._changed = True
@@ -114,12 +119,14 @@ class EngineWorker:
 
     def _run_command(self, fn: Callable[[Engine], Any], future: asyncio.Future) -> None:
         error: BaseException | None
+        began = time.perf_counter()
         try:
             result = fn(self.engine)
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
             result, error = None, exc
         else:
             error = None
+        self.busy_s += time.perf_counter() - began
         self.stats = self.engine.stats()
         self._changed = True
         self._refresh_snapshot()

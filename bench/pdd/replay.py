@@ -150,8 +150,10 @@ async def replay(
     progress: Progress,
     drain_s: float = 60.0,
     prewarm_wait: Callable[[int], float] | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> dict:
-    """Prewarm, then replay ``trace``; the per-request results and the run's wall times."""
+    """Prewarm, then replay ``trace``; the per-request results and the run's wall times.
+    ``on_start()`` runs once the prewarm is over, just before the measured replay starts."""
     rng = random.Random(f"{tag}-{len(trace)}")
     system = system_message()
     n = len(trace)
@@ -200,6 +202,8 @@ async def replay(
     if prewarm_wait is not None:
         await asyncio.sleep(prewarm_wait(warm_bytes))
     prewarm_s = time.monotonic() - t_warm
+    if on_start is not None:
+        on_start()
 
     # --- the measured replay ----------------------------------------------------------------
     progress.phase = "replay"

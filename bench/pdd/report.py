@@ -279,6 +279,7 @@ def render(results: Mapping[str, Any], plots: Mapping[str, str] | None = None) -
                 + f" | {s(cpu.get('load_avg'), 2)} |"
             )
     w("")
+    _engine_busy_table(results, w)
     # --- simulator ----------------------------------------------------------------------------
     if results.get("sim"):
         w("## Simulator beside it\n")
@@ -583,3 +584,34 @@ def explain(results: Mapping[str, Any]) -> list[str]:
                 f"{host['cores'] if host else 2:g} cores."
             )
     return lines
+
+
+def _engine_busy_table(results: dict, w) -> None:
+    """The engines' busy time live (the agents' ``engine.busy_s``) beside the simulator's engines
+    (its shared host's CPU per role), where the run measured it."""
+    roles = ("prefill", "relay_decode", "main_decode")
+    rows = [
+        (key, rk, r)
+        for key in systems(results)
+        for rk in rate_keys(results)
+        if (r := results["live"][key].get(rk)) is not None and r.get("engine_busy")
+    ]
+    if not rows:
+        return
+    w(
+        "Engine threads busy (wall seconds per second, summed over a role's instances: the "
+        "agents' `engine.busy_s`, prefill, decode and the KV export and import they run), live "
+        "against the simulator's engines on its shared host (its CPU per role), as live / "
+        "simulated:\n"
+    )
+    w("| system | rate | " + " | ".join(roles) + " |")
+    w("|---|---|" + "---|" * len(roles))
+    for key, rk, r in rows:
+        sim = (((results.get("sim") or {}).get(key) or {}).get(rk) or {}).get("host") or {}
+        sim_cpu = sim.get("cpu") or {}
+        cells = []
+        for role in roles:
+            live = r["engine_busy"].get(role)
+            cells.append("-" if live is None else f"{s(live, 3)} / {s(sim_cpu.get(role), 3)}")
+        w(f"| {LABELS[key]} | {rate_label(results, rk)} | " + " | ".join(cells) + " |")
+    w("")

@@ -166,6 +166,19 @@ def records_for(fleet: Fleet, since_wall: float) -> list[dict]:
     return fleet.cp.get_all("requests", model=fleet.spec.model, since=since)
 
 
+def engine_busy(fleet: Fleet) -> dict[str, float]:
+    """Per role, the wall seconds its engine threads have spent in engine work so far (the
+    agents' ``engine.busy_s``, summed over the role's instances)."""
+    out: dict[str, float] = {}
+    for node in fleet.spec.nodes:
+        st = fleet.state(node.host) or {}
+        for inst in st.get("instances", []):
+            busy = (inst.get("engine") or {}).get("busy_s")
+            if busy is not None:
+                out[node.role] = out.get(node.role, 0.0) + float(busy)
+    return out
+
+
 def run_one(fleet: Fleet, trace, key: str, bar: Bar, args) -> tuple[dict, dict]:
     link_bps = scaling.link_bytes_per_s()
     wan = fleet.spec.key != "idc-pd"
@@ -173,6 +186,7 @@ def run_one(fleet: Fleet, trace, key: str, bar: Bar, args) -> tuple[dict, dict]:
     def prewarm_wait(nbytes: int) -> float:
         return (nbytes / link_bps + 1.0) if wan else 0.5
 
+    busy_before: dict[str, float] = {}
     with Sampler(fleet) as sampler:
         run = asyncio.run(
             replay(
@@ -184,16 +198,25 @@ def run_one(fleet: Fleet, trace, key: str, bar: Bar, args) -> tuple[dict, dict]:
                 progress=bar.progress,
                 drain_s=args.drain_s,
                 prewarm_wait=prewarm_wait,
+                on_start=lambda: busy_before.update(engine_busy(fleet)),
             )
         )
         time.sleep(1.5)  # one more sample after the last request ended
     end_wall = run["start_wall"] + run["span_s"]
     wire, busy, cpu = sampler.window(run["start_wall"], end_wall)
+    # The engines' busy share over the replay (its start to 1.5 s after its last request).
+    span = max(time.time() - run["start_wall"], 1e-3)
+    busy_after = engine_busy(fleet)
+    engines = {
+        role: (busy_after[role] - busy_before.get(role, 0.0)) / span
+        for role in busy_after
+        if role in busy_before
+    }
     time.sleep(0.5)
     records = records_for(fleet, run["start_wall"])
     run["records"] = records
     run["samples"] = sampler.samples
-    return run, {"wire": wire, "busy": busy, "cpu": cpu}
+    return run, {"wire": wire, "busy": busy, "cpu": cpu, "engine_busy": engines}
 
 
 def summarise(run: dict, records: list, wan: dict, fleet: Fleet, sla: dict, duration: float):
@@ -210,6 +233,7 @@ def summarise(run: dict, records: list, wan: dict, fleet: Fleet, sla: dict, dura
     summary["prewarm_s"] = run["prewarm_s"]
     summary["unfinished_at_drain"] = run["unfinished_at_drain"]
     summary["cpu"] = wan.get("cpu", {})
+    summary["engine_busy"] = wan.get("engine_busy", {})
     summary["diagnostics"] = metrics.diagnostics(run["results"], records)
     return summary
 
@@ -584,6 +608,7 @@ def small_summary(results: dict) -> dict:
         "pipelines",
         "record_means",
         "cpu",
+        "engine_busy",
     )
     sim_keep = ("ttft_s", "rld_share", "pipelines", "means", "host")
     engine = results.get("engine") or {}

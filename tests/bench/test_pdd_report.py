@@ -253,3 +253,41 @@ def test_the_small_summary_keeps_what_the_live_check_needs() -> None:
     assert summary["live"]["pdd"]["u50"]["cpu"] == {"prefill": 0.4, "load_avg": 2.0}
     assert summary["live"]["pdd"]["u50"]["record_means"]["kv_wait_s"] == 0.2
     assert summary["sim_dedicated"]["pdd"]["u50"]["ttft_s"]["p90"] == 0.4
+
+
+def test_the_engines_busy_time_is_shown_beside_the_simulators_engines() -> None:
+    results = canned()
+    text = report.render(results)
+    assert "Engine threads busy" not in text  # a run before the agents reported it
+    results["live"]["pdd"]["u50"]["engine_busy"] = {"prefill": 0.31, "main_decode": 0.12}
+    results["sim"]["pdd"]["u50"]["host"] = {"cpu": {"prefill": 0.15, "main_decode": 0.05}}
+    text = report.render(results)
+    assert "Engine threads busy" in text
+    assert "| PDD | 50% (2.10 req/s) | 0.310 / 0.150 | - | 0.120 / 0.050 |" in text
+
+
+def test_the_small_summary_keeps_the_engines_busy_time() -> None:
+    from bench.pdd.run import small_summary
+
+    results = canned()
+    results["live"]["pdd"]["u50"]["engine_busy"] = {"prefill": 0.31}
+    assert small_summary(results)["live"]["pdd"]["u50"]["engine_busy"] == {"prefill": 0.31}
+
+
+def test_engine_busy_sums_each_roles_instances_from_the_agents_state() -> None:
+    from types import SimpleNamespace
+
+    from bench.pdd.run import engine_busy
+
+    docs = {
+        "p1": {"instances": [{"engine": {"busy_s": 1.5}}, {"engine": {"busy_s": 0.5}}]},
+        "p2": {"instances": [{"engine": {"busy_s": 2.0}}]},
+        "md": {"instances": [{"load": {}}]},  # an agent before busy_s: nothing for its role
+        "gone": None,  # an agent that did not answer
+    }
+    roles = {"p1": "prefill", "p2": "prefill", "md": "main_decode", "gone": "relay_decode"}
+    fleet = SimpleNamespace(
+        spec=SimpleNamespace(nodes=[SimpleNamespace(host=h, role=r) for h, r in roles.items()]),
+        state=docs.get,
+    )
+    assert engine_busy(fleet) == {"prefill": 4.0}

@@ -191,3 +191,23 @@ def test_a_slow_control_plane_keeps_the_agent_registered(monkeypatch):
     assert link.heartbeats >= 2
     assert link.registrations == 1
     assert seen.count("/api/v1/agent/register") == 1
+
+
+def test_the_engine_threads_busy_time_counts_its_commands_and_steps():
+    """EngineWorker.busy_s grows by the time the engine thread spends in a command (here one
+    held for a while) and in engine steps, and not while it waits for work."""
+
+    async def scenario(agent, inst):
+        worker = inst.worker
+        idle = worker.busy_s
+        await asyncio.sleep(0.3)
+        assert worker.busy_s == idle  # waiting for a command is not engine work
+        await worker.call(lambda _e: threading.Event().wait(0.2))
+        assert worker.busy_s - idle >= 0.2
+        before = worker.busy_s
+        await worker.call(lambda e: e.generate(PROMPT, SamplingParams(max_tokens=2)))
+        assert worker.busy_s > before
+        doc = await agent.report()
+        assert doc["instances"][0]["engine"]["busy_s"] == round(worker.busy_s, 6)
+
+    run(scenario)

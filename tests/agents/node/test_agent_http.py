@@ -57,6 +57,8 @@ def test_health_and_state_document(agent):
     assert state["tokens_by_role"]["main_decode"] >= 4
     assert inst["cache"]["cached_blocks"] >= 2
     assert set(state["fabrics"]) == {"intra_dc", "wan"}
+    # The engine thread's time in engine work: the prefill and decode steps just run.
+    assert inst["engine"]["busy_s"] > 0
 
 
 def test_the_agent_reports_what_it_streamed_for_a_recent_request(agent):
