@@ -41,6 +41,12 @@ Arms, fixed before they were first run against the live figures:
   run measured for all its processes - the cores ``host+gateway+in-flight`` simulates for its
   engines and gateway) / rate. Whether the CPU the agents, gateway and client spend outside the
   modelled engine work explains the gap as contention for the cores.
+* ``measured-engines`` (added on 2026-12-03, late, with the agents' ``engine.busy_s``; a
+  diagnostic, for runs that measured it): as ``host+gateway+in-flight``, with the engines' speed
+  taken from the run: the prefill fit (overhead, per token, per token pair) multiplied by the
+  live P engines' busy time over the busy time ``host+gateway+in-flight`` simulates for them,
+  the decode fit (overhead, per context token) by the same ratio for RLD and MD together.
+  Whether the engines' slower work under the run's load explains the gap.
 
 The earlier arms simulate these two as the committed run's own simulation did
 (``meta.sim_link_reports_s`` and ``meta.sim_decision_in_flight`` of its summary; runs before
@@ -91,9 +97,13 @@ ARMS = (
     "host+gateway+reports",
     "host+gateway+in-flight",
     "all-cpu",
+    "measured-engines",
 )
-# ``all-cpu`` charges the CPU this arm's simulation leaves out; it runs with this arm's rules.
+# ``all-cpu`` charges the CPU this arm's simulation leaves out, ``measured-engines`` scales the
+# engines by the live busy time over this arm's; both run with this arm's rules.
 ALL_CPU_BASE = "host+gateway+in-flight"
+NEEDS_BASE = ("all-cpu", "measured-engines")
+DECODE_ROLES = ("relay_decode", "main_decode")
 # The arms with the measured fabric: is its fixed part charged to WAN transfers too?
 MEASURED_FABRIC = {
     "host+gateway+fabric": False,
@@ -101,10 +111,11 @@ MEASURED_FABRIC = {
     "host+gateway+reports": True,
     "host+gateway+in-flight": True,
     "all-cpu": True,
+    "measured-engines": True,
 }
 # Arms whose policy sees the link's reported use; of those, arms counting in-flight KV.
-REPORTED_USE = {"host+gateway+reports", "host+gateway+in-flight", "all-cpu"}
-IN_FLIGHT = {"host+gateway+in-flight", "all-cpu"}
+REPORTED_USE = {"host+gateway+reports", "host+gateway+in-flight", *NEEDS_BASE}
+IN_FLIGHT = {"host+gateway+in-flight", *NEEDS_BASE}
 # The KV fabric measured on idle agents (bench/pdd/calibrate.py measure_fabric / fit_fabric),
 # for a run whose summary has none (runs before 2026-12-03 measured no fabric).
 FABRIC_FILE = Path(__file__).resolve().parent / "calibration_fabric.json"
@@ -228,6 +239,29 @@ def p90_error(sim: float, live: float) -> float:
     return (sim - live) / live if live else math.nan
 
 
+def engine_factors(
+    busy: dict[str, float] | None, simulated: dict[str, float] | None
+) -> tuple[float, float] | None:
+    """(prefill, decode): the live engines' busy time over the simulated engines' (cores per
+    role), decode for RLD and MD together; None when the run did not measure it."""
+    if not busy or not simulated or not busy.get("prefill") or not simulated.get("prefill"):
+        return None
+    live_decode = sum(busy.get(r) or 0.0 for r in DECODE_ROLES)
+    sim_decode = sum(simulated.get(r) or 0.0 for r in DECODE_ROLES)
+    decode = live_decode / sim_decode if live_decode > 0 and sim_decode > 0 else 1.0
+    return busy["prefill"] / simulated["prefill"], decode
+
+
+def scaled_engine(engine: dict[str, Any], prefill: float, decode: float) -> dict[str, Any]:
+    """The engine fit with every prefill term times ``prefill`` and every decode term times
+    ``decode``."""
+    pre = {k: v * prefill if k in ("overhead_s", "per_token_s", "per_pair_s") else v
+           for k, v in engine["prefill"].items()}  # fmt: skip
+    dec = {k: v * decode if k in ("overhead_s", "per_ctx_token_s") else v
+           for k, v in engine["decode"].items()}  # fmt: skip
+    return {**engine, "prefill": pre, "decode": dec}
+
+
 def check(
     summary: dict[str, Any],
     report_text: str,
@@ -243,7 +277,7 @@ def check(
     rps_of = {r["key"]: r["rps"] for r in summary["scaling"]["rates"]}
     run_reports_s = float(summary["meta"].get("sim_link_reports_s", 0.0))
     run_in_flight = bool(summary["meta"].get("sim_decision_in_flight", False))
-    if "all-cpu" in arms:  # it needs its base arm's simulated CPU, simulated before it
+    if any(a in arms for a in NEEDS_BASE):  # their base arm is simulated before them
         arms = tuple(a for a in ARMS if a in arms or a == ALL_CPU_BASE)
     rows = []
     for system in pdd_report.systems(summary):
@@ -262,6 +296,7 @@ def check(
                     "rld_share": live["rld_share"],
                     "record_means": live.get("record_means"),
                     "cpu": live.get("cpu"),
+                    "engine_busy": live.get("engine_busy"),
                 },
                 "committed_sim": committed_sim(summary, system, key),
                 "sim": {},
@@ -270,9 +305,15 @@ def check(
                 base = row["sim"].get(ALL_CPU_BASE, {}).get("cpu")
                 host = host_for(arm, cores, rps_of[key], live, base)
                 arm_engine = engine
-                if arm in MEASURED_FABRIC and not engine.get("fabric"):
+                factors = None
+                if arm == "measured-engines":
+                    factors = engine_factors(live.get("engine_busy"), base)
+                    if factors is None:
+                        continue  # the run did not measure its engines' busy time
+                    arm_engine = scaled_engine(engine, *factors)
+                if arm in MEASURED_FABRIC and not arm_engine.get("fabric"):
                     fabric = {**committed_fabric(), "wan_handoff": MEASURED_FABRIC[arm]}
-                    arm_engine = {**engine, "fabric": fabric}
+                    arm_engine = {**arm_engine, "fabric": fabric}
                 reports_s = pdd_sim.HEARTBEAT_S if arm in REPORTED_USE else run_reports_s
                 in_flight = arm in IN_FLIGHT or run_in_flight
                 m = pdd_sim.simulate(
@@ -289,6 +330,9 @@ def check(
                     "relayed": m["pipelines"].get("p-rld-md", 0),
                     "requests": m["requests"],
                 }
+                if factors is not None:
+                    prefill, decode = factors
+                    row["sim"][arm]["engine_factors"] = {"prefill": prefill, "decode": decode}
             rows.append(row)
     return {
         "source": "bench/pdd/summary.json and bench/pdd/REPORT.md (make bench, "
@@ -307,8 +351,8 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
     hold on every row."""
     out: dict[str, Any] = {}
     for arm in {a for r in rows for a in r["sim"]}:
-        errs = [abs(r["sim"][arm]["p90_error"]) for r in rows]
-        shares = [abs(r["sim"][arm]["share_points"]) for r in rows]
+        errs = [abs(r["sim"][arm]["p90_error"]) for r in rows if arm in r["sim"]]
+        shares = [abs(r["sim"][arm]["share_points"]) for r in rows if arm in r["sim"]]
         within = sum(1 for e in errs if e <= P90_GOAL)
         out[arm] = {
             "worst_p90_error": max(errs),
@@ -321,7 +365,7 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def render(result: dict[str, Any]) -> str:
-    arms = [a for a in ARMS if result["rows"] and a in result["rows"][0]["sim"]]
+    arms = [a for a in ARMS if any(a in r["sim"] for r in result["rows"])]
     lines = [
         "system  rate | live P90 | "
         + " | ".join(f"{a} P90 (err)" for a in arms)
@@ -332,10 +376,14 @@ def render(result: dict[str, Any]) -> str:
         lp = r["live"]["ttft_s"]["p90"]
         p90s = " | ".join(
             f"{r['sim'][a]['ttft_s']['p90']:.3f} ({100 * r['sim'][a]['p90_error']:+.1f}%)"
+            if a in r["sim"]
+            else "-"
             for a in arms
         )
         shares = " | ".join(
             f"{100 * r['sim'][a]['rld_share']:.1f}% ({r['sim'][a]['share_points']:+.1f})"
+            if a in r["sim"]
+            else "-"
             for a in arms
         )
         lines.append(

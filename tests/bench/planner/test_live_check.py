@@ -181,3 +181,47 @@ def test_runs_with_a_missing_summary_is_a_usage_error(tmp_path, capsys):
         main(["--runs", str(tmp_path / "nope.json")])
     assert exc.value.code == 2
     assert "--runs" in capsys.readouterr().err
+
+
+def test_the_measured_engines_arm_scales_the_fit_by_the_runs_engine_busy_time(tmp_path):
+    """``measured-engines``: the prefill fit times (live P busy / simulated P busy), the decode
+    fit times the same ratio for RLD and MD together, the base arm's simulated busy time the
+    denominator. A run without the agents' busy time has no such arm."""
+    from bench.planner.live_check import engine_factors, scaled_engine
+
+    assert engine_factors(None, {"prefill": 0.1}) is None
+    assert engine_factors({"prefill": 0.3, "main_decode": 0.2}, {"prefill": 0.2}) == pytest.approx(
+        (1.5, 1.0)
+    )
+    assert engine_factors(
+        {"prefill": 0.3, "relay_decode": 0.1, "main_decode": 0.2},
+        {"prefill": 0.2, "relay_decode": 0.05, "main_decode": 0.15},
+    ) == pytest.approx((1.5, 1.5))
+    fit = {
+        "prefill": {"overhead_s": 1.0, "per_token_s": 2.0, "per_pair_s": 3.0, "max_error": 0.1},
+        "decode": {"overhead_s": 4.0, "per_ctx_token_s": 5.0},
+        "fabric": {"gbps": 1.0},
+    }
+    scaled = scaled_engine(fit, 2.0, 0.5)
+    assert scaled["prefill"] == {"overhead_s": 2.0, "per_token_s": 4.0, "per_pair_s": 6.0,
+                                 "max_error": 0.1}  # fmt: skip
+    assert scaled["decode"] == {"overhead_s": 2.0, "per_ctx_token_s": 2.5}
+    assert scaled["fabric"] == {"gbps": 1.0}
+
+    summary = json.loads(SUMMARY.read_text())
+    row_busy = summary["live"]["pdd"]["u70"].get("engine_busy")
+    out = tmp_path / "check.json"
+    args = ["--systems", "pdd", "--rates", "u70", "--arms", "measured-engines", "--out", str(out)]
+    assert main([*args, "--summary", str(SUMMARY)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    if row_busy:  # the committed run measured it
+        base, arm = row["sim"]["host+gateway+in-flight"], row["sim"]["measured-engines"]
+        expect = row_busy["prefill"] / base["cpu"]["prefill"]
+        assert arm["engine_factors"]["prefill"] == pytest.approx(expect, rel=1e-4)
+        assert arm["host"] == base["host"] and arm["requests"] == base["requests"]
+    summary["live"]["pdd"]["u70"].pop("engine_busy", None)
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps(summary))
+    assert main([*args, "--summary", str(older)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert "measured-engines" not in row["sim"]
