@@ -47,6 +47,11 @@ Arms, fixed before they were first run against the live figures:
   live P engines' busy time over the busy time ``host+gateway+in-flight`` simulates for them,
   the decode fit (overhead, per context token) by the same ratio for RLD and MD together.
   Whether the engines' slower work under the run's load explains the gap.
+* ``prior-engines`` (added with it; a prediction, with ``--factors-from OTHER``): as
+  ``measured-engines``, with the factors of the same system and rate measured in *another* run
+  (its live engines' busy time over its own simulated engines' busy time, both in its
+  summary), applied to this run's own engine fit: engine speed under load measured once,
+  before the run it predicts.
 
 The earlier arms simulate these two as the committed run's own simulation did
 (``meta.sim_link_reports_s`` and ``meta.sim_decision_in_flight`` of its summary; runs before
@@ -98,11 +103,12 @@ ARMS = (
     "host+gateway+in-flight",
     "all-cpu",
     "measured-engines",
+    "prior-engines",
 )
 # ``all-cpu`` charges the CPU this arm's simulation leaves out, ``measured-engines`` scales the
 # engines by the live busy time over this arm's; both run with this arm's rules.
 ALL_CPU_BASE = "host+gateway+in-flight"
-NEEDS_BASE = ("all-cpu", "measured-engines")
+NEEDS_BASE = ("all-cpu", "measured-engines", "prior-engines")
 DECODE_ROLES = ("relay_decode", "main_decode")
 # The arms with the measured fabric: is its fixed part charged to WAN transfers too?
 MEASURED_FABRIC = {
@@ -112,6 +118,7 @@ MEASURED_FABRIC = {
     "host+gateway+in-flight": True,
     "all-cpu": True,
     "measured-engines": True,
+    "prior-engines": True,
 }
 # Arms whose policy sees the link's reported use; of those, arms counting in-flight KV.
 REPORTED_USE = {"host+gateway+reports", "host+gateway+in-flight", *NEEDS_BASE}
@@ -252,6 +259,19 @@ def engine_factors(
     return busy["prefill"] / simulated["prefill"], decode
 
 
+def prior_factors(
+    other: dict[str, Any] | None, system: str, key: str
+) -> tuple[float, float] | None:
+    """The engine factors ``other`` measured for (system, rate): its live engines' busy time
+    over its own simulated engines' (``sim`` on the testbed host, the ``host+gateway`` arm with
+    that run's rules)."""
+    if other is None:
+        return None
+    live = (other.get("live", {}).get(system) or {}).get(key) or {}
+    sim = (other.get("sim", {}).get(system) or {}).get(key) or {}
+    return engine_factors(live.get("engine_busy"), (sim.get("host") or {}).get("cpu"))
+
+
 def scaled_engine(engine: dict[str, Any], prefill: float, decode: float) -> dict[str, Any]:
     """The engine fit with every prefill term times ``prefill`` and every decode term times
     ``decode``."""
@@ -268,7 +288,11 @@ def check(
     systems: list[str] | None = None,
     rates: list[str] | None = None,
     arms: tuple[str, ...] = ARMS,
+    factors_from: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """Every arm on every (system, rate) of ``summary``; ``factors_from``: another run's
+    summary, whose measured engine factors the ``prior-engines`` arm applies (else no such
+    arm)."""
     engine = summary.get("engine") or engine_from_report(report_text)
     extras = live_extras_from_report(report_text, summary) if report_text else {}
     cores = cores_of(summary["meta"])
@@ -308,8 +332,11 @@ def check(
                 factors = None
                 if arm == "measured-engines":
                     factors = engine_factors(live.get("engine_busy"), base)
+                elif arm == "prior-engines":
+                    factors = prior_factors(factors_from, system, key)
+                if arm in ("measured-engines", "prior-engines"):
                     if factors is None:
-                        continue  # the run did not measure its engines' busy time
+                        continue  # no engines' busy time measured (in that run)
                     arm_engine = scaled_engine(engine, *factors)
                 if arm in MEASURED_FABRIC and not arm_engine.get("fabric"):
                     fabric = {**committed_fabric(), "wan_handoff": MEASURED_FABRIC[arm]}
@@ -487,6 +514,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "var/planner/live_check.json"))
     ap.add_argument("--publish", default=None, help="also write the result here (small JSON)")
     ap.add_argument(
+        "--factors-from", default=None, metavar="SUMMARY",
+        help="another run's summary.json: the prior-engines arm takes its engine factors",
+    )  # fmt: skip
+    ap.add_argument(
         "--runs", nargs="+", default=None, metavar="SUMMARY",
         help="several runs' summary.json: their live and simulated figures side by side",
     )  # fmt: skip
@@ -505,7 +536,15 @@ def main(argv: list[str] | None = None) -> int:
     summary = json.loads(Path(args.summary).read_text())
     report_path = Path(args.report)
     text = report_path.read_text() if report_path.exists() else ""
-    result = check(summary, text, args.systems, args.rates, tuple(args.arms))
+    factors_from = None
+    if args.factors_from:
+        try:
+            factors_from = json.loads(Path(args.factors_from).read_text())
+        except (OSError, ValueError) as exc:
+            ap.error(f"--factors-from: {exc}")
+    result = check(summary, text, args.systems, args.rates, tuple(args.arms), factors_from)
+    if factors_from is not None:
+        result["factors_from"] = factors_from.get("meta", {}).get("started")
     print(render(result))
     for path in filter(None, (args.out, args.publish)):
         Path(path).parent.mkdir(parents=True, exist_ok=True)

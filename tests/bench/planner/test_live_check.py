@@ -225,3 +225,29 @@ def test_the_measured_engines_arm_scales_the_fit_by_the_runs_engine_busy_time(tm
     assert main([*args, "--summary", str(older)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert "measured-engines" not in row["sim"]
+
+
+def test_the_prior_engines_arm_takes_another_runs_factors(tmp_path, capsys):
+    """``prior-engines`` applies the engine factors another run measured (its live busy time
+    over its own simulated busy time) to this run's fit; from the same run it is
+    ``measured-engines``. Without --factors-from there is no such arm; a bad file is a usage
+    error."""
+    summary = json.loads(SUMMARY.read_text())
+    if not summary["live"]["pdd"]["u70"].get("engine_busy"):
+        pytest.skip("the committed run did not measure its engines' busy time")
+    out = tmp_path / "check.json"
+    args = ["--systems", "pdd", "--rates", "u70", "--out", str(out)]
+    arms = ["--arms", "measured-engines", "prior-engines"]
+    assert main([*args, *arms, "--factors-from", str(SUMMARY)]) == 0
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
+    measured, prior = row["sim"]["measured-engines"], row["sim"]["prior-engines"]
+    for k in ("prefill", "decode"):
+        assert prior["engine_factors"][k] == pytest.approx(measured["engine_factors"][k], rel=1e-3)
+    assert result["factors_from"] == summary["meta"]["started"]
+    assert main([*args, *arms]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert "prior-engines" not in row["sim"] and "measured-engines" in row["sim"]
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--factors-from", str(tmp_path / "nope.json")])
+    assert exc.value.code == 2 and "--factors-from" in capsys.readouterr().err
