@@ -22,7 +22,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[agents,planner,dev]'
 	@touch $(STAMP)
 
-setup: $(STAMP)
+# The simulator compiled with mypyc (planner/native.py): same results, ~1.5x faster. Rebuilt
+# when a source changes; a failed build leaves the planner on pure Python (it says so).
+NATIVE_STAMP := build/native/stamp.json
+$(NATIVE_STAMP): $(STAMP) $(wildcard planner/*.py routing/*.py pdd/*.py)
+	-BATON_PLANNER_NATIVE=0 $(PY) -m planner native build
+
+setup: $(STAMP) $(NATIVE_STAMP)
 
 # Debian's chromium for the browser tests (root installs it; never a downloaded browser).
 browser:
@@ -75,4 +81,4 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) var staticfiles .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) var build staticfiles .pytest_cache .ruff_cache *.egg-info

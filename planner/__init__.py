@@ -3,3 +3,8 @@
 Pure Python + numpy (matplotlib only for plots); never Django. Public API: ``simulate`` and
 ``plan`` in ``planner.api``; the workload model in ``planner.workload``.
 """
+
+from planner import native as _native
+
+# The compiled simulator (planner/native.py), only where its build matches these sources.
+_native.enable(__path__)

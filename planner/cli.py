@@ -179,6 +179,15 @@ def _cmd_size(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_native(args: argparse.Namespace) -> int:
+    from planner import native
+
+    if args.action == "build":
+        return native.build()
+    print(f"{native.state}: {native.reason}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m planner", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -241,6 +250,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="progress bar on stderr (auto: only on a terminal)")  # fmt: skip
     sz.add_argument("--json", action="store_true")
     sz.set_defaults(func=_cmd_size)
+    nat = sub.add_parser(
+        "native",
+        help="compile the simulator with mypyc (build), or say whether it runs compiled (status)",
+        description="The simulator's hot modules compiled to C (planner/native.py): the same "
+        "results, faster; used only while the build matches the sources.",
+    )
+    nat.add_argument("action", choices=("build", "status"))
+    nat.set_defaults(func=_cmd_native)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr
+
 from planner.spec import check_int, check_non_negative, check_positive, check_range
 
 
+@mypyc_attr(native_class=False)  # checked fields (planner/native.py)
 @dataclass(slots=True)
 class GpuType:
     """One priced unit of a chip type (a node in the published fleet counts), in four numbers."""
@@ -29,6 +32,7 @@ class GpuType:
             check_positive(self, name)
 
 
+@mypyc_attr(native_class=False)  # checked fields (planner/native.py)
 @dataclass(slots=True)
 class ModelSpec:
     """The served model, reduced to what the cost formulas need."""
@@ -84,6 +88,7 @@ class ModelSpec:
 PREFILL_ORDERS = ("fifo", "srpt")
 
 
+@mypyc_attr(native_class=False)  # checked fields (planner/native.py)
 @dataclass(slots=True)
 class EngineSpec:
     """Scheduler and efficiency settings of the engines (assumptions, not chip facts)."""

@@ -21,11 +21,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from mypy_extensions import mypyc_attr
+
 from planner.events import EventLoop
+from planner.hardware import EngineSpec, GpuType, ModelSpec
 from planner.instances import DecodeInstance, PrefillInstance
 from planner.spec import check_positive, check_range
+from routing.policy import InstanceState
 
 
+@mypyc_attr(native_class=False)  # checked fields (planner/native.py)
 @dataclass(slots=True)
 class HostSpec:
     """Every instance of the fleet runs on one machine of ``cores`` cores."""
@@ -157,8 +162,19 @@ class HostedPrefill(PrefillInstance):
     """A prefill instance on a shared host: a pass is work (its seconds at full speed) done at
     the host's speed, busy from its first pass until its queue is empty."""
 
-    def __init__(self, *args, host: Host, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    # Parameters spelled out, not forwarded as *args: compiled (planner/native.py), a native
+    # __init__ reached through super() with *args would receive the tuple as one argument.
+    def __init__(
+        self,
+        state: InstanceState,
+        gpu: GpuType,
+        model: ModelSpec,
+        engine: EngineSpec,
+        loop: EventLoop,
+        *,
+        host: Host,
+    ) -> None:
+        super().__init__(state, gpu, model, engine, loop)
         self.host = host
         self.host_idx = host.add(self, self.state.id)
         self.host_busy = False
@@ -203,8 +219,22 @@ class HostedDecode(DecodeInstance):
     """A decode instance on a shared host: busy while it has a running request, its steps
     stretched by 1 / the host's speed (its fixed and per-byte step costs both scaled)."""
 
-    def __init__(self, *args, host: Host, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        state: InstanceState,
+        gpu: GpuType,
+        model: ModelSpec,
+        engine: EngineSpec,
+        loop: EventLoop,
+        kv_capacity_tokens: int,
+        cache_capacity_tokens: int = 0,
+        holders: dict[int, dict[str, DecodeInstance]] | None = None,
+        *,
+        host: Host,
+    ) -> None:
+        super().__init__(
+            state, gpu, model, engine, loop, kv_capacity_tokens, cache_capacity_tokens, holders
+        )
         self.host = host
         self.host_idx = host.add(self, self.state.id)
         self.host_busy = False

@@ -7,12 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from planner.sim import PIPELINE_CODES, RunRecord
 from planner.spec import check_positive, check_range
 from routing.policy import Pipeline
 
 
+@mypyc_attr(native_class=False)  # checked fields (planner/native.py)
 @dataclass(slots=True)
 class Sla:
     """Goodput counts only while TTFT P90 and P99 stay under these bounds (PDD's SLA)."""
@@ -25,6 +27,7 @@ class Sla:
         check_positive(self, "ttft_p99_s")
 
 
+@mypyc_attr(native_class=False)  # checked fields (planner/native.py)
 @dataclass(slots=True)
 class Tariff:
     """What a provider bills, per million tokens; cached input at a fraction of the input price.

@@ -17,12 +17,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr
+
 from planner.events import EventLoop
 from planner.spec import check_int, check_non_negative, check_positive
 
 Done = Callable[[float, float], None]  # (transfer seconds incl. pool wait, pool wait seconds)
 
 
+@mypyc_attr(native_class=False)  # checked fields (planner/native.py)
 @dataclass(slots=True)
 class WanLinkSpec:
     bandwidth_gbps: float = 20.0

@@ -1,11 +1,13 @@
 """Simulator speed, before and after: simulated requests per second on one core, interleaved.
 
 Runs the same simulation with the planner of a git revision (A, exported with ``git archive``
-into ``var/planner/speed/<rev>/``) and with this working tree (B), alternately A, B, A, B, ...
-in fresh processes pinned to one core, and reports each side's median, min and max of
-simulated requests per wall second (and per CPU second: less sensitive to other load on a
-shared machine). Every run prints a digest of its per-request records; A and B must agree
-(the speed work changed no result), or the script says so and exits 1.
+into ``var/planner/speed/<rev>/``), with this working tree as pure Python (B,
+``BATON_PLANNER_NATIVE=0``) and with this tree's compiled build (C, planner/native.py; skipped
+with a note where none is current), alternately A, B, C, A, B, C, ... in fresh processes
+pinned to one core, and reports each side's median, min and max of simulated requests per
+wall second (and per CPU second: less sensitive to other load on a shared machine). Every run
+prints a digest of its per-request records; all sides must agree (the speed work changed no
+result), or the script says so and exits 1.
 
 The default simulation is paper-ttft's ``pdd`` case as ``planner run`` runs it: 80 RPS, one
 hour of settling, then 1,800 measured seconds (425,898 requests). ``--settle 0 --duration
@@ -13,7 +15,8 @@ hour of settling, then 1,800 measured seconds (425,898 requests). ``--settle 0 -
 
 ``--size`` also times the sizing question "cheapest fleet for P90 TTFT < 10 s, P99 < 15 s at
 100 RPS" (``planner size paper-ttft --rps 100 --duration 300 --settle 900 --bcr-scan ''
---constants 0 --seeds 0``, on ``--size-workers``, default all cores) with this tree, once.
+--constants 0 --seeds 0``, on ``--size-workers``, default all cores) with this tree,
+``--size-reps`` times (default 1), compiled and pure Python alternately.
 
 Usage:
     .venv/bin/python bench/planner/speed.py [--ref REV] [--reps 3] [--settle S --duration S]
@@ -44,6 +47,7 @@ from planner.api import make_trace
 from planner.fleet import fleet_from_dict
 from planner.scenario import case_configs, deep_merge, load_scenario
 from planner.sim import Simulator
+import planner
 case = sys.argv[1]
 rps, duration, settle = (float(x) for x in sys.argv[2:5])
 config = deep_merge(case_configs(load_scenario("paper-ttft"))[case],
@@ -59,8 +63,9 @@ for name in ("arrival_s", "ttft_s", "finish_s", "wan_s", "wan_wait_s", "pipeline
              "first_kv_s", "first_start_s"):
     h.update(np.ascontiguousarray(getattr(rec, name)).tobytes())
 h.update(json.dumps(rec.series, sort_keys=True).encode())
+native = getattr(getattr(planner, "_native", None), "state", "absent")
 print(json.dumps({"requests": len(trace), "wall_s": wall, "cpu_s": cpu,
-                  "digest": h.hexdigest()[:16]}))
+                  "digest": h.hexdigest()[:16], "native": native}))
 """
 
 
@@ -88,8 +93,9 @@ def one_core() -> int:
     return cores[-1]
 
 
-def measure(tree: Path, args: argparse.Namespace, core: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
+def measure(tree: Path, args: argparse.Namespace, core: int, native: bool) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1",
+               BATON_PLANNER_NATIVE="1" if native else "0")  # fmt: skip
 
     def pin() -> None:
         if hasattr(os, "sched_setaffinity"):
@@ -112,19 +118,28 @@ def stats(values: list[float]) -> dict:
     return {"median": median, "min": min(values), "max": max(values), "spread_pct": spread}
 
 
-def size_question(workers: int | None) -> dict:
+def native_state() -> str:
+    out = subprocess.run([sys.executable, "-m", "planner", "native", "status"], cwd=ROOT,
+                         capture_output=True, text=True)  # fmt: skip
+    return out.stdout.strip().split(":")[0] or "unknown"
+
+
+def size_question(workers: int | None, native: bool) -> dict:
     cmd = [sys.executable, "-m", "planner", "size", "paper-ttft", "--rps", "100", "--duration",
            "300", "--settle", "900", "--bcr-scan", "", "--constants", "0", "--seeds", "0",
            "--progress", "off", "--json"]  # fmt: skip
     if workers:
         cmd += ["--workers", str(workers)]
     start = time.perf_counter()
-    out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ, BATON_PLANNER_NATIVE="1" if native else "0")
+    out = subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True,
+                         text=True).stdout  # fmt: skip
     wall = time.perf_counter() - start
     result = json.loads(out)
     best = result["cheapest"]
     return {
         "command": "python -m planner size " + " ".join(c or "''" for c in cmd[4:]),
+        "compiled": native,
         "wall_s": wall,
         "runs": result["runs"],
         "workers": result["workers"],
@@ -145,16 +160,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=3600.0)
     ap.add_argument("--size", action="store_true", help="also time the 100-RPS sizing question")
     ap.add_argument("--size-workers", type=int, default=None)
+    ap.add_argument(
+        "--size-reps",
+        type=int,
+        default=1,
+        help="times the sizing question runs compiled and pure Python, alternately",
+    )
     ap.add_argument("--out", default=str(ROOT / "var" / "planner" / "speed.json"))
     args = ap.parse_args(argv)
     if args.reps < 1 or args.rps <= 0 or args.duration <= 0 or args.settle < 0:
         ap.error("--reps >= 1, --rps and --duration > 0, --settle >= 0")
-    trees = {"A": export(args.ref, ROOT / "var" / "planner" / "speed"), "B": ROOT}
+    compiled = native_state() == "native"
+    if not compiled:
+        print("no current compiled build (make setup builds it): side C skipped",
+              file=sys.stderr)  # fmt: skip
+    a_tree = export(args.ref, ROOT / "var" / "planner" / "speed")
+    sides = {"A": (a_tree, False), "B": (ROOT, False)} | ({"C": (ROOT, True)} if compiled else {})
     core = one_core()
-    runs: dict[str, list[dict]] = {"A": [], "B": []}
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
     for rep in range(args.reps):
-        for side, tree in trees.items():
-            run = measure(tree, args, core)
+        for side, (tree, native) in sides.items():
+            run = measure(tree, args, core, native)
             runs[side].append(run)
             print(f"rep {rep + 1} {side}: {run['requests']} requests, "
                   f"{run['req_per_wall_s']:,.0f} req/s wall, {run['req_per_cpu_s']:,.0f} "
@@ -173,11 +199,18 @@ def main(argv: list[str] | None = None) -> int:
             "rev": args.ref,
             **{k: stats([r[k] for r in runs["A"]]) for k in ("req_per_wall_s", "req_per_cpu_s")},
         },
-        "B": {
-            "rev": "working tree",
-            **{k: stats([r[k] for r in runs["B"]]) for k in ("req_per_wall_s", "req_per_cpu_s")},
+        **{
+            side: {
+                "rev": "working tree" + (", compiled" if native else ", pure Python"),
+                **{
+                    k: stats([r[k] for r in runs[side]])
+                    for k in ("req_per_wall_s", "req_per_cpu_s")
+                },
+            }
+            for side, (_, native) in sides.items()
+            if side != "A"
         },
-        "order": f"A, B alternately, fresh process each, pinned to core {core}",
+        "order": f"{', '.join(sides)} in turn, fresh process each, pinned to core {core}",
         "identical_records": len(digests) == 1,
         "runs": runs,
         "python": platform.python_version(),
@@ -185,11 +218,17 @@ def main(argv: list[str] | None = None) -> int:
         "cores": os.cpu_count(),
         "load_avg_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }
-    result["speedup_median_wall"] = (
-        result["B"]["req_per_wall_s"]["median"] / result["A"]["req_per_wall_s"]["median"]
-    )
+    for side in sides:
+        if side != "A":
+            result[f"speedup_median_wall_{side}_over_A"] = (
+                result[side]["req_per_wall_s"]["median"] / result["A"]["req_per_wall_s"]["median"]
+            )
     if args.size:
-        result["size"] = size_question(args.size_workers)
+        result["size"] = [
+            size_question(args.size_workers, native)
+            for _ in range(max(args.size_reps, 1))
+            for native in ([True, False] if compiled else [False])
+        ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))

@@ -9,6 +9,7 @@ A change meant to alter results must say so and update it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 
@@ -52,7 +53,7 @@ FIELDS = (
 def record_digest(rec) -> str:
     """sha256 over every per-request array, the time series and the run's scalars."""
     h = hashlib.sha256()
-    for name in rec.__slots__:
+    for name in (f.name for f in dataclasses.fields(rec)):
         if name not in FIELDS:
             continue  # added since (e.g. stopped_at_s): not part of the pinned record
         value = getattr(rec, name)
