@@ -18,5 +18,11 @@ def test_before_and_after_run_interleaved_and_agree(tmp_path, capsys) -> None:
     assert result["identical_records"]
     assert len(result["runs"]["A"]) == len(result["runs"]["B"]) == 1
     assert result["A"]["req_per_wall_s"]["median"] > 0 < result["B"]["req_per_cpu_s"]["median"]
+    # B is this tree as pure Python; C, where a current compiled build exists, the same tree
+    # compiled (planner/native.py); every side's records are the same.
+    assert [r["native"] for r in result["runs"]["B"]] == ["disabled"]
+    if "C" in result["runs"]:
+        assert [r["native"] for r in result["runs"]["C"]] == ["native"]
+        assert result["runs"]["C"][0]["digest"] == result["runs"]["A"][0]["digest"]
     assert "pinned to core" in result["order"]
     assert "rep 1 A" in capsys.readouterr().err
