@@ -175,7 +175,10 @@ def _cmd_size(args: argparse.Namespace) -> int:
             f"{top['bracket'][1]:.3g}), cost "
             f"{top['cost_per_hour']:g}/h, BCR {top['bcr']:.3g}"
         )
-    print(f"{result['runs']} simulations on {result['workers']} workers, {result['wall_s']:.1f} s")
+    print(
+        f"{result['runs']} simulations on {result['workers']} workers, {result['wall_s']:.1f} s "
+        f"({result.get('simulator', 'pure Python')} simulator)"
+    )
     return 0
 
 

@@ -179,6 +179,13 @@ class Runner:
         return self._map(_goodput_job, full, "goodput of the best-BCR candidates")
 
 
+def _simulator_kind() -> str:
+    """"compiled" where planner/native.py's build runs, else why it is pure Python."""
+    from planner import native
+
+    return "compiled" if native.state == "native" else f"pure Python ({native.state})"
+
+
 # --- the search --------------------------------------------------------------------------------
 
 
@@ -394,6 +401,7 @@ def size(
             table.sort(key=lambda row: (-row["bcr"], row["cost_per_hour"]))
             out["max_bcr"] = {"best": table[0], "candidates": table, "scan": scan}
         out["runs"] = runner.runs
+        out["simulator"] = _simulator_kind()
         out["wall_s"] = time.perf_counter() - began
         out["method"] = (
             "per-pool bisection assuming monotone pools (one more unit never hurts); the "

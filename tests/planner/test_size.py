@@ -114,6 +114,11 @@ def test_cli_size_prints_the_fleet_and_its_check(capsys) -> None:
     assert code == 0
     assert "cheapest fleet (cost" in out and "one fewer breaks the SLA" in out
     assert "unit prices: GPU-A 1/h, GPU-B 1.25/h" in out
+    # Which simulator ran: compiled (planner/native.py) or pure Python, and why.
+    from planner import native
+
+    kind = "compiled" if native.state == "native" else f"pure Python ({native.state})"
+    assert f"({kind} simulator)" in out
     assert cli.main(["size", "tiny-size", "--rps", "-1", "--progress", "off"]) == 2
 
 
