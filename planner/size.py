@@ -180,7 +180,7 @@ class Runner:
 
 
 def _simulator_kind() -> str:
-    """"compiled" where planner/native.py's build runs, else why it is pure Python."""
+    """The kind of simulator that ran: compiled (planner/native.py) or pure Python, and why."""
     from planner import native
 
     return "compiled" if native.state == "native" else f"pure Python ({native.state})"
