@@ -109,6 +109,13 @@ def _serve_parser(sub) -> None:
         help="weights decode steps multiply by: full (the model's own, default) or int8 "
         "(weight-only int8 copies; CPU only)",
     )
+    p.add_argument(
+        "--decode-compile",
+        action="store_true",
+        default=None,
+        help="decode steps through torch.compile: needs a C++ compiler, compiles for tens of "
+        "seconds on an instance's first steps; faster at larger batches (bench/engine/REPORT.md)",
+    )
     p.add_argument("--num-blocks", type=int, help="KV blocks per engine instance")
     p.add_argument("--block-size", type=int)
     p.add_argument("--max-running", type=int)

@@ -314,6 +314,7 @@ class Agent:
             seed=s.seed,
             dtype=inst.dtype,
             decode_weights=None if s.decode_weights == "full" else s.decode_weights,
+            decode_compile=s.decode_compile,
             **device,
         )
         # One loaded checkpoint per (source, dtype): an engine casts its model in place

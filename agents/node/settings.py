@@ -66,6 +66,10 @@ class AgentSettings:
     # speed and agreement with float32 are in bench/engine/REPORT.md.
     dtype: str = "float32"
     decode_weights: str = "full"
+    # Decode steps through torch.compile (EngineConfig.decode_compile): needs a C++ compiler and
+    # tens of seconds of compiling on an instance's first steps; pays at larger batches
+    # (bench/engine/REPORT.md). Off by default.
+    decode_compile: bool = False
     # Engine capacity of every instance this agent starts.
     num_blocks: int = 1024
     block_size: int = 16
@@ -120,6 +124,8 @@ class AgentSettings:
                 f"decode_weights must be one of {'|'.join(DECODE_WEIGHTS)}, "
                 f"got {self.decode_weights!r}"
             )
+        if not isinstance(self.decode_compile, bool):
+            raise ValueError(f"decode_compile must be true or false, got {self.decode_compile!r}")
         if self.decode_weights == "int8" and self.engine_device() != "cpu":
             raise ValueError(
                 f"decode_weights int8 runs on the CPU only, not device {self.engine_device()!r}"
@@ -150,11 +156,18 @@ class AgentSettings:
         name = self.device or os.environ.get("BATON_ENGINE_DEVICE", "").strip() or "cpu"
         return name.partition(":")[0]
 
-    def engine_options(self) -> dict[str, str]:
+    def engine_options(self) -> dict[str, Any]:
         """The engine options every instance of this agent runs with (state document, /health
         and the pdd_engine_info metric)."""
         device = self.device or os.environ.get("BATON_ENGINE_DEVICE", "").strip() or "cpu"
-        return {"device": device, "dtype": self.dtype, "decode_weights": self.decode_weights}
+        options: dict[str, Any] = {
+            "device": device,
+            "dtype": self.dtype,
+            "decode_weights": self.decode_weights,
+        }
+        if self.decode_compile:  # named only when on: the default document is unchanged
+            options["decode_compile"] = True
+        return options
 
 
 _DEVICE = re.compile(r"(cpu|cuda)(:\d+)?")

@@ -1,4 +1,5 @@
-"""The agent passes its engine options (--dtype, --decode-weights) to every engine it starts,
+"""The agent passes its engine options (--dtype, --decode-weights, --decode-compile) to every
+engine it starts,
 reports them (state document, /health, pdd_engine_info) and refuses bad values in one line."""
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def test_the_defaults_are_float32_with_the_models_own_weights():
     [
         ({"dtype": "float64"}, "dtype must be one of float32|bfloat16, got 'float64'"),
         ({"decode_weights": "int4"}, "decode_weights must be one of full|int8, got 'int4'"),
+        ({"decode_compile": "yes"}, "decode_compile must be true or false, got 'yes'"),
         (
             {"decode_weights": "int8", "device": "cuda"},
             "decode_weights int8 runs on the CPU only, not device 'cuda'",
@@ -102,6 +104,47 @@ def test_bad_engine_flags_are_a_one_line_usage_error(argv, message, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert message in err[-1]
+
+
+def test_decode_compile_reaches_the_engine_and_is_reported_only_when_on(monkeypatch):
+    from agents.node.settings import load_settings
+
+    settings = load_settings(None, {"decode_compile": True, "dtype": None})
+    assert settings.decode_compile is True
+    assert settings.engine_options() == {
+        "device": "cpu", "dtype": "float32", "decode_weights": "full", "decode_compile": True,
+    }  # fmt: skip
+    assert "decode_compile" not in AgentSettings().engine_options()
+    # The flag: absent leaves the setting (None is dropped), present turns it on.
+    import argparse
+
+    from agents.__main__ import _serve_parser
+
+    parser = argparse.ArgumentParser()
+    _serve_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["serve"]).decode_compile is None
+    assert parser.parse_args(["serve", "--decode-compile"]).decode_compile is True
+    # The engine the agent builds runs its decode steps compiled (torch.compile is mocked
+    # here: compiling takes tens of seconds; tests/agents/engine/test_engine_decode_compile.py
+    # compiles for real).
+    calls = []
+    from agents.engine import model_runner
+
+    real = model_runner.decode_forward
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("compiled"))
+        kwargs["compiled"] = False
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model_runner, "decode_forward", spy)
+    engine, tokens, state, health, _metrics = _start(
+        AgentSettings(num_blocks=64, node="n-1", decode_compile=True)
+    )
+    assert engine.config.decode_compile is True and len(tokens) == 4
+    assert calls and all(calls)  # every decode step asked for the compiled step
+    assert state["engine_options"]["decode_compile"] is True
+    assert health["engine_options"]["decode_compile"] is True
 
 
 def test_a_config_file_sets_the_engine_options(tmp_path):
