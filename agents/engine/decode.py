@@ -22,6 +22,7 @@ path's up to float reassociation (tests/agents/engine/test_engine_decode_fast_pa
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -29,6 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from agents.engine.model import CausalLM, RMSNorm
+
+log = logging.getLogger(__name__)
 
 _CAPACITY_STEP = 64  # KV copy capacity grows in multiples of this many positions
 
@@ -310,6 +313,19 @@ def _compiled_decode_math(*args):
         return _compiled_math(*args)
 
 
+_compile_error: str | None = None
+
+
+def _give_up_compiling(exc: Exception) -> None:
+    """A compile that failed (no C++ compiler, an inductor error) fails the same way every
+    time: from now on this process runs the eager step (the same tokens), and says so once."""
+    global _compile_error
+    lines = str(exc).strip().splitlines()
+    _compile_error = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+    log.warning("decode_compile: torch.compile failed (%s); decode steps run uncompiled",
+                _compile_error)  # fmt: skip
+
+
 class DecodeState:
     """The KV copy of one decode batch (requests in order) and its index tensors."""
 
@@ -412,11 +428,16 @@ def decode_forward(
     k_flat = k_cache.view(layers, blocks * block_size, kv_heads, dim)
     v_flat = v_cache.view(layers, blocks * block_size, kv_heads, dim)
     rows, positions = state.rows, state.positions
-    if compiled and not int8 and k_max > 1:
+    if compiled and not int8 and k_max > 1 and _compile_error is None:
         mask = state.mask[..., : k_max - 1].to(state.k.dtype)
-        logits, k_new, v_new = _compiled_decode_math(
-            model, x, cos, sin, state.k, state.v, mask, k_flat.dtype
-        )
+        try:
+            logits, k_new, v_new = _compiled_decode_math(
+                model, x, cos, sin, state.k, state.v, mask, k_flat.dtype
+            )
+        except Exception as exc:  # no C++ compiler, or inductor refused the graph
+            _give_up_compiling(exc)  # nothing written yet: the eager step below runs instead
+            return decode_forward(model, state, input_ids, write_slots, k_cache, v_cache,
+                                  int8=int8, packed=packed)  # fmt: skip
         k_flat[:, write_slots] = k_new
         v_flat[:, write_slots] = v_new
         state.k[:, rows, :, positions] = k_new.transpose(0, 1).to(state.k.dtype)

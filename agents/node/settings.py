@@ -126,6 +126,14 @@ class AgentSettings:
             )
         if not isinstance(self.decode_compile, bool):
             raise ValueError(f"decode_compile must be true or false, got {self.decode_compile!r}")
+        if self.decode_compile and self.engine_device() != "cpu":
+            raise ValueError(
+                f"decode_compile runs on the CPU only, not device {self.engine_device()!r}"
+            )
+        if self.decode_compile and self.decode_weights != "full":
+            raise ValueError(
+                "decode_compile runs with the model's own weights (decode_weights full)"
+            )
         if self.decode_weights == "int8" and self.engine_device() != "cpu":
             raise ValueError(
                 f"decode_weights int8 runs on the CPU only, not device {self.engine_device()!r}"

@@ -86,6 +86,28 @@ def test_compiled_step_math_equals_the_eager_fast_path(lengths, monkeypatch) -> 
             s.append(token)
 
 
+def test_a_compile_that_fails_falls_back_to_the_eager_step(monkeypatch, caplog) -> None:
+    """No C++ compiler (or an inductor error): the step runs eagerly, the same tokens, and the
+    process says so once and stops trying."""
+    loaded = _model(layers=1)
+    eager, _ = _greedy(loaded, compiled=False)
+
+    def broken(*args):
+        raise RuntimeError("InductorError: CppCompileError: C++ compile error\nno gcc")
+
+    monkeypatch.setattr(decode_module, "_compiled_decode_math", broken)
+    monkeypatch.setattr(decode_module, "_compile_error", None)
+    with caplog.at_level("WARNING", logger="agents.engine.decode"):
+        fallback, _ = _greedy(loaded, compiled=True)
+    assert fallback == eager
+    assert (
+        decode_module._compile_error
+        == "RuntimeError: InductorError: CppCompileError: C++ compile error"
+    )
+    warnings = [r for r in caplog.records if "decode_compile" in r.getMessage()]
+    assert len(warnings) == 1
+
+
 def test_decode_compile_is_validated() -> None:
     assert EngineConfig().decode_compile is False
     with pytest.raises(ValueError, match="decode_compile"):

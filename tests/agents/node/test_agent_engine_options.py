@@ -74,6 +74,14 @@ def test_the_defaults_are_float32_with_the_models_own_weights():
         ({"decode_weights": "int4"}, "decode_weights must be one of full|int8, got 'int4'"),
         ({"decode_compile": "yes"}, "decode_compile must be true or false, got 'yes'"),
         (
+            {"decode_compile": True, "device": "cuda"},
+            "decode_compile runs on the CPU only, not device 'cuda'",
+        ),
+        (
+            {"decode_compile": True, "decode_weights": "int8"},
+            "decode_compile runs with the model's own weights (decode_weights full)",
+        ),
+        (
             {"decode_weights": "int8", "device": "cuda"},
             "decode_weights int8 runs on the CPU only, not device 'cuda'",
         ),
