@@ -74,14 +74,23 @@ def _mypy_version() -> str:
         return "none"
 
 
-def digest(root: Path = ROOT) -> str:
-    """What a build was made from: every source it may depend on, Python and mypy versions."""
+def source_names(root: Path = ROOT) -> list[str]:
+    """:func:`_sources` as paths relative to ``root`` (what a build's stamp records)."""
+    return [path.relative_to(root).as_posix() for path in _sources(root)]
+
+
+def digest(names: list[str] | None = None, root: Path = ROOT) -> str:
+    """What a build was made from: the sources it may depend on (``names``, default found
+    from the imports), Python and mypy versions. A stamp records its names, so checking a
+    build reads the files without parsing them: an edit that adds an import changes a file
+    already named, which is enough to make the build stale."""
     h = hashlib.sha256()
     h.update(sys.version.encode())
     h.update(_mypy_version().encode())
-    for path in _sources(root):
-        h.update(str(path.relative_to(root)).encode() + b"\0")
-        h.update(path.read_bytes() + b"\0")
+    for name in source_names(root) if names is None else names:
+        path = root / name
+        h.update(name.encode() + b"\0")
+        h.update((path.read_bytes() if path.is_file() else b"<missing>") + b"\0")
     return h.hexdigest()
 
 
@@ -104,7 +113,8 @@ def enable(package_path: list[str]) -> bool:
     if not stamp.get("digest"):
         state, reason = "build failed", str(stamp.get("error", "unknown error"))
         return False
-    if stamp["digest"] != digest():
+    names = stamp.get("sources")
+    if not isinstance(names, list) or stamp["digest"] != digest(names):
         state, reason = "stale", "the sources changed since the build"
         print(
             f"planner: the compiled simulator in {where} is out of date (sources changed); "
@@ -121,7 +131,7 @@ def enable(package_path: list[str]) -> bool:
     return True
 
 
-def build(where: Path | None = None, quiet: bool = False) -> int:
+def build(where: Path | None = None) -> int:
     """Compile :data:`MODULES` into ``where`` (default :func:`build_dir`); 0 on success.
 
     Builds in a scratch folder and swaps it in whole, so a failed or interrupted build never
@@ -129,7 +139,8 @@ def build(where: Path | None = None, quiet: bool = False) -> int:
     pure Python) and returns 1.
     """
     where = where or build_dir()
-    source_digest = digest()  # before reading the sources: an edit during the build is stale
+    names = source_names()
+    source_digest = digest(names)  # before the build reads them: an edit during it is stale
     scratch = where.with_name(where.name + ".tmp")
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
@@ -163,12 +174,11 @@ def build(where: Path | None = None, quiet: bool = False) -> int:
     for junk in ("c", "obj"):
         shutil.rmtree(scratch / junk, ignore_errors=True)
     (scratch / STAMP).write_text(
-        json.dumps({"digest": source_digest, "modules": list(MODULES),
+        json.dumps({"digest": source_digest, "sources": names, "modules": list(MODULES),
                     "built_s": round(time.perf_counter() - began, 1)}) + "\n"
     )  # fmt: skip
     shutil.rmtree(where, ignore_errors=True)
     scratch.rename(where)
-    if not quiet:
-        print(f"planner: compiled {', '.join(MODULES)} into {where} "
-              f"({time.perf_counter() - began:.0f} s)")  # fmt: skip
+    print(f"planner: compiled {', '.join(MODULES)} into {where} "
+          f"({time.perf_counter() - began:.0f} s)")  # fmt: skip
     return 0

@@ -77,7 +77,8 @@ def test_no_build_and_a_failed_build_run_pure_python(tmp_path, monkeypatch) -> N
 
 
 def test_a_current_build_goes_first_and_the_switch_turns_it_off(tmp_path, monkeypatch) -> None:
-    where = _stamp(tmp_path, monkeypatch, {"digest": native.digest()})
+    names = native.source_names()
+    where = _stamp(tmp_path, monkeypatch, {"digest": native.digest(names), "sources": names})
     path = ["planner-sources"]
     assert native.enable(path) is True
     assert path == [str(where / "planner"), "planner-sources"]
