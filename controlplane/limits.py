@@ -145,7 +145,9 @@ class BodyGuard:
         while True:
             left = deadline - time.monotonic()
             try:
-                message = await asyncio.wait_for(receive(), timeout=max(left, 0.001))
+                # Not wait_for: on Python 3.11 it can swallow a cancellation of this task.
+                async with asyncio.timeout(max(left, 0.001)):
+                    message = await receive()
             except TimeoutError:
                 return await _answer(
                     send,

@@ -173,6 +173,10 @@ class Agent:
         # turns up after the cancel (its call raced the cancel on another connection) finds
         # the cancel already in its inbox instead of waiting for KV that is not coming.
         self._cancelled: OrderedDict[str, None] = OrderedDict()
+        # (request, instance) that RLD answered alone and released here (POST
+        # /v1/pdd/release), newest last (bounded): a decode call for one of them that turns up
+        # afterwards ends at once instead of sharing the inbox the release's import reads.
+        self._released: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.reservations: dict[str, Reservation] = {}
         self.incoming: dict[str, Incoming] = {}
         self._incoming_blocks: dict[str, tuple[str, ...]] = {}  # request id -> its prompt's
@@ -422,7 +426,8 @@ class Agent:
                 inst.state = InstanceStatus.DRAINING
             self._check_drained(inst)
         try:
-            await asyncio.wait_for(self._idle.wait(), grace_s)
+            async with asyncio.timeout(grace_s):  # never swallows a cancel (get_within)
+                await self._idle.wait()
             return True
         except TimeoutError:
             return False
@@ -467,6 +472,17 @@ class Agent:
         )
         entry.claimed = True
         return entry.queue
+
+    def claim_released(self, request_id: str, instance_id: str) -> asyncio.Queue | None:
+        """The request was answered elsewhere (RLD alone): claim its inbox here, for caching
+        the KV P sends, unless a consumer already has it (None). Remembers the release."""
+        if self.consumer_started(request_id, instance_id):
+            return None
+        _remember(self._released, (request_id, instance_id))
+        return self.inbox(request_id, instance_id)
+
+    def released(self, request_id: str, instance_id: str) -> bool:
+        return (request_id, instance_id) in self._released
 
     def consumer_started(self, request_id: str, instance_id: str) -> bool:
         """Whether a consumer has claimed this request's inbox here, or has finished with it."""

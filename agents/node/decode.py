@@ -1,7 +1,8 @@
 """MD, the main decode: reserve the cached prefix (DRC) for a request, import P's delta on
 top of it (after any KV in flight it counted on has landed), then decode (p-md) or wait held
 for RLD's handoff batches and continue from the final one (p-rld-md). A caller that leaves
-before the import still leaves the KV cached (`main_stream_closed`, `_cache_late_kv`)."""
+before the import still leaves the KV cached (`main_stream_closed`, `_cache_late_kv`), and so
+does a request RLD answered alone whose decode call never reached MD (`release_main`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from agents.node.pipeline_common import (
     Events,
     error_event,
     fire_and_forget,
+    get_within,
     kv_payload,
     quiet,
     token_event,
@@ -213,6 +215,10 @@ async def _wait_for_decode_slot(worker: EngineWorker, queue: asyncio.Queue) -> f
 
 async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
     rid, worker = req.request_id, inst.running_worker
+    if agent.released(rid, inst.instance_id):
+        # RLD answered the request alone and said so before this call got here.
+        yield error_event(f"{rid}: already answered by the relay; its KV is cached here")
+        return
     queue = agent.inbox(rid, inst.instance_id)
     length = len(req.prompt)
     imported = finished = dropped = False
@@ -220,7 +226,7 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
     admission: asyncio.Future | None = None
     try:
         try:
-            item = await asyncio.wait_for(queue.get(), agent.settings.kv_timeout_s)
+            item = await get_within(queue, agent.settings.kv_timeout_s)
         except TimeoutError:
             yield error_event(f"{rid}: no KV from P within {agent.settings.kv_timeout_s} s")
             return
@@ -351,6 +357,26 @@ async def main_stream_closed(agent: Agent, inst: Instance, req: DecodeRequest) -
         fire_and_forget(agent, _cache_late_kv(agent, inst, req, queue))
 
 
+def release_main(agent: Agent, inst: Instance, request_id: str, start_token: int) -> bool:
+    """RLD answered request_id alone (POST /v1/pdd/release). When MD's decode call for it never
+    started here (RLD's call was cut before MD read it, or MD was too slow to start it), cache
+    the KV P sends all the same, from the prompt the reservation recorded; a decode call that
+    comes later ends at once. False: a decode call has the request (its own cleanup caches
+    the KV), or nothing was reserved for it here. ValueError: start_token beyond the prompt."""
+    incoming = agent.incoming.get(request_id)
+    if incoming is None or incoming.instance_id != inst.instance_id:
+        return False
+    prompt = [int(t) for t in incoming.tokens]
+    if start_token > len(prompt):
+        raise ValueError(f"beyond the reserved prompt's {len(prompt)} tokens")
+    queue = agent.claim_released(request_id, inst.instance_id)
+    if queue is None:
+        return False
+    req = DecodeRequest(request_id, prompt, 0, SamplingParams(max_tokens=1), start_token, True)
+    fire_and_forget(agent, _cache_late_kv(agent, inst, req, queue))
+    return True
+
+
 async def _cache_late_kv(
     agent: Agent, inst: Instance, req: DecodeRequest, queue, payload: bytes | None = None
 ) -> None:
@@ -361,7 +387,7 @@ async def _cache_late_kv(
         if worker is None:
             return
         if payload is None:
-            item = await asyncio.wait_for(queue.get(), agent.settings.kv_timeout_s)
+            item = await get_within(queue, agent.settings.kv_timeout_s)
             if isinstance(item, BaseException) or item[0] != "kv":
                 return  # cancelled, failed or not KV: nothing to keep
             payload = kv_payload(item[1])

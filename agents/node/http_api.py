@@ -335,6 +335,19 @@ def build_app(agent: Agent) -> Starlette:
             return error(404, f"no recent request {rid!r} on this agent", "request_id")
         return JSONResponse(entry.to_json())
 
+    async def pdd_release(request: Request) -> Response:
+        body = await body_of(request)
+        inst = agent.instance(get_str(body, "instance", None), "main_decode")
+        rid = get_str(body, "request_id")
+        start = get_int(body, "start_token", 0, minimum=0)
+        if start % agent.settings.block_size:
+            raise bad("start_token", "must be a whole number of blocks")
+        try:
+            caching = pipelines.release_main(agent, inst, rid, start)
+        except ValueError as exc:
+            raise bad("start_token", str(exc)) from None
+        return JSONResponse({"request_id": rid, "caching": caching})
+
     async def pdd_cancel(request: Request) -> Response:
         body = await body_of(request)
         rid = get_str(body, "request_id")
@@ -354,6 +367,7 @@ def build_app(agent: Agent) -> Starlette:
         Route("/v1/pdd/reserve", data(pdd_reserve), methods=["POST"]),
         Route("/v1/pdd/decode", data(pdd_decode), methods=["POST"]),
         Route("/v1/pdd/relay", data(pdd_relay), methods=["POST"]),
+        Route("/v1/pdd/release", data(pdd_release), methods=["POST"]),
         Route("/v1/pdd/cancel", data(pdd_cancel), methods=["POST"]),
         Route("/v1/pdd/requests/{request_id}", data(pdd_request), methods=["GET"]),
     ]

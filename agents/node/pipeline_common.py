@@ -25,9 +25,11 @@ __all__ = [
     "ensure_instance_worker",
     "error_event",
     "fire_and_forget",
+    "get_within",
     "kv_payload",
     "pump_stream",
     "quiet",
+    "release_remote",
     "sampling_json",
     "settle",
     "token_event",
@@ -80,6 +82,18 @@ async def pump_stream(
         on_closed(None)
 
 
+async def get_within(queue: asyncio.Queue, timeout_s: float) -> Any:
+    """`queue.get()`, or TimeoutError after timeout_s.
+
+    Not `asyncio.wait_for`: on Python 3.11 it swallows a cancellation that comes in the same
+    loop turn as the item, returning the item instead. A pipeline whose stream's client left
+    then runs on with nobody left to stop it (MD held a request for a handoff that never came,
+    its decode slot and KV blocks with it, and its stream handler never returned). Here the
+    cancellation always wins, and the item stays in the queue for whoever reads it next."""
+    async with asyncio.timeout(timeout_s):
+        return await queue.get()
+
+
 def fire_and_forget(agent: Agent, coro) -> None:
     task = asyncio.create_task(coro)
     agent.background.add(task)
@@ -111,6 +125,19 @@ async def cancel_remote(agent: Agent, peer: Peer | None, request_id: str) -> Non
         )
     except Exception as exc:  # noqa: BLE001 - best effort: the peer may be gone
         log.info("cancel of %s at %s failed: %r", request_id, peer.http, exc)
+
+
+async def release_remote(agent: Agent, peer: Peer, request_id: str, start_token: int) -> None:
+    """Tell MD that RLD answered request_id alone: MD caches P's KV for it even if RLD's
+    decode call never reached it (POST /v1/pdd/release). Best effort, like a cancel."""
+    try:
+        await agent.http.post(
+            f"{peer.http}/v1/pdd/release",
+            json={"request_id": request_id, "instance": peer.instance, "start_token": start_token},
+            timeout=5.0,
+        )
+    except Exception as exc:  # noqa: BLE001 - best effort: the peer may be gone
+        log.info("release of %s at %s failed: %r", request_id, peer.http, exc)
 
 
 async def cancel_local(agent: Agent, request_id: str) -> bool:

@@ -35,9 +35,11 @@ from agents.node.pipeline_common import (
     cancel_remote,
     error_event,
     fire_and_forget,
+    get_within,
     kv_payload,
     pump_stream,
     quiet,
+    release_remote,
     sampling_json,
     settle,
     token_event,
@@ -552,9 +554,7 @@ class RelaySession:
             while self.phase is not Phase.DONE:
                 if self.phase is Phase.WAIT_KV:
                     try:
-                        raw = await asyncio.wait_for(
-                            self.queue.get(), kv_deadline - time.monotonic()
-                        )
+                        raw = await get_within(self.queue, kv_deadline - time.monotonic())
                     except TimeoutError:
                         self.on_kv_timeout()
                         raw = None
@@ -571,7 +571,8 @@ class RelaySession:
 
     async def close(self) -> None:
         """Whatever ended the request: stop MD's stream and the timer, let batches on the wire
-        end, let RLD's engine go, and cancel MD unless it finished or RLD finished alone."""
+        end, let RLD's engine go, and cancel MD unless it finished; release it (it keeps P's
+        KV) when RLD finished alone."""
         self.cancel_deadline()
         if self.md_task is not None:
             self.md_task.cancel()
@@ -585,7 +586,14 @@ class RelaySession:
         self.agent.drop_inbox(self.rid, self.inst.instance_id)
         if self.engine_live:
             await quiet(self.worker.call(lambda e: e.abort(self.rid)))
-        if self.main is not None and not self.md_done and not self.finished_here:
+        if self.main is None or self.md_done:
+            return
+        if self.finished_here:
+            # MD keeps P's KV (its cache must not fall behind P's): closing its stream says so
+            # once MD's handler runs; this says so when the stream never reached it.
+            start = self.req.main_start_token
+            fire_and_forget(self.agent, release_remote(self.agent, self.main, self.rid, start))
+        else:
             fire_and_forget(self.agent, cancel_remote(self.agent, self.main, self.rid))
 
 

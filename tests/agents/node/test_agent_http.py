@@ -129,6 +129,9 @@ def test_link_put_changes_the_shaper(agent):
         ("/v1/pdd/decode", {"prompt_ids": [1, 2]}, "first_token"),
         ("/v1/pdd/decode", {"prompt_ids": [1, 2], "first_token": 5}, "request_id"),
         ("/v1/pdd/reserve", {"request_id": "r", "prompt_ids": [1], "instance": "0"}, None),
+        ("/v1/pdd/release", {"start_token": 0}, "request_id"),
+        ("/v1/pdd/release", {"request_id": "r", "start_token": -16}, "start_token"),
+        ("/v1/pdd/release", {"request_id": "r", "start_token": 5}, "start_token"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(agent, path, body, field):
@@ -139,6 +142,24 @@ def test_bad_input_is_a_400_naming_the_field(agent, path, body, field):
         return
     assert response.status_code == 400, response.text
     assert field in response.json()["error"]
+
+
+def test_a_release_caches_only_what_was_reserved_here(agent):
+    """POST /v1/pdd/release (RLD answered alone): nothing reserved, nothing to cache; a start
+    beyond the reserved prompt is a 400 naming start_token."""
+    url = f"{agent.http}/v1/pdd/release"
+    answer = httpx.post(url, json={"request_id": "nobody", "start_token": 0}, timeout=30)
+    assert answer.status_code == 200 and answer.json() == {"request_id": "nobody", "caching": False}
+    httpx.post(
+        f"{agent.http}/v1/pdd/reserve",
+        json={"request_id": "short", "prompt_ids": [1, 2, 3], "instance": "0"},
+        timeout=30,
+    ).raise_for_status()
+    answer = httpx.post(url, json={"request_id": "short", "start_token": 16}, timeout=30)
+    assert answer.status_code == 400 and "start_token" in answer.json()["error"]
+    answer = httpx.post(url, json={"request_id": "short", "start_token": 0}, timeout=30)
+    assert answer.json()["caching"] is True
+    httpx.post(f"{agent.http}/v1/pdd/cancel", json={"request_id": "short"}, timeout=30)
 
 
 def test_unknown_pipeline_and_wrong_role_are_400(agent):

@@ -18,6 +18,7 @@ from agents.node.pipelines import (
     DecodeRequest,
     _cache_late_kv,
     cancel_local,
+    release_main,
     reserve_prefix,
     run_main,
 )
@@ -327,5 +328,81 @@ def test_a_dependent_cancelled_while_waiting_ends_at_once(prefill_engine):
         assert_clean(agent)
         state = await cache_state(inst, p2)
         assert state == {"root_locks": 1, "pinned_blocks": 0, "cached_prefix": 32, "requests": 0}
+
+    run(scenario)
+
+
+# -- a held decode whose caller leaves as its KV lands, and RLD's release -------------------
+
+
+def test_a_held_decode_cancelled_as_its_kv_lands_stops_and_caches_the_kv(prefill_engine):
+    """RLD closes MD's held stream in the loop turn P's KV lands. The cancellation must win:
+    on Python 3.11 `asyncio.wait_for` returned the KV instead, so MD imported it, held the
+    request for a handoff that never came (a decode slot and its blocks, for good) and the
+    stream's handler never returned. Now the KV stays queued and is cached the late way."""
+    prompt = make_prompt(70, 21)
+
+    async def scenario(agent: Agent, inst):
+        assert await reserve_prefix(agent, inst, "left", prompt) == 0
+        queue = agent.inbox("left", "0")
+        events: list[dict] = []
+
+        async def decode():
+            async for event in run_main(agent, inst, late("left", prompt, 0)):
+                events.append(event)
+
+        task = asyncio.create_task(decode())
+        await asyncio.sleep(0.2)  # run_main waits for the KV
+        assert not task.done()
+        queue.put_nowait(
+            ("kv", transfer_of("left", kv_of(prefill_engine, "left", prompt, 0), 70, 0))
+        )
+        task.cancel()  # the same loop turn
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        assert events == []
+        for _ in range(200):
+            if agent.late_kv_cached:
+                break
+            await asyncio.sleep(0.05)
+        assert agent.late_kv_cached == 1
+        assert_clean(agent)
+        state = await cache_state(inst, prompt)
+        assert state == {"root_locks": 1, "pinned_blocks": 0, "cached_prefix": 64, "requests": 0}
+
+    run(scenario)
+
+
+def test_a_release_caches_the_kv_when_the_decode_call_never_came(prefill_engine):
+    """RLD answered alone and its decode call to MD was cut before MD read it: the release
+    (POST /v1/pdd/release) caches P's KV from the prompt MD's reservation recorded, and a
+    decode call that turns up afterwards ends at once."""
+    prompt = make_prompt(50, 22)
+
+    async def scenario(agent: Agent, inst):
+        assert await reserve_prefix(agent, inst, "solo", prompt) == 0
+        assert release_main(agent, inst, "solo", 0) is True
+        assert release_main(agent, inst, "solo", 0) is False  # already released
+        await agent._on_transfer(
+            transfer_of("solo", kv_of(prefill_engine, "solo", prompt, 0), 50, 0)
+        )
+        for _ in range(200):
+            if agent.late_kv_cached:
+                break
+            await asyncio.sleep(0.05)
+        assert agent.late_kv_cached == 1
+        assert_clean(agent)
+        assert (await cache_state(inst, prompt))["cached_prefix"] == 48
+        events = [e async for e in run_main(agent, inst, late("solo", prompt, 0))]
+        assert [e["type"] for e in events] == ["error"]
+        assert "already answered by the relay" in events[0]["message"]
+        # Nothing reserved for it, or a decode call already has it: nothing to do.
+        assert release_main(agent, inst, "unknown", 0) is False
+        assert await reserve_prefix(agent, inst, "decoding", prompt) == 48
+        agent.inbox("decoding", "0")  # run_main claims its inbox first thing
+        assert release_main(agent, inst, "decoding", 0) is False
+        with pytest.raises(ValueError, match="beyond the reserved prompt"):
+            release_main(agent, inst, "decoding", 64)
+        await cancel_local(agent, "decoding")
 
     run(scenario)

@@ -323,10 +323,20 @@ def test_md_keeps_the_kv_when_rld_finishes_before_the_handoff(cluster):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         state = get(cluster["md"], "/state").json()
-        if wanted <= set(state["instances"][0]["cached_prefix_blocks"]):
+        md_state = state["instances"][0]
+        if wanted <= set(md_state["cached_prefix_blocks"]) and md_state["load"]["held"] == 0:
             break
         time.sleep(0.2)
-    assert wanted <= set(state["instances"][0]["cached_prefix_blocks"])
+    # MD let the request go (a held request nobody hands off to would keep a decode slot and
+    # its blocks for good) and kept its KV.
+    assert md_state["load"]["held"] == 0, md_state["load"]
+    assert wanted <= set(md_state["cached_prefix_blocks"]), (
+        result["stats"],
+        md_state["load"],
+        md_state["kv"],
+        state.get("late_kv_cached"),
+        state.get("kv_in_flight"),
+    )
 
 
 def test_a_full_md_leaves_the_relay_decoding_until_it_has_a_slot(cluster):

@@ -352,7 +352,11 @@ def test_relay_streams_rld_tokens_and_finishes_alone() -> None:
         assert s.phase is Phase.DONE and s.finished_here and not s.engine_live
         await s.close()
         await asyncio.sleep(0)
-        assert agent.http.posts == []  # MD keeps its stream's KV: not cancelled
+        # MD keeps P's KV: not cancelled but released, in case RLD's decode call never
+        # reached it (MD then caches the KV from its reservation's prompt).
+        assert agent.http.posts == [
+            ("http://md/v1/pdd/release", {"request_id": RID, "instance": "9", "start_token": 0})
+        ]
         assert ("abort", RID) not in worker.engine.calls
         assert agent.counted == 2
 
