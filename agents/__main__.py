@@ -106,8 +106,9 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--decode-weights",
         choices=DECODE_WEIGHTS,
-        help="weights decode steps multiply by: full (the model's own, default) or int8 "
-        "(weight-only int8 copies; CPU only)",
+        help="weights decode steps multiply by: full (the model's own, default), int8 "
+        "(weight-only int8 copies) or stream (the skinny kernel's packed copies, for x86 CPUs "
+        "with AVX-512 and AVX512-BF16); int8 and stream: CPU only",
     )
     p.add_argument(
         "--decode-compile",

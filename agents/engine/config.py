@@ -109,7 +109,10 @@ class EngineConfig:
     # "int8": decode steps multiply by int8 weight-only copies of the linears (one scale per
     # output row, bf16 activations; CPU only, the float weights stay for prefill / extend).
     # "packed": by oneDNN-prepacked copies of the linears (the same values in oneDNN's blocked
-    # layout: a second copy of the linears' weights; CPU only). None: the model's own weights.
+    # layout: a second copy of the linears' weights; CPU only). "stream": by the skinny
+    # kernel's packed copies (agents/engine/skinny.py: one sequential pass over each weight at
+    # 1-16 rows; a second copy; x86 CPUs with AVX-512 and AVX512-BF16, elsewhere the default
+    # linears run, logged). None: the model's own weights.
     # Speed, and agreement with float32: bench/engine/REPORT.md.
     decode_weights: str | None = None
     # Decode fast-path steps through torch.compile (inductor; needs a C++ compiler): one
@@ -137,9 +140,9 @@ class EngineConfig:
                 f"EngineConfig.max_batch_tokens must be >= 1, got {self.max_batch_tokens}"
             )
         parse_dtype(self.dtype)
-        if self.decode_weights not in (None, "int8", "packed"):
+        if self.decode_weights not in (None, "int8", "packed", "stream"):
             raise ValueError(
-                "EngineConfig.decode_weights must be None, 'int8' or 'packed', "
+                "EngineConfig.decode_weights must be None, 'int8', 'packed' or 'stream', "
                 f"got {self.decode_weights!r}"
             )
         if self.decode_weights is not None and parse_device(self.device).type != "cpu":

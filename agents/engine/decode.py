@@ -15,6 +15,10 @@ only reads the KV copy (the new position's key and value are attended to separat
 afterwards, so the graph mutates none of its inputs), which fuses the small element-wise ops
 and multiplies by prepacked oneDNN weights (a second copy of the linears' weights).
 
+`decode_forward(..., stream=True)` (EngineConfig.decode_weights="stream") multiplies by the
+skinny kernel's packed copies of the linears (agents/engine/skinny.py) at 1-16 rows: one
+sequential pass over each weight, against MKL's and oneDNN's partial one at these shapes.
+
 Also: fused QKV and gate/up projections (`fuse_projections`: the checkpoint's q/k/v and
 gate/up parameters become views of one fused tensor, so the state dict keeps its layout and no
 memory is added), a precomputed RoPE table and `F.rms_norm`. The results equal the general
@@ -29,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agents.engine import skinny
 from agents.engine.model import CausalLM, RMSNorm
 
 log = logging.getLogger(__name__)
@@ -221,6 +226,31 @@ def _packed_linear(x, weight, bias, packed: dict[int, torch.Tensor]) -> torch.Te
     return _linear(x, weight, bias)
 
 
+def stream_weights(model: CausalLM) -> dict[int, tuple[torch.Tensor, int]]:
+    """The skinny kernel's packed copies (agents/engine/skinny.py) of the decode step's
+    weights with their row counts, keyed by the dense weight's data pointer; cached on the
+    model, redone when the weights were replaced. Empty where the kernel does not run."""
+    cached = getattr(model, "_stream_weights", None)
+    if cached is not None and model.lm_head.weight.data_ptr() in cached:
+        return cached
+    cached = {}
+    if skinny.available():
+        with torch.inference_mode(False), torch.no_grad():
+            for weight in _decode_weights(model):
+                if skinny.supports(weight):
+                    cached[weight.data_ptr()] = (skinny.pack(weight), weight.shape[0])
+    model._stream_weights = cached
+    return cached
+
+
+def _stream_linear(x, weight, bias, packed: dict[int, tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """x @ W.T through the skinny kernel at 1 to skinny.MAX_ROWS rows, else the dense path."""
+    p = packed.get(weight.data_ptr())
+    if p is not None and x.dim() == 2 and x.shape[0] <= skinny.MAX_ROWS and x.dtype == weight.dtype:
+        return skinny.linear(x, p[0], p[1], bias)
+    return _linear(x, weight, bias)
+
+
 def _int8_linear(x: torch.Tensor, packed: tuple, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ dequant(W).T through aten's int8 weight-only kernel (bf16 activations: its float32
     variant was 10-30x slower on this CPU), back in x's dtype."""
@@ -406,6 +436,7 @@ def decode_forward(
     *,
     int8: bool = False,  # int8 weight-only linears (CPU), see quantize_int8
     packed: bool = False,  # oneDNN-prepacked copies of the weights (CPU), see prepack_weights
+    stream: bool = False,  # the skinny kernel's packed copies (CPU), see stream_weights
     compiled: bool = False,  # through torch.compile (see the module's docstring)
 ) -> torch.Tensor:  # [B, vocab] float32
     """One decode step over `state`'s requests (their KV copy must hold the cached positions);
@@ -437,7 +468,7 @@ def decode_forward(
         except Exception as exc:  # no C++ compiler, or inductor refused the graph
             _give_up_compiling(exc)  # nothing written yet: the eager step below runs instead
             return decode_forward(model, state, input_ids, write_slots, k_cache, v_cache,
-                                  int8=int8, packed=packed)  # fmt: skip
+                                  int8=int8, packed=packed, stream=stream)  # fmt: skip
         k_flat[:, write_slots] = k_new
         v_flat[:, write_slots] = v_new
         state.k[:, rows, :, positions] = k_new.transpose(0, 1).to(state.k.dtype)
@@ -461,6 +492,11 @@ def decode_forward(
 
         def linear(x, weight, bias=None):
             return _packed_linear(x, weight, bias, prepacked)
+    elif stream and x.device.type == "cpu":
+        streamed = stream_weights(model)
+
+        def linear(x, weight, bias=None):
+            return _stream_linear(x, weight, bias, streamed)
     else:
         linear = _linear
     # The new position's rows in the KV copy, flattened ([L * B * KVH * capacity, D], which the

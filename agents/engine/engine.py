@@ -4,10 +4,12 @@ prefill / export / import / extend calls the PDD pipelines are built from. Not t
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Sequence
 
 import torch
 
+from agents.engine import skinny
 from agents.engine.config import EngineConfig
 from agents.engine.decode import fuse_projections
 from agents.engine.errors import EngineFull, PrefixMissing
@@ -33,6 +35,8 @@ from agents.engine.request import (
 )
 from agents.engine.sampler import sample_tokens, token_logprobs
 from agents.engine.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -74,8 +78,15 @@ class Engine:
             self.pool,
             decode_int8=self.config.decode_weights == "int8",
             decode_packed=self.config.decode_weights == "packed",
+            decode_stream=self.config.decode_weights == "stream",
             decode_compile=self.config.decode_compile,
         )
+        if self.config.decode_weights == "stream" and not skinny.available():
+            log.warning(
+                "decode_weights='stream': the skinny kernel does not run here (%s); decode "
+                "steps use the default linears",
+                skinny.unavailable_reason(),
+            )
         self.requests: dict[str, Request] = {}
         self._undelivered: list[TokenOutput] = []
         self._arrivals = itertools.count()

@@ -25,6 +25,7 @@ class ModelRunner:
         decode_fast_path: bool = True,
         decode_int8: bool = False,
         decode_packed: bool = False,
+        decode_stream: bool = False,
         decode_compile: bool = False,
     ) -> None:
         self.model = model
@@ -32,6 +33,7 @@ class ModelRunner:
         self.decode_fast_path = decode_fast_path
         self.decode_int8 = decode_int8  # int8 weight-only linears in fast-path steps
         self.decode_packed = decode_packed  # oneDNN-prepacked weights in fast-path steps
+        self.decode_stream = decode_stream  # the skinny kernel's weights in fast-path steps
         self.decode_compile = decode_compile  # fast-path steps through torch.compile
         self.decode_state = DecodeState()
         self.fast_steps = 0
@@ -96,6 +98,7 @@ class ModelRunner:
             pool.v_cache,
             int8=self.decode_int8,
             packed=self.decode_packed,
+            stream=self.decode_stream,
             compiled=self.decode_compile,
         )
         for req in requests:

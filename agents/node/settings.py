@@ -24,7 +24,7 @@ ROLES = tuple(Role)
 WAIT_POLICIES = ("auto", "passive", "active")
 # The engine options an agent passes to every engine it starts (agents.engine.EngineConfig).
 DTYPES = ("float32", "bfloat16")
-DECODE_WEIGHTS = ("full", "int8")
+DECODE_WEIGHTS = ("full", "int8", "stream")
 # Fields a config file may not set (worked out by the agent itself).
 _DERIVED = frozenset({"thread_plan"})
 
@@ -134,9 +134,10 @@ class AgentSettings:
             raise ValueError(
                 "decode_compile runs with the model's own weights (decode_weights full)"
             )
-        if self.decode_weights == "int8" and self.engine_device() != "cpu":
+        if self.decode_weights != "full" and self.engine_device() != "cpu":
             raise ValueError(
-                f"decode_weights int8 runs on the CPU only, not device {self.engine_device()!r}"
+                f"decode_weights {self.decode_weights} runs on the CPU only, not device "
+                f"{self.engine_device()!r}"
             )
         if self.omp_wait_policy not in WAIT_POLICIES:
             raise ValueError(

@@ -31,7 +31,7 @@ from agents.engine.config import parse_dtype
 from bench.engine.checkpoint import LAYOUTS, make_checkpoint
 
 BLOCK_SIZE = 16
-ARM_KINDS = ("general", "fast", "int8", "packed", "compiled")  # --fast-vs-general --arms
+ARM_KINDS = ("general", "fast", "int8", "packed", "stream", "compiled")  # --fast-vs-general --arms
 CKPT_DIR = Path("var/bench-engine")
 
 
@@ -329,7 +329,8 @@ def agreement(args) -> dict:
 
 def fast_vs_general(args) -> dict:
     """Engine configurations on one model (`--arms`, the first is the base: general = fast path
-    off, fast, int8 / packed = fast path with int8 / prepacked weights, compiled = fast path
+    off, fast, int8 / packed / stream = fast path with int8 / oneDNN-prepacked / skinny-kernel
+    weights, compiled = fast path
     through torch.compile), one engine each over the same prompts, their decode steps
     interleaved one by one (the order reversed every step) after `--warmup-steps` untimed
     steps each (the compile happens there). An arm `kind:dtype` (`packed:bfloat16`) runs in
@@ -354,6 +355,7 @@ def fast_vs_general(args) -> dict:
                 engine.runner.decode_fast_path = kind != "general"
                 engine.runner.decode_int8 = kind == "int8"
                 engine.runner.decode_packed = kind == "packed"
+                engine.runner.decode_stream = kind == "stream"
                 engine.runner.decode_compile = kind == "compiled"
                 params = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
                 for i, p in enumerate(prompts):
@@ -487,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=["general", "fast"],
         help="the engines --fast-vs-general interleaves (2 or more; the first is the base): "
-        "general, fast, int8, packed or compiled, each optionally :float32 / :bfloat16",
+        "general, fast, int8, packed, stream or compiled, each optionally :float32 / :bfloat16",
     )
     ap.add_argument("--warmup-steps", type=int, default=3, help="--fast-vs-general: untimed")
     ap.add_argument(
@@ -498,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--decode-weights",
-        choices=["int8", "packed"],
+        choices=["int8", "packed", "stream"],
         help="the engine's decode weights (EngineConfig.decode_weights); --agreement: against "
         "float32 with the model's own weights",
     )

@@ -159,7 +159,7 @@ def test_int8_decode_weights_run_in_an_engine_and_are_validated(tiny) -> None:
     )
     out = Engine(loaded, config).generate(list(range(10, 30)), SamplingParams(max_tokens=8))
     assert len(out.output_ids) == 8
-    with pytest.raises(ValueError, match="decode_weights must be None, 'int8' or 'packed'"):
+    with pytest.raises(ValueError, match="must be None, 'int8', 'packed' or 'stream'"):
         EngineConfig(decode_weights="int4")
     with pytest.raises(ValueError, match="CPU only"):
         EngineConfig(decode_weights="int8", device="cuda")

@@ -58,6 +58,17 @@ def test_the_agent_builds_its_engines_with_its_dtype_and_decode_weights():
     ) in metrics
 
 
+def test_the_agent_passes_stream_decode_weights_to_its_engines():
+    """--decode-weights stream: the engines multiply by the skinny kernel's copies (where the
+    CPU runs it; elsewhere they keep the default linears), and the agent reports the option."""
+    settings = AgentSettings(num_blocks=64, node="n-1", decode_weights="stream")
+    engine, tokens, state, health, _metrics = _start(settings)
+    assert engine.config.decode_weights == "stream" and engine.runner.decode_stream
+    assert len(tokens) == 4
+    assert state["engine_options"]["decode_weights"] == "stream"
+    assert health["engine_options"]["decode_weights"] == "stream"
+
+
 def test_the_defaults_are_float32_with_the_models_own_weights():
     engine, _tokens, state, health, _metrics = _start(AgentSettings(num_blocks=64))
     assert engine.config.dtype == "float32" and engine.config.decode_weights is None
@@ -71,7 +82,10 @@ def test_the_defaults_are_float32_with_the_models_own_weights():
     ("kwargs", "message"),
     [
         ({"dtype": "float64"}, "dtype must be one of float32|bfloat16, got 'float64'"),
-        ({"decode_weights": "int4"}, "decode_weights must be one of full|int8, got 'int4'"),
+        (
+            {"decode_weights": "int4"},
+            "decode_weights must be one of full|int8|stream, got 'int4'",
+        ),
         ({"decode_compile": "yes"}, "decode_compile must be true or false, got 'yes'"),
         (
             {"decode_compile": True, "device": "cuda"},
@@ -84,6 +98,10 @@ def test_the_defaults_are_float32_with_the_models_own_weights():
         (
             {"decode_weights": "int8", "device": "cuda"},
             "decode_weights int8 runs on the CPU only, not device 'cuda'",
+        ),
+        (
+            {"decode_weights": "stream", "device": "cuda"},
+            "decode_weights stream runs on the CPU only, not device 'cuda'",
         ),
     ],
 )

@@ -1,0 +1,172 @@
+// y = x @ w.T (+ bias) for the few rows of a decode step (1-16 rows), one pass over the weight.
+//
+// At a handful of rows a linear layer is a pass over its weight: each weight element is
+// loaded once and used by every row. MKL and oneDNN read the weight well below the machine's
+// bandwidth at these shapes (bench/engine/REPORT.md). Here the weight is prepacked into
+// panels of 48 output columns, each panel a contiguous [K][48] block (bfloat16: [K/2][48][2],
+// the pairs AVX512-BF16's dot product takes), so a thread reads its panels as one sequential
+// stream; for each k it broadcasts x[m, k] and multiplies it into MR x 3 vector accumulators
+// held in registers (no horizontal sums). Rows 9-16 run as a second pass over a panel while
+// it is still in L2, so the weight leaves memory once. Accumulation is float32 in both dtypes.
+//
+// Registered as torch.ops.baton.skinny_linear (CPU); built and loaded by agents/engine/skinny.py,
+// which also packs the weights.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int kVecs = 3;                 // accumulator vectors per row
+constexpr int64_t kPanel = 16 * kVecs;   // output columns per panel
+constexpr int kMaxRows = 16;
+constexpr int64_t kTaskBytes = 2 << 20;
+
+inline __mmask16 tail_mask(int64_t cols) {
+  return cols >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << cols) - 1u);
+}
+
+template <int MR>
+void panel_f32(const float* x, const float* wp, const float* bias, float* y, int64_t N,
+               int64_t K, int64_t n0) {
+  __m512 acc[MR][kVecs];
+  for (int m = 0; m < MR; m++)
+    for (int j = 0; j < kVecs; j++) acc[m][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k++) {
+    __m512 wv[kVecs];
+    for (int j = 0; j < kVecs; j++) wv[j] = _mm512_loadu_ps(wp + k * kPanel + 16 * j);
+    for (int m = 0; m < MR; m++) {
+      const __m512 xv = _mm512_set1_ps(x[m * K + k]);
+      for (int j = 0; j < kVecs; j++) acc[m][j] = _mm512_fmadd_ps(xv, wv[j], acc[m][j]);
+    }
+  }
+  for (int j = 0; j < kVecs; j++) {
+    const int64_t col = n0 + 16 * j;
+    if (col >= N) break;
+    const __mmask16 mask = tail_mask(N - col);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + col) : _mm512_setzero_ps();
+    for (int m = 0; m < MR; m++)
+      _mm512_mask_storeu_ps(y + m * N + col, mask, _mm512_add_ps(acc[m][j], b));
+  }
+}
+
+template <int MR>
+void panel_bf16(const uint16_t* x, const uint16_t* wp, const uint16_t* bias, uint16_t* y,
+                int64_t N, int64_t K, int64_t n0) {
+  __m512 acc[MR][kVecs];
+  for (int m = 0; m < MR; m++)
+    for (int j = 0; j < kVecs; j++) acc[m][j] = _mm512_setzero_ps();
+  for (int64_t kp = 0; kp < K / 2; kp++) {
+    __m512bh wv[kVecs];
+    for (int j = 0; j < kVecs; j++)
+      wv[j] = (__m512bh)_mm512_loadu_si512(wp + (kp * kPanel + 16 * j) * 2);
+    for (int m = 0; m < MR; m++) {
+      int32_t pair;
+      std::memcpy(&pair, x + m * K + 2 * kp, sizeof(pair));
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+      for (int j = 0; j < kVecs; j++) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv, wv[j]);
+    }
+  }
+  for (int j = 0; j < kVecs; j++) {
+    const int64_t col = n0 + 16 * j;
+    if (col >= N) break;
+    const __mmask16 mask = tail_mask(N - col);
+    __m512 b = _mm512_setzero_ps();
+    if (bias) {  // bfloat16 -> float32: the bits, 16 places up
+      const __m256i raw = _mm256_maskz_loadu_epi16(mask, bias + col);
+      b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    }
+    for (int m = 0; m < MR; m++) {
+      const __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(acc[m][j], b));  // nearest even
+      _mm256_mask_storeu_epi16(y + m * N + col, mask, (__m256i)out);
+    }
+  }
+}
+
+template <typename T, int MR>
+void panel(const T* x, const T* wp, const T* bias, T* y, int64_t N, int64_t K, int64_t n0) {
+  if constexpr (sizeof(T) == 4)
+    panel_f32<MR>(x, wp, bias, y, N, K, n0);
+  else
+    panel_bf16<MR>(x, wp, bias, y, N, K, n0);
+}
+
+// `rows` (1-8) rows of x against one panel.
+template <typename T>
+void rows_panel(int64_t rows, const T* x, const T* wp, const T* bias, T* y, int64_t N,
+                int64_t K, int64_t n0) {
+  switch (rows) {
+    case 1: return panel<T, 1>(x, wp, bias, y, N, K, n0);
+    case 2: return panel<T, 2>(x, wp, bias, y, N, K, n0);
+    case 3: return panel<T, 3>(x, wp, bias, y, N, K, n0);
+    case 4: return panel<T, 4>(x, wp, bias, y, N, K, n0);
+    case 5: return panel<T, 5>(x, wp, bias, y, N, K, n0);
+    case 6: return panel<T, 6>(x, wp, bias, y, N, K, n0);
+    case 7: return panel<T, 7>(x, wp, bias, y, N, K, n0);
+    default: return panel<T, 8>(x, wp, bias, y, N, K, n0);
+  }
+}
+
+template <typename T>
+void run(int64_t M, const T* x, const T* wp, const T* bias, T* y, int64_t N, int64_t K) {
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  const int64_t panel_elems = kPanel * K;
+  // A thread takes at least kTaskBytes of weight (~100 us of streaming): waking a waiting
+  // thread costs tens of microseconds, more than a small layer's share of the work.
+  const int64_t grain =
+      std::max<int64_t>(1, kTaskBytes / (panel_elems * static_cast<int64_t>(sizeof(T))));
+  at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; p++)
+      for (int64_t m0 = 0; m0 < M; m0 += 8)
+        rows_panel<T>(std::min<int64_t>(8, M - m0), x + m0 * K, wp + p * panel_elems, bias,
+                      y + m0 * N, N, K, p * kPanel);
+  });
+}
+
+at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                         const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2, "skinny_linear: x must be [M, K]");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(M >= 1 && M <= kMaxRows, "skinny_linear: 1 to ", kMaxRows, " rows, got ", M);
+  TORCH_CHECK(x.scalar_type() == packed.scalar_type(), "skinny_linear: dtypes differ");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "skinny_linear: float32 or bfloat16");
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(!bf16 || K % 2 == 0, "skinny_linear: bfloat16 needs an even K");
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  TORCH_CHECK(packed.is_contiguous() && packed.numel() == panels * kPanel * K,
+              "skinny_linear: packed weight does not match N and K");
+  const at::Tensor xc = x.contiguous();
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == N && bias->scalar_type() == x.scalar_type(),
+                "skinny_linear: bias must be [N] in x's dtype");
+    b = bias->contiguous();
+  }
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (!bf16) {
+    run<float>(M, xc.data_ptr<float>(), packed.data_ptr<float>(),
+               b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), N, K);
+  } else {
+    auto p = [](const at::Tensor& t) {
+      return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
+    };
+    run<uint16_t>(M, p(xc), p(packed), b.defined() ? p(b) : nullptr, p(y), N, K);
+  }
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(baton, m) {
+  m.def("skinny_linear(Tensor x, Tensor packed, int n, Tensor? bias=None) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(baton, CPU, m) { m.impl("skinny_linear", &skinny_linear); }

@@ -1,0 +1,157 @@
+"""The skinny-linear kernel (agents/engine/skinny.py) and `decode_weights="stream"`: the
+kernel against F.linear at every row count it takes, its errors, its build and the engine's
+greedy tokens with it. Where the CPU cannot run it the engine keeps its default linears."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from agents.engine import Engine, EngineConfig, LoadedModel, SamplingParams, skinny
+
+cpu_only = pytest.mark.skipif(
+    os.environ.get("BATON_ENGINE_DEVICE", "cpu") != "cpu", reason="the kernel is CPU only"
+)
+needs_kernel = pytest.mark.skipif(
+    not skinny.available(), reason=f"skinny kernel unavailable: {skinny.unavailable_reason()}"
+)
+
+
+def test_the_kernel_runs_here_or_says_why() -> None:
+    if skinny.cpu_support():
+        assert not skinny.available()
+        assert "lacks" in skinny.unavailable_reason()
+    else:  # a CPU with the instructions: it must build and load (a compiler is on every box)
+        assert skinny.available(), skinny.unavailable_reason()
+        assert skinny.library_path().is_file()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 12, 16])
+def test_the_kernel_equals_f_linear(dtype, rows) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    # N not a multiple of the panel (zero-padded), K odd in float32, a bias or none.
+    for n, k in ((100, 64), (48, 30), (130, 70), (7, 2)):
+        if dtype == torch.bfloat16 and k % 2:
+            continue
+        w = (torch.randn(n, k, generator=gen) * 0.1).to(dtype)
+        x = torch.randn(rows, k, generator=gen).to(dtype)
+        b = torch.randn(n, generator=gen).to(dtype)
+        packed = skinny.pack(w)
+        assert packed.shape[0] == -(-n // skinny.PANEL)
+        for bias in (None, b):
+            got = skinny.linear(x, packed, n, bias)
+            assert got.dtype == dtype and got.shape == (rows, n)
+            ref = F.linear(x.float(), w.float(), None if bias is None else bias.float())
+            tol = 1e-5 if dtype == torch.float32 else 2e-2
+            torch.testing.assert_close(got.float(), ref, atol=tol, rtol=tol)
+
+
+@needs_kernel
+def test_the_kernel_refuses_what_it_cannot_do() -> None:
+    w = torch.randn(50, 32)
+    packed = skinny.pack(w)
+    with pytest.raises(RuntimeError, match="1 to 16 rows"):
+        skinny.linear(torch.randn(17, 32), packed, 50)
+    with pytest.raises(RuntimeError, match="does not match N and K"):
+        skinny.linear(torch.randn(4, 32), packed, 200)
+    with pytest.raises(RuntimeError, match="dtypes differ"):
+        skinny.linear(torch.randn(4, 32).bfloat16(), packed, 50)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        skinny.linear(torch.randn(4, 32), packed, 50, torch.randn(49))
+    with pytest.raises(ValueError, match="cannot pack"):
+        skinny.pack(torch.randn(8, 3).bfloat16())  # odd K in bfloat16
+    with pytest.raises(ValueError, match="cannot pack"):
+        skinny.pack(torch.randn(8, 4).half())
+
+
+def test_the_library_name_follows_its_source(tmp_path, monkeypatch) -> None:
+    """An edited kernel (or another torch) builds a library of its own: a stale one is never
+    loaded."""
+    before = skinny.library_path()
+    edited = tmp_path / "skinny_linear.cpp"
+    edited.write_text(skinny.SOURCE.read_text() + "\n// edited\n")
+    monkeypatch.setattr(skinny, "SOURCE", edited)
+    assert skinny.library_path() != before
+    assert skinny.library_path().parent == before.parent
+
+
+def test_a_compiler_failure_is_one_line(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CXX", "false")
+    with pytest.raises(RuntimeError, match="the C..? compiler failed"):
+        skinny.build(tmp_path / "x.so")
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(RuntimeError, match="cannot run the C\\+\\+ compiler"):
+        skinny.build(tmp_path / "x.so")
+    assert list(tmp_path.iterdir()) == []  # no half-written library left behind
+
+
+def test_the_cli_reports_status(capsys) -> None:
+    assert skinny.main(["status"]) == 0
+    assert "skinny linears:" in capsys.readouterr().out
+    assert skinny.main(["bogus"]) == 2
+
+
+def _greedy(tiny: LoadedModel, weights: str | None, dtype: str) -> dict[str, list[int]]:
+    import copy
+
+    loaded = LoadedModel(copy.deepcopy(tiny.model), tiny.config, tiny.tokenizer)
+    config = EngineConfig(
+        block_size=16, num_blocks=64, max_running=8, decode_weights=weights, dtype=dtype,
+        device="cpu",
+    )  # fmt: skip
+    engine = Engine(loaded, config)
+    vocab = tiny.config.vocab_size
+    for i in range(6):
+        prompt = [(7 * i + 3 * j) % (vocab - 2) + 1 for j in range(9 + 5 * i)]
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=12, ignore_eos=True))
+    tokens: dict[str, list[int]] = {}
+    while engine.has_work():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.token_ids)
+    return tokens
+
+
+@cpu_only
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_stream_decode_weights_keep_the_engines_greedy_tokens(tiny, dtype) -> None:
+    """decode_weights="stream" (the kernel's copies in fast-path decode steps) gives the
+    default engine's greedy tokens; where the kernel cannot run, the default linears do."""
+    from agents.engine import decode
+
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0].shape[0])
+        return skinny.torch.ops.baton.skinny_linear(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decode.skinny, "linear", counted)
+        streamed = _greedy(tiny, "stream", dtype)
+    assert streamed == _greedy(tiny, None, dtype)
+    if skinny.available():  # the decode steps went through the kernel, at 1-6 rows
+        assert calls and set(calls) <= set(range(1, 7))
+    else:
+        assert calls == []
+    with pytest.raises(ValueError, match="CPU only"):
+        EngineConfig(decode_weights="stream", device="cuda")
+
+
+@needs_kernel
+@cpu_only
+def test_stream_weights_pack_every_decode_linear_once(tiny) -> None:
+    import copy
+
+    from agents.engine.decode import fuse_projections, stream_weights
+
+    model = copy.deepcopy(tiny.model)
+    fuse_projections(model)
+    packed = stream_weights(model)
+    assert len(packed) == 4 * tiny.config.num_layers + 1  # qkv, o, gate/up, down; lm_head
+    assert stream_weights(model) is packed  # cached on the model
+    rows = {n for _, n in packed.values()}
+    assert tiny.config.vocab_size in rows
