@@ -502,6 +502,10 @@ def decode_forward(
     # The new position's rows in the KV copy, flattened ([L * B * KVH * capacity, D], which the
     # copy is, contiguous): one index per (request, KV head) per layer, so each layer writes its
     # new keys and values with one index_copy_ each instead of a two-index index_put.
+    # With the engine's C++ kernels (stream): the attention too, one pass over each request's
+    # keys and values, its scores kept in cache (agents/engine/skinny.py).
+    attend = stream and skinny.attention_supported(state.k, dim)
+    key_counts = torch.tensor(lengths, dtype=torch.long) if attend else None
     copy_k, copy_v = state.k.view(-1, dim), state.v.view(-1, dim)
     capacity = state.k.shape[3]
     heads_in_copy = (rows * kv_heads)[:, None] + torch.arange(kv_heads, device=rows.device)
@@ -523,11 +527,15 @@ def decode_forward(
         copy_v.index_copy_(0, at, v.to(attn_dtype).reshape(-1, dim))
         k_all, v_all = state.k[i], state.v[i]  # [B, KVH, capacity, D]
         q = qk[:, :heads].reshape(batch, kv_heads, group, dim).to(attn_dtype) * scale
-        scores = torch.matmul(q, k_all[:, :, :k_max].transpose(-1, -2))
-        if mask is not None:
-            scores = scores + mask  # [B, KVH, G, K]
-        probs = torch.softmax(scores, dim=-1)
-        out = torch.matmul(probs, v_all[:, :, :k_max]).to(x.dtype)  # [B, KVH, G, D]
+        if attend:
+            out = skinny.attention(q, k_all[:, :, :k_max], v_all[:, :, :k_max], key_counts)
+            out = out.to(x.dtype)
+        else:
+            scores = torch.matmul(q, k_all[:, :, :k_max].transpose(-1, -2))
+            if mask is not None:
+                scores = scores + mask  # [B, KVH, G, K]
+            probs = torch.softmax(scores, dim=-1)
+            out = torch.matmul(probs, v_all[:, :, :k_max]).to(x.dtype)  # [B, KVH, G, D]
         o = attn.o_proj
         x = x + linear(out.reshape(batch, heads * dim), o.weight, o.bias)
         h = _rms(x, layer.post_attention_layernorm)

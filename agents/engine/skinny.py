@@ -5,7 +5,9 @@ over all of them: MKL and oneDNN read the weights well below the machine's bandw
 (bench/engine/REPORT.md). The kernel (agents/engine/kernels/skinny_linear.cpp) reads each
 weight from a copy packed into panels of :data:`PANEL` output columns, one sequential stream
 per thread, with float32 accumulation in float32 and in bfloat16 (AVX512-BF16's dot product).
-``EngineConfig.decode_weights="stream"`` uses it for the decode fast path's linears.
+``EngineConfig.decode_weights="stream"`` uses it for the decode fast path's linears, with the
+library's decode attention (:func:`attention`: each request's scores computed, softmaxed and
+applied in one pass over its keys and values, in the thread's cache).
 
 It is C++ for x86 CPUs with AVX-512 and AVX512-BF16, compiled with the system's C++ compiler
 (``$CXX``, else ``g++``) against the installed torch into ``build/native/`` the first time it
@@ -166,6 +168,27 @@ def linear(
 ) -> torch.Tensor:
     """x [M, K] @ W.T (+ bias) for 1 <= M <= MAX_ROWS, W given as pack(W) with N = n rows."""
     return torch.ops.baton.skinny_linear(x, packed, n, bias)
+
+
+def attention_supported(kv_copy: torch.Tensor | None, head_dim: int) -> bool:
+    """Whether :func:`attention` takes a decode step over this KV copy (float32 on the CPU,
+    head dim a multiple of 16 up to 256) here."""
+    return (
+        kv_copy is not None
+        and kv_copy.device.type == "cpu"
+        and kv_copy.dtype == torch.float32
+        and head_dim % 16 == 0
+        and head_dim <= 256
+        and available()
+    )
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: torch.Tensor
+) -> torch.Tensor:
+    """softmax(q @ k^T) @ v of a decode step, float32: q [B, H, G, D] (already scaled), k and
+    v [B, H, C, D] (last dim contiguous), request b over its first key_counts[b] keys."""
+    return torch.ops.baton.decode_attention(q, k, v, key_counts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--profile-steps", type=int, default=1, help="steps profiled (summed)")
     ap.add_argument("--compile", action="store_true", help="EngineConfig.decode_compile")
+    ap.add_argument(
+        "--decode-weights", choices=["int8", "packed", "stream"], help="EngineConfig.decode_weights"
+    )
     args = ap.parse_args()
     torch.set_num_threads(2)
     folder = make_checkpoint(args.layout, Path("var/bench-engine") / f"ckpt-{args.layout}")
@@ -51,6 +54,7 @@ def main() -> None:
         max_batch_tokens=n * args.prompt_len,
         dtype=args.dtype,
         decode_compile=args.compile,
+        decode_weights=args.decode_weights,
     )
     eng = Engine(loaded, cfg)
     gen = torch.Generator().manual_seed(0)

@@ -19,8 +19,10 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -163,10 +165,110 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   return y;
 }
 
+// exp(x) for float32 lanes: 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p of degree 6 (about
+// 1 ulp); lanes below -87.3 (the scores of masked keys, -inf included) give 0.
+inline __m512 exp_ps(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.3f);
+  const __mmask16 zero = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  x = _mm512_max_ps(x, lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~zero), _mm512_scalef_ps(p, n));
+}
+
+// One (request, KV head) of decode attention: G query rows against the first n keys.
+void attend_one(const float* q, const float* k, const float* v, float* out, int64_t G,
+                int64_t D, int64_t n, int64_t kv_stride, std::vector<float>& scores) {
+  const int64_t chunks = D / 16;
+  const int64_t padded = (n + 15) / 16 * 16;
+  scores.assign(static_cast<size_t>(G * padded), -INFINITY);
+  for (int64_t g = 0; g < G; g++) {
+    const float* qg = q + g * D;
+    float* sg = scores.data() + g * padded;
+    for (int64_t t = 0; t < n; t++) {
+      const float* kt = k + t * kv_stride;
+      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), _mm512_loadu_ps(kt));
+      for (int64_t c = 1; c < chunks; c++)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), _mm512_loadu_ps(kt + 16 * c), acc);
+      sg[t] = _mm512_reduce_add_ps(acc);
+    }
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < padded; t += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sg + t));
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t = 0; t < padded; t += 16) {
+      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sg + t), top));
+      _mm512_storeu_ps(sg + t, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    const float inv = 1.0f / _mm512_reduce_add_ps(sum);
+    __m512 acc[16];
+    for (int64_t c = 0; c < chunks; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; t++) {
+      const __m512 p = _mm512_set1_ps(sg[t]);
+      const float* vt = v + t * kv_stride;
+      for (int64_t c = 0; c < chunks; c++)
+        acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vt + 16 * c), acc[c]);
+    }
+    for (int64_t c = 0; c < chunks; c++)
+      _mm512_storeu_ps(out + g * D + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(inv)));
+  }
+}
+
+// softmax(q k^T) v for a decode step, float32: q [B, H, G, D] (scaled), k and v [B, H, C, D]
+// (the KV copy; its last dimension contiguous), request b attending to its first lengths[b]
+// keys. The scores never leave the thread's cache; D a multiple of 16, at most 256.
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& lengths) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "decode_attention: 4-d tensors");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat,
+              "decode_attention: float32");
+  const int64_t B = q.size(0), H = q.size(1), G = q.size(2), D = q.size(3);
+  TORCH_CHECK(D % 16 == 0 && D <= 256, "decode_attention: head dim a multiple of 16, <= 256");
+  TORCH_CHECK(k.sizes() == v.sizes() && k.strides() == v.strides() && k.size(0) == B &&
+                  k.size(1) == H && k.size(3) == D && k.stride(3) == 1,
+              "decode_attention: k and v must be [B, H, C, D] alike, last dim contiguous");
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == B && lengths.scalar_type() == at::kLong,
+              "decode_attention: lengths must be [B] int64");
+  const at::Tensor qc = q.contiguous(), lens = lengths.contiguous();
+  const int64_t* len = lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; b++)
+    TORCH_CHECK(len[b] >= 1 && len[b] <= k.size(2), "decode_attention: length out of range");
+  at::Tensor out = at::empty({B, H, G, D}, q.options());
+  const float *qp = qc.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t sb = k.stride(0), sh = k.stride(1), st = k.stride(2);
+  const int64_t task_bytes = 2 * k.size(2) * D * static_cast<int64_t>(sizeof(float));
+  at::parallel_for(0, B * H, std::max<int64_t>(1, kTaskBytes / task_bytes),
+                   [&](int64_t i0, int64_t i1) {
+                     std::vector<float> scores;
+                     for (int64_t i = i0; i < i1; i++) {
+                       const int64_t b = i / H, h = i % H;
+                       attend_one(qp + i * G * D, kp + b * sb + h * sh, vp + b * sb + h * sh,
+                                  op + i * G * D, G, D, len[b], st, scores);
+                     }
+                   });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(baton, m) {
   m.def("skinny_linear(Tensor x, Tensor packed, int n, Tensor? bias=None) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor lengths) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(baton, CPU, m) { m.impl("skinny_linear", &skinny_linear); }
+TORCH_LIBRARY_IMPL(baton, CPU, m) {
+  m.impl("skinny_linear", &skinny_linear);
+  m.impl("decode_attention", &decode_attention);
+}

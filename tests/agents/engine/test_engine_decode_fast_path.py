@@ -41,9 +41,15 @@ def _ids(n: int, seed: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=gen).tolist()
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["default", "stream"])
 @pytest.mark.parametrize("lengths", [[13, 30, 7, 21], [16, 16, 16]], ids=["ragged", "equal"])
 @pytest.mark.parametrize("which", ["tiny", "qwen2"])
-def test_fast_path_logits_equal_the_general_forward(which, lengths, tiny, qwen2) -> None:
+def test_fast_path_logits_equal_the_general_forward(which, lengths, stream, tiny, qwen2) -> None:
+    """stream: the engine's C++ kernels (skinny linears, decode attention) in the step."""
+    from agents.engine import skinny
+
+    if stream and not skinny.available():
+        pytest.skip(f"skinny kernels unavailable: {skinny.unavailable_reason()}")
     loaded = tiny if which == "tiny" else qwen2
     model, cfg = loaded.model, loaded.config
     fuse_projections(model)
@@ -68,8 +74,9 @@ def test_fast_path_logits_equal_the_general_forward(which, lengths, tiny, qwen2)
             flat = (fast.k_cache.flatten(1, 2), fast.v_cache.flatten(1, 2))
             state.rebuild([object() for _ in seqs], [n - 1 for n in lens], slots, *flat)
         got = decode_forward(
-            model, state, batch.input_ids, batch.write_slots, fast.k_cache, fast.v_cache
-        )
+            model, state, batch.input_ids, batch.write_slots, fast.k_cache, fast.v_cache,
+            stream=stream,
+        )  # fmt: skip
         assert want.abs().max() > 1.0
         torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
         assert got.argmax(-1).tolist() == want.argmax(-1).tolist()

@@ -10,7 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from agents.engine import Engine, EngineConfig, LoadedModel, SamplingParams, skinny
+from agents.engine import (
+    Engine,
+    EngineConfig,
+    LoadedModel,
+    SamplingParams,
+    build_baton_tiny,
+    skinny,
+)
 
 cpu_only = pytest.mark.skipif(
     os.environ.get("BATON_ENGINE_DEVICE", "cpu") != "cpu", reason="the kernel is CPU only"
@@ -97,9 +104,7 @@ def test_the_cli_reports_status(capsys) -> None:
 
 
 def _greedy(tiny: LoadedModel, weights: str | None, dtype: str) -> dict[str, list[int]]:
-    import copy
-
-    loaded = LoadedModel(copy.deepcopy(tiny.model), tiny.config, tiny.tokenizer)
+    loaded = build_baton_tiny(seed=0)  # its own copy: the engine casts it in place
     config = EngineConfig(
         block_size=16, num_blocks=64, max_running=8, decode_weights=weights, dtype=dtype,
         device="cpu",
@@ -144,14 +149,51 @@ def test_stream_decode_weights_keep_the_engines_greedy_tokens(tiny, dtype) -> No
 @needs_kernel
 @cpu_only
 def test_stream_weights_pack_every_decode_linear_once(tiny) -> None:
-    import copy
-
     from agents.engine.decode import fuse_projections, stream_weights
 
-    model = copy.deepcopy(tiny.model)
+    model = build_baton_tiny(seed=0).model
     fuse_projections(model)
     packed = stream_weights(model)
     assert len(packed) == 4 * tiny.config.num_layers + 1  # qkv, o, gate/up, down; lm_head
     assert stream_weights(model) is packed  # cached on the model
     rows = {n for _, n in packed.values()}
     assert tiny.config.vocab_size in rows
+
+
+@needs_kernel
+@pytest.mark.parametrize(("heads", "group", "dim"), [(2, 4, 64), (1, 1, 16), (3, 2, 128)])
+def test_decode_attention_equals_masked_softmax(heads, group, dim) -> None:
+    """The decode attention against matmul + masked softmax + matmul, ragged key counts, over
+    a slice of a larger KV copy (as the engine passes it)."""
+    gen = torch.Generator().manual_seed(dim)
+    batch, capacity = 5, 80
+    k = torch.randn(batch, heads, capacity, dim, generator=gen)
+    v = torch.randn(batch, heads, capacity, dim, generator=gen)
+    q = torch.randn(batch, heads, group, dim, generator=gen) * dim**-0.5
+    counts = torch.tensor([1, 17, 60, 33, 60])
+    k_max = int(counts.max())
+    keys = torch.arange(k_max)
+    mask = torch.where(keys[None, :] < counts[:, None], 0.0, -torch.inf)[:, None, None, :]
+    scores = torch.matmul(q, k[:, :, :k_max].transpose(-1, -2)) + mask
+    want = torch.matmul(torch.softmax(scores, dim=-1), v[:, :, :k_max])
+    got = skinny.attention(q, k[:, :, :k_max], v[:, :, :k_max], counts)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
+def test_decode_attention_refuses_what_it_cannot_do() -> None:
+    k = torch.randn(2, 1, 8, 16)
+    q = torch.randn(2, 1, 1, 16)
+    with pytest.raises(RuntimeError, match="length out of range"):
+        skinny.attention(q, k, k, torch.tensor([3, 9]))
+    with pytest.raises(RuntimeError, match="length out of range"):
+        skinny.attention(q, k, k, torch.tensor([0, 2]))
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        skinny.attention(torch.randn(2, 1, 1, 8), torch.randn(2, 1, 8, 8), torch.randn(2, 1, 8, 8),
+                         torch.tensor([1, 1]))  # fmt: skip
+    with pytest.raises(RuntimeError, match="float32"):
+        skinny.attention(q.bfloat16(), k.bfloat16(), k.bfloat16(), torch.tensor([1, 1]))
+    with pytest.raises(RuntimeError, match="int64"):
+        skinny.attention(q, k, k, torch.tensor([1, 1], dtype=torch.int32))
+    assert not skinny.attention_supported(k.bfloat16(), 16)
+    assert not skinny.attention_supported(k, 24)
