@@ -335,6 +335,15 @@ def test_a_dependent_cancelled_while_waiting_ends_at_once(prefill_engine):
 # -- a held decode whose caller leaves as its KV lands, and RLD's release -------------------
 
 
+async def late_kv_cached(agent: Agent, n: int) -> None:
+    """Wait (at most 10 s) until n late imports ran in the background, then check there were n."""
+    for _ in range(200):
+        if agent.late_kv_cached >= n:
+            break
+        await asyncio.sleep(0.05)
+    assert agent.late_kv_cached == n
+
+
 def test_a_held_decode_cancelled_as_its_kv_lands_stops_and_caches_the_kv(prefill_engine):
     """RLD closes MD's held stream in the loop turn P's KV lands. The cancellation must win:
     on Python 3.11 `asyncio.wait_for` returned the KV instead, so MD imported it, held the
@@ -361,11 +370,7 @@ def test_a_held_decode_cancelled_as_its_kv_lands_stops_and_caches_the_kv(prefill
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(task, 10)
         assert events == []
-        for _ in range(200):
-            if agent.late_kv_cached:
-                break
-            await asyncio.sleep(0.05)
-        assert agent.late_kv_cached == 1
+        await late_kv_cached(agent, 1)
         assert_clean(agent)
         state = await cache_state(inst, prompt)
         assert state == {"root_locks": 1, "pinned_blocks": 0, "cached_prefix": 64, "requests": 0}
@@ -386,11 +391,7 @@ def test_a_release_caches_the_kv_when_the_decode_call_never_came(prefill_engine)
         await agent._on_transfer(
             transfer_of("solo", kv_of(prefill_engine, "solo", prompt, 0), 50, 0)
         )
-        for _ in range(200):
-            if agent.late_kv_cached:
-                break
-            await asyncio.sleep(0.05)
-        assert agent.late_kv_cached == 1
+        await late_kv_cached(agent, 1)
         assert_clean(agent)
         assert (await cache_state(inst, prompt))["cached_prefix"] == 48
         events = [e async for e in run_main(agent, inst, late("solo", prompt, 0))]
