@@ -24,14 +24,14 @@ $(STAMP): pyproject.toml
 
 # The simulator compiled with mypyc (planner/native.py): same results, ~1.5x faster. Rebuilt
 # when a source changes; a failed build leaves the planner on pure Python (it says so). Then
-# the engine's skinny-linear kernel (agents/engine/skinny.py; skipped on CPUs without AVX-512
-# and AVX512-BF16; a failed build leaves the engine's default linears).
+# (every setup, a no-op when current) the engine's C++ kernels (agents/engine/skinny.py;
+# skipped on CPUs without AVX-512 and AVX512-BF16; a failed build leaves the default path).
 NATIVE_STAMP := build/native/stamp.json
-$(NATIVE_STAMP): $(STAMP) $(wildcard planner/*.py routing/*.py pdd/*.py agents/engine/kernels/*.cpp)
+$(NATIVE_STAMP): $(STAMP) $(wildcard planner/*.py routing/*.py pdd/*.py)
 	-BATON_PLANNER_NATIVE=0 $(PY) -m planner native build
-	-$(PY) -m agents.engine.kernels build
 
 setup: $(STAMP) $(NATIVE_STAMP)
+	@-$(PY) -m agents.engine.kernels build
 
 # Debian's chromium for the browser tests (root installs it; never a downloaded browser).
 browser:

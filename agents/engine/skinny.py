@@ -10,7 +10,7 @@ library's decode attention (:func:`attention`: each request's scores computed, s
 applied in one pass over its keys and values, in the thread's cache).
 
 It is C++ for x86 CPUs with AVX-512 and AVX512-BF16, compiled with the system's C++ compiler
-(``$CXX``, else ``g++``) against the installed torch into ``build/native/`` the first time it
+(``$CXX``, else ``g++``) against the installed torch into ``build/kernels/`` the first time it
 is needed (about 10 s; ``make setup`` builds it ahead), then loaded with
 ``torch.ops.load_library``. The library's name carries a digest of the source, torch's version
 and the flags, so an edit or another torch builds a new one and a stale one is never loaded.
@@ -52,7 +52,9 @@ _reason = ""
 
 
 def build_dir() -> Path:
-    return Path(os.environ.get("BATON_NATIVE_DIR", ROOT / "build" / "native"))
+    """Where the library is built: ``$BATON_KERNEL_DIR``, else ``build/kernels/`` (not the
+    planner's ``build/native/``, which its build replaces whole)."""
+    return Path(os.environ.get("BATON_KERNEL_DIR", ROOT / "build" / "kernels"))
 
 
 def _abi_flag() -> str:
@@ -201,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         if reason:
             print(f"skinny linears: not built: {reason}")
             return 0  # nothing to build on this CPU; the engine keeps its default linears
+        if library_path().is_file():
+            print(f"skinny linears: up to date ({library_path()})")
+            return 0
         try:
             print(f"skinny linears: built {build()}")
         except RuntimeError as exc:

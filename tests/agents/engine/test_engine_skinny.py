@@ -101,6 +101,8 @@ def test_the_cli_reports_status(capsys) -> None:
     assert skinny.main(["status"]) == 0
     assert "skinny linears:" in capsys.readouterr().out
     assert skinny.main(["bogus"]) == 2
+    assert skinny.main(["build"]) == 0  # up to date, built now, or nothing to build here
+    assert "skinny linears:" in capsys.readouterr().out
 
 
 def _greedy(tiny: LoadedModel, weights: str | None, dtype: str) -> dict[str, list[int]]:
