@@ -506,6 +506,19 @@ def decode_forward(
     # keys and values, its scores kept in cache (agents/engine/skinny.py).
     attend = stream and skinny.attention_supported(state.k, dim)
     key_counts = torch.tensor(lengths, dtype=torch.long) if attend else None
+    # And RMSNorm and silu(gate) * up as one call each (the same values, see skinny.py).
+    fused = (
+        stream
+        and x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.bfloat16)
+        and skinny.available()
+    )
+
+    fused_rope = fused and dim % 32 == 0
+
+    def norm(x: torch.Tensor, module: RMSNorm) -> torch.Tensor:
+        return skinny.rms_norm(x, module.weight, module.eps) if fused else _rms(x, module)
+
     copy_k, copy_v = state.k.view(-1, dim), state.v.view(-1, dim)
     capacity = state.k.shape[3]
     heads_in_copy = (rows * kv_heads)[:, None] + torch.arange(kv_heads, device=rows.device)
@@ -513,11 +526,14 @@ def decode_forward(
     layer_stride = batch * kv_heads * capacity
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        h = _rms(x, layer.input_layernorm)
+        h = norm(x, layer.input_layernorm)
         qkv = linear(h, *attn._fused_qkv).view(batch, heads + 2 * kv_heads, dim)
-        qk = qkv[:, : heads + kv_heads]
-        rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-        qk = qk * cos + rotated * sin  # [B, H + KVH, D]
+        if fused_rope:
+            qk = skinny.rope(qkv, cos, sin, heads + kv_heads)
+        else:
+            qk = qkv[:, : heads + kv_heads]
+            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+            qk = qk * cos + rotated * sin  # [B, H + KVH, D]
         k, v = qk[:, heads:], qkv[:, heads + kv_heads :]
         k, v = k.to(k_flat.dtype), v.to(v_flat.dtype)
         k_flat[i].index_copy_(0, write_slots, k)
@@ -538,9 +554,14 @@ def decode_forward(
             out = torch.matmul(probs, v_all[:, :, :k_max]).to(x.dtype)  # [B, KVH, G, D]
         o = attn.o_proj
         x = x + linear(out.reshape(batch, heads * dim), o.weight, o.bias)
-        h = _rms(x, layer.post_attention_layernorm)
-        gate, up = linear(h, *mlp._fused_gate_up).chunk(2, dim=-1)
+        h = norm(x, layer.post_attention_layernorm)
+        gate_up = linear(h, *mlp._fused_gate_up)
+        if fused:
+            act = skinny.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
         down = mlp.down_proj
-        x = x + linear(F.silu(gate) * up, down.weight, down.bias)
+        x = x + linear(act, down.weight, down.bias)
     state.advance()
-    return linear(_rms(x, model.model.norm), model.lm_head.weight).float()
+    return linear(norm(x, model.model.norm), model.lm_head.weight).float()

@@ -7,7 +7,8 @@ weight from a copy packed into panels of :data:`PANEL` output columns, one seque
 per thread, with float32 accumulation in float32 and in bfloat16 (AVX512-BF16's dot product).
 ``EngineConfig.decode_weights="stream"`` uses it for the decode fast path's linears, with the
 library's decode attention (:func:`attention`: each request's scores computed, softmaxed and
-applied in one pass over its keys and values, in the thread's cache).
+applied in one pass over its keys and values, in the thread's cache), RMSNorm, the rotary
+embedding and the MLP's silu(gate) * up, each one call where torch makes several small ones.
 
 It is C++ for x86 CPUs with AVX-512 and AVX512-BF16, compiled with the system's C++ compiler
 (``$CXX``, else ``g++``) against the installed torch into ``build/kernels/`` the first time it
@@ -42,7 +43,7 @@ SOURCE = Path(__file__).resolve().parent / "kernels" / "skinny_linear.cpp"
 ROOT = Path(__file__).resolve().parents[2]
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
 CXXFLAGS = (
-    "-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp",
+    "-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off",
     "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma",
 )  # fmt: skip
 
@@ -191,6 +192,23 @@ def attention(
     """softmax(q @ k^T) @ v of a decode step, float32: q [B, H, G, D] (already scaled), k and
     v [B, H, C, D] (last dim contiguous), request b over its first key_counts[b] keys."""
     return torch.ops.baton.decode_attention(q, k, v, key_counts)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x [M, H] in one call (float32 as F.rms_norm; bfloat16 as the engine's
+    bfloat16 path: normalised in float32, rounded, times the weight)."""
+    return torch.ops.baton.rms_norm(x, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a fused gate/up projection's output [M, 2I], in one call."""
+    return torch.ops.baton.silu_mul(gate_up)
+
+
+def rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    """The rotary embedding of qkv [B, NH, D]'s first `heads` heads (cos, sin [B, D]), with
+    torch's roundings; head dim a multiple of 32."""
+    return torch.ops.baton.rope(qkv, cos, sin, heads)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -261,14 +261,164 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
+inline __m512 load_f32(const float* p, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, p); }
+inline __m512 load_f32(const uint16_t* p, __mmask16 mask) {  // bfloat16 -> float32
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+}
+inline void store_f32(float* p, __m512 v, __mmask16 mask) { _mm512_mask_storeu_ps(p, mask, v); }
+inline void store_f32(uint16_t* p, __m512 v, __mmask16 mask) {  // rounded to nearest even
+  _mm256_mask_storeu_epi16(p, mask, (__m256i)_mm512_cvtneps_pbh(v));
+}
+inline __m512 round_bf16(__m512 v) {  // float32 -> bfloat16 -> float32
+  const __m512i bits = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+}
+
+// x / rms(x) * w per row, the mean of squares in float32. float32: as F.rms_norm. bfloat16: as
+// the engine's bfloat16 path, w * bf16(x / rms(x)), each product rounded to bfloat16.
+template <typename T>
+void rms_rows(const T* x, const T* w, T* y, int64_t M, int64_t H, float eps) {
+  for (int64_t m = 0; m < M; m++) {
+    const T* xr = x + m * H;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t h = 0; h < H; h += 16) {
+      const __m512 v = load_f32(xr + h, tail_mask(H - h));
+      acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    const float scale = 1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(H) + eps);
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int64_t h = 0; h < H; h += 16) {
+      const __mmask16 mask = tail_mask(H - h);
+      __m512 n = _mm512_mul_ps(load_f32(xr + h, mask), s);
+      if constexpr (sizeof(T) == 2) n = round_bf16(n);
+      store_f32(y + m * H + h, _mm512_mul_ps(n, load_f32(w + h, mask)), mask);
+    }
+  }
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 1 && x.size(1) == w.size(0),
+              "rms_norm: x [M, H] and w [H]");
+  TORCH_CHECK(x.scalar_type() == w.scalar_type() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "rms_norm: float32 or bfloat16, x and w alike");
+  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
+  at::Tensor y = at::empty_like(xc);
+  const int64_t M = xc.size(0), H = xc.size(1);
+  if (x.scalar_type() == at::kFloat) {
+    rms_rows<float>(xc.data_ptr<float>(), wc.data_ptr<float>(), y.data_ptr<float>(), M, H,
+                    static_cast<float>(eps));
+  } else {
+    auto p = [](const at::Tensor& t) {
+      return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
+    };
+    rms_rows<uint16_t>(p(xc), p(wc), p(y), M, H, static_cast<float>(eps));
+  }
+  return y;
+}
+
+// silu(gate) * up for gate_up = [gate | up] [M, 2I]; bfloat16: silu rounded to bfloat16 first,
+// as torch computes F.silu(gate) * up in that dtype.
+template <typename T>
+void silu_mul_rows(const T* gu, T* y, int64_t M, int64_t I) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t m = 0; m < M; m++) {
+    const T* g = gu + m * 2 * I;
+    const T* u = g + I;
+    for (int64_t i = 0; i < I; i += 16) {
+      const __mmask16 mask = tail_mask(I - i);
+      const __m512 gv = load_f32(g + i, mask);
+      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+      __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(one, e));
+      if constexpr (sizeof(T) == 2) silu = round_bf16(silu);
+      store_f32(y + m * I + i, _mm512_mul_ps(silu, load_f32(u + i, mask)), mask);
+    }
+  }
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "silu_mul: gate_up [M, 2I]");
+  TORCH_CHECK(gate_up.scalar_type() == at::kFloat || gate_up.scalar_type() == at::kBFloat16,
+              "silu_mul: float32 or bfloat16");
+  const at::Tensor gu = gate_up.contiguous();
+  const int64_t M = gu.size(0), I = gu.size(1) / 2;
+  at::Tensor y = at::empty({M, I}, gu.options());
+  if (gu.scalar_type() == at::kFloat) {
+    silu_mul_rows<float>(gu.data_ptr<float>(), y.data_ptr<float>(), M, I);
+  } else {
+    silu_mul_rows<uint16_t>(reinterpret_cast<uint16_t*>(gu.data_ptr<at::BFloat16>()),
+                            reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), M, I);
+  }
+  return y;
+}
+
+// Rotary embedding of the first `heads` heads of qkv [B, NH, D]: x * cos + rotate_half(x) *
+// sin, rotate_half(x) = [-x[D/2:], x[:D/2]], with torch's roundings (two products and a sum,
+// no fused multiply-add; bfloat16: each rounded to bfloat16). cos and sin [B, D].
+template <typename T>
+void rope_rows(const T* qkv, const T* cos, const T* sin, T* out, int64_t B, int64_t NH,
+               int64_t heads, int64_t D) {
+  const int64_t half = D / 2;
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < heads; h++) {
+      const T* x = qkv + (b * NH + h) * D;
+      T* y = out + (b * heads + h) * D;
+      for (int64_t j = 0; j < D; j += 16) {
+        const __mmask16 all = 0xFFFF;
+        const __m512 xv = load_f32(x + j, all);
+        const __m512 rv = j < half ? _mm512_sub_ps(zero, load_f32(x + j + half, all))
+                                   : load_f32(x + j - half, all);
+        __m512 a = _mm512_mul_ps(xv, load_f32(cos + b * D + j, all));
+        __m512 c = _mm512_mul_ps(rv, load_f32(sin + b * D + j, all));
+        if constexpr (sizeof(T) == 2) {
+          a = round_bf16(a);
+          c = round_bf16(c);
+        }
+        store_f32(y + j, _mm512_add_ps(a, c), all);
+      }
+    }
+}
+
+at::Tensor rope(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                int64_t heads) {
+  TORCH_CHECK(qkv.dim() == 3, "rope: qkv [B, NH, D]");
+  const int64_t B = qkv.size(0), NH = qkv.size(1), D = qkv.size(2);
+  TORCH_CHECK(D % 32 == 0, "rope: head dim a multiple of 32");
+  TORCH_CHECK(heads >= 1 && heads <= NH, "rope: 1 to NH heads");
+  TORCH_CHECK(cos.numel() == B * D && sin.numel() == B * D, "rope: cos and sin [B, D]");
+  TORCH_CHECK(qkv.scalar_type() == cos.scalar_type() && qkv.scalar_type() == sin.scalar_type() &&
+                  (qkv.scalar_type() == at::kFloat || qkv.scalar_type() == at::kBFloat16),
+              "rope: float32 or bfloat16, all alike");
+  const at::Tensor x = qkv.contiguous(), c = cos.contiguous(), s = sin.contiguous();
+  at::Tensor y = at::empty({B, heads, D}, x.options());
+  if (x.scalar_type() == at::kFloat) {
+    rope_rows<float>(x.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(),
+                     y.data_ptr<float>(), B, NH, heads, D);
+  } else {
+    auto p = [](const at::Tensor& t) {
+      return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
+    };
+    rope_rows<uint16_t>(p(x), p(c), p(s), p(y), B, NH, heads, D);
+  }
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(baton, m) {
   m.def("skinny_linear(Tensor x, Tensor packed, int n, Tensor? bias=None) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor lengths) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("rope(Tensor qkv, Tensor cos, Tensor sin, int heads) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(baton, CPU, m) {
   m.impl("skinny_linear", &skinny_linear);
   m.impl("decode_attention", &decode_attention);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("silu_mul", &silu_mul);
+  m.impl("rope", &rope);
 }

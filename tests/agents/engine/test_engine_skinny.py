@@ -199,3 +199,50 @@ def test_decode_attention_refuses_what_it_cannot_do() -> None:
         skinny.attention(q, k, k, torch.tensor([1, 1], dtype=torch.int32))
     assert not skinny.attention_supported(k.bfloat16(), 16)
     assert not skinny.attention_supported(k, 24)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("rows", "hidden"), [(8, 512), (3, 70), (1, 16)])
+def test_rms_norm_and_silu_mul_equal_the_engines_torch_ops(dtype, rows, hidden) -> None:
+    """The engine's RMSNorm (float32: F.rms_norm; bfloat16: normalised in float32, rounded,
+    times the weight) and silu(gate) * up: equal in bfloat16, within float32 rounding."""
+    gen = torch.Generator().manual_seed(rows * hidden)
+    x = torch.randn(rows, hidden, generator=gen).to(dtype)
+    w = (torch.randn(hidden, generator=gen) * 0.5 + 1).to(dtype)
+    if dtype == torch.float32:
+        want = F.rms_norm(x, (hidden,), w, 1e-6)
+    else:
+        want = w * F.rms_norm(x.float(), (hidden,), None, 1e-6).to(dtype)
+    gate_up = torch.randn(rows, 2 * hidden, generator=gen).to(dtype) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    want_act = F.silu(gate) * up
+    got, got_act = skinny.rms_norm(x, w, 1e-6), skinny.silu_mul(gate_up)
+    if dtype == torch.bfloat16:
+        assert torch.equal(got, want) and torch.equal(got_act, want_act)
+    else:
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(got_act, want_act, atol=1e-5, rtol=1e-6)
+    with pytest.raises(RuntimeError, match="x \\[M, H\\] and w \\[H\\]"):
+        skinny.rms_norm(x, w[:-1], 1e-6)
+    with pytest.raises(RuntimeError, match="gate_up \\[M, 2I\\]"):
+        skinny.silu_mul(gate_up[:, :-1])
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rope_equals_the_engines_torch_ops(dtype) -> None:
+    """x * cos + rotate_half(x) * sin on the first heads of qkv: equal, bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    batch, heads, kv_heads, dim = 5, 4, 2, 64
+    qkv = torch.randn(batch, heads + 2 * kv_heads, dim, generator=gen).to(dtype)
+    angle = torch.rand(batch, 1, dim, generator=gen) * 6
+    cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    qk = qkv[:, : heads + kv_heads]
+    half = dim // 2
+    want = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
+    assert torch.equal(skinny.rope(qkv, cos, sin, heads + kv_heads), want)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        skinny.rope(qkv[..., :16], cos[..., :16], sin[..., :16], 2)
+    with pytest.raises(RuntimeError, match="1 to NH heads"):
+        skinny.rope(qkv, cos, sin, 9)
