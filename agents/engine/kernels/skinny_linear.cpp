@@ -9,8 +9,10 @@
 // held in registers (no horizontal sums). Rows 9-16 run as a second pass over a panel while
 // it is still in L2, so the weight leaves memory once. Accumulation is float32 in both dtypes.
 //
-// Registered as torch.ops.baton.skinny_linear (CPU); built and loaded by agents/engine/skinny.py,
-// which also packs the weights.
+// The rest of a decode step's kernels live here too: decode_attention (one pass over each
+// request's keys and values), rms_norm, rope and silu_mul (one call where torch makes several).
+// Registered as torch.ops.baton.* (CPU); built and loaded by agents/engine/skinny.py, which
+// also packs the weights.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
