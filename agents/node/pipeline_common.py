@@ -116,28 +116,24 @@ async def quiet(future) -> Any:
         return None
 
 
-async def cancel_remote(agent: Agent, peer: Peer | None, request_id: str) -> None:
-    if peer is None:
-        return
+async def _tell_peer(agent: Agent, peer: Peer, what: str, body: dict) -> None:
+    """POST body to the peer's /v1/pdd/<what>, best effort: the peer may be gone."""
     try:
-        await agent.http.post(
-            f"{peer.http}/v1/pdd/cancel", json={"request_id": request_id}, timeout=5.0
-        )
+        await agent.http.post(f"{peer.http}/v1/pdd/{what}", json=body, timeout=5.0)
     except Exception as exc:  # noqa: BLE001 - best effort: the peer may be gone
-        log.info("cancel of %s at %s failed: %r", request_id, peer.http, exc)
+        log.info("%s of %s at %s failed: %r", what, body["request_id"], peer.http, exc)
+
+
+async def cancel_remote(agent: Agent, peer: Peer | None, request_id: str) -> None:
+    if peer is not None:
+        await _tell_peer(agent, peer, "cancel", {"request_id": request_id})
 
 
 async def release_remote(agent: Agent, peer: Peer, request_id: str, start_token: int) -> None:
     """Tell MD that RLD answered request_id alone: MD caches P's KV for it even if RLD's
     decode call never reached it (POST /v1/pdd/release). Best effort, like a cancel."""
-    try:
-        await agent.http.post(
-            f"{peer.http}/v1/pdd/release",
-            json={"request_id": request_id, "instance": peer.instance, "start_token": start_token},
-            timeout=5.0,
-        )
-    except Exception as exc:  # noqa: BLE001 - best effort: the peer may be gone
-        log.info("release of %s at %s failed: %r", request_id, peer.http, exc)
+    body = {"request_id": request_id, "instance": peer.instance, "start_token": start_token}
+    await _tell_peer(agent, peer, "release", body)
 
 
 async def cancel_local(agent: Agent, request_id: str) -> bool:
