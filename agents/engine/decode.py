@@ -482,6 +482,16 @@ def decode_forward(
     mask = state.mask[..., :k_max].to(attn_dtype) if min(lengths) != k_max else None
     scale = dim**-0.5
     half = dim // 2
+    # The engine's C++ kernels (stream, agents/engine/skinny.py) where they run: the linears,
+    # the attention (one pass over each request's keys and values, its scores kept in cache),
+    # RMSNorm, the rotary embedding and silu(gate) * up, each one call where torch makes several
+    # (the same values, see skinny.py).
+    kernels = (
+        stream
+        and x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.bfloat16)
+        and skinny.available()
+    )
     if int8:
         quantized = quantize_int8(model)
 
@@ -492,7 +502,7 @@ def decode_forward(
 
         def linear(x, weight, bias=None):
             return _packed_linear(x, weight, bias, prepacked)
-    elif stream and x.device.type == "cpu":
+    elif kernels:
         streamed = stream_weights(model)
 
         def linear(x, weight, bias=None):
@@ -502,22 +512,12 @@ def decode_forward(
     # The new position's rows in the KV copy, flattened ([L * B * KVH * capacity, D], which the
     # copy is, contiguous): one index per (request, KV head) per layer, so each layer writes its
     # new keys and values with one index_copy_ each instead of a two-index index_put.
-    # With the engine's C++ kernels (stream): the attention too, one pass over each request's
-    # keys and values, its scores kept in cache (agents/engine/skinny.py).
-    attend = stream and skinny.attention_supported(state.k, dim)
+    attend = kernels and skinny.attention_supported(state.k, dim)
     key_counts = torch.tensor(lengths, dtype=torch.long) if attend else None
-    # And RMSNorm and silu(gate) * up as one call each (the same values, see skinny.py).
-    fused = (
-        stream
-        and x.device.type == "cpu"
-        and x.dtype in (torch.float32, torch.bfloat16)
-        and skinny.available()
-    )
-
-    fused_rope = fused and dim % 32 == 0
+    kernel_rope = kernels and dim % 32 == 0
 
     def norm(x: torch.Tensor, module: RMSNorm) -> torch.Tensor:
-        return skinny.rms_norm(x, module.weight, module.eps) if fused else _rms(x, module)
+        return skinny.rms_norm(x, module.weight, module.eps) if kernels else _rms(x, module)
 
     copy_k, copy_v = state.k.view(-1, dim), state.v.view(-1, dim)
     capacity = state.k.shape[3]
@@ -528,7 +528,7 @@ def decode_forward(
         attn, mlp = layer.self_attn, layer.mlp
         h = norm(x, layer.input_layernorm)
         qkv = linear(h, *attn._fused_qkv).view(batch, heads + 2 * kv_heads, dim)
-        if fused_rope:
+        if kernel_rope:
             qk = skinny.rope(qkv, cos, sin, heads + kv_heads)
         else:
             qk = qkv[:, : heads + kv_heads]
@@ -556,7 +556,7 @@ def decode_forward(
         x = x + linear(out.reshape(batch, heads * dim), o.weight, o.bias)
         h = norm(x, layer.post_attention_layernorm)
         gate_up = linear(h, *mlp._fused_gate_up)
-        if fused:
+        if kernels:
             act = skinny.silu_mul(gate_up)
         else:
             gate, up = gate_up.chunk(2, dim=-1)
