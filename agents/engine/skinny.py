@@ -3,18 +3,21 @@
 At a decode step's few rows a linear layer is a pass over its weight, and the step is a pass
 over all of them: MKL and oneDNN read the weights well below the machine's bandwidth there
 (bench/engine/REPORT.md). The kernel (agents/engine/kernels/skinny_linear.cpp) reads each
-weight from a copy packed into panels of :data:`PANEL` output columns, one sequential stream
-per thread, with float32 accumulation in float32 and in bfloat16 (AVX512-BF16's dot product).
+weight from a copy packed into panels of :func:`panel` output columns, one sequential stream
+per thread, with float32 accumulation in float32 and in bfloat16 (AVX512-BF16's dot product,
+or bfloat16 widened to float32 as it is loaded).
 ``EngineConfig.decode_weights="stream"`` uses it for the decode fast path's linears, with the
 library's decode attention (:func:`attention`: each request's scores computed, softmaxed and
 applied in one pass over its keys and values, in the thread's cache), RMSNorm, the rotary
 embedding and the MLP's silu(gate) * up, each one call where torch makes several small ones.
 
-It is C++ for x86 CPUs with AVX-512 and AVX512-BF16, compiled with the system's C++ compiler
-(``$CXX``, else ``g++``) against the installed torch into ``build/kernels/`` the first time it
-is needed (about 10 s; ``make setup`` builds it ahead), then loaded with
-``torch.ops.load_library``. The library's name carries a digest of the source, torch's version
-and the flags, so an edit or another torch builds a new one and a stale one is never loaded.
+It is C++ for x86 CPUs with AVX-512 and AVX512-BF16 or with AVX2 and FMA (:data:`ISAS`; the
+best this CPU has), compiled with the system's C++ compiler (``$CXX``, else ``g++``) against
+the installed torch into ``build/kernels/`` the first time it is needed (about 20 s; ``make
+setup`` builds it ahead), then loaded with
+``torch.ops.load_library``. The library's name carries the instruction set and a digest of the
+source, torch's version and the flags, so an edit, another torch or another CPU builds a new
+one and a stale one is never loaded.
 :func:`available` says whether it could be used here, :func:`unavailable_reason` why not; the
 engine then keeps its default linears.
 
@@ -33,19 +36,23 @@ import threading
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-PANEL = 48  # output columns per packed panel (the kernel's kPanel: 3 AVX-512 vectors)
 MAX_ROWS = 16  # the kernel's kMaxRows
 SOURCE = Path(__file__).resolve().parent / "kernels" / "skinny_linear.cpp"
 ROOT = Path(__file__).resolve().parents[2]
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
-CXXFLAGS = (
-    "-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off",
-    "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma",
-)  # fmt: skip
+# The instruction sets the source compiles for, best first: the CPU flags each needs and the
+# compiler flags that select it (agents/engine/kernels/skinny_linear.cpp picks its vectors by
+# them). ``$BATON_KERNEL_ISA`` names one to use instead of the best this CPU has.
+ISAS = {
+    "avx512": (
+        ("avx512f", "avx512bw", "avx512vl", "avx512_bf16"),
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"),
+    ),
+    "avx2": (("avx2", "fma"), ("-mavx2", "-mfma")),
+}
+BASE_FLAGS = ("-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
 
 _lock = threading.Lock()
 _loaded: bool | None = None  # None: not tried yet
@@ -62,29 +69,54 @@ def _abi_flag() -> str:
     return f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
 
 
-def library_path() -> Path:
-    digest = hashlib.sha256()
-    digest.update(SOURCE.read_bytes())
-    digest.update(torch.__version__.encode())
-    digest.update(" ".join((*CXXFLAGS, _abi_flag())).encode())
-    return build_dir() / f"skinny_linear-{digest.hexdigest()[:16]}.so"
-
-
-def cpu_support() -> str:
-    """ "" when this CPU runs the kernel, else why not."""
+def _cpu_flags() -> set[str] | str:
+    """This CPU's flags, or why they cannot be read."""
     if sys.platform != "linux":
         return "built and checked on Linux only"
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError as exc:
         return f"cannot read /proc/cpuinfo: {exc}"
-    flags: set[str] = set()
     for line in text.splitlines():
         if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
-    missing = [flag for flag in CPU_FLAGS if flag not in flags]
-    return f"the CPU lacks {', '.join(missing)}" if missing else ""
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def isa() -> tuple[str, str]:
+    """(the instruction set the kernels are built for here, "") or ("", why none)."""
+    flags = _cpu_flags()
+    if isinstance(flags, str):
+        return "", flags
+    wanted = os.environ.get("BATON_KERNEL_ISA", "")
+    if wanted and wanted not in ISAS:
+        return "", f"BATON_KERNEL_ISA={wanted}: not one of {', '.join(ISAS)}"
+    missing: list[str] = []
+    for name in [wanted] if wanted else list(ISAS):
+        missing = [flag for flag in ISAS[name][0] if flag not in flags]
+        if not missing:
+            return name, ""
+    prefix = f"BATON_KERNEL_ISA={wanted}: " if wanted else ""
+    return "", f"{prefix}the CPU lacks {', '.join(missing)}"
+
+
+def cpu_support() -> str:
+    """ "" when this CPU runs the kernels, else why not."""
+    return isa()[1]
+
+
+def cxxflags() -> tuple[str, ...]:
+    """The compiler's flags here (with no instruction set the source refuses to compile)."""
+    name = isa()[0]
+    return (*BASE_FLAGS, *(ISAS[name][1] if name else ()))
+
+
+def library_path() -> Path:
+    digest = hashlib.sha256()
+    digest.update(SOURCE.read_bytes())
+    digest.update(torch.__version__.encode())
+    digest.update(" ".join((*cxxflags(), _abi_flag())).encode())
+    return build_dir() / f"skinny_linear-{isa()[0] or 'none'}-{digest.hexdigest()[:16]}.so"
 
 
 def build(path: Path | None = None) -> Path:
@@ -97,7 +129,7 @@ def build(path: Path | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=path.stem + "-", suffix=".so.tmp", dir=path.parent)
     os.close(fd)
     cmd = [
-        os.environ.get("CXX", "g++"), *CXXFLAGS, _abi_flag(),
+        os.environ.get("CXX", "g++"), *cxxflags(), _abi_flag(),
         f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
         str(SOURCE), f"-L{lib}", "-ltorch", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}",
         "-o", tmp,
@@ -152,18 +184,17 @@ def supports(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0
 
 
+def panel() -> int:
+    """Output columns per packed panel in this build (48 with AVX-512, 16 with AVX2)."""
+    return int(torch.ops.baton.panel_width())
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """The kernel's copy of `weight` [N, K]: panels of PANEL output columns (the last padded
-    with zeros), each [K, PANEL] in float32 and [K / 2, PANEL, 2] in bfloat16."""
+    """The kernel's copy of `weight` [N, K]: panels of :func:`panel` output columns (the last
+    padded with zeros), each [K, panel] (bfloat16 with AVX-512: [K / 2, panel, 2])."""
     if not supports(weight):
         raise ValueError(f"cannot pack a {weight.dtype} {tuple(weight.shape)} weight")
-    n, k = weight.shape
-    w = weight.detach()
-    if n % PANEL:
-        w = F.pad(w, (0, 0, 0, PANEL - n % PANEL))
-    if w.dtype == torch.float32:
-        return w.reshape(-1, PANEL, k).transpose(1, 2).contiguous()
-    return w.reshape(-1, PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    return torch.ops.baton.pack(weight.detach())
 
 
 def linear(

@@ -2,17 +2,23 @@
 //
 // At a handful of rows a linear layer is a pass over its weight: each weight element is
 // loaded once and used by every row. MKL and oneDNN read the weight well below the machine's
-// bandwidth at these shapes (bench/engine/REPORT.md). Here the weight is prepacked into
-// panels of 48 output columns, each panel a contiguous [K][48] block (bfloat16: [K/2][48][2],
-// the pairs AVX512-BF16's dot product takes), so a thread reads its panels as one sequential
-// stream; for each k it broadcasts x[m, k] and multiplies it into MR x 3 vector accumulators
-// held in registers (no horizontal sums). Rows 9-16 run as a second pass over a panel while
-// it is still in L2, so the weight leaves memory once. Accumulation is float32 in both dtypes.
+// bandwidth at these shapes (bench/engine/REPORT.md). Here the weight is prepacked (pack())
+// into panels of kPanel output columns, each a contiguous [K][kPanel] block, so a thread reads
+// its panels as one sequential stream; for each k it broadcasts x[m, k] and multiplies it into
+// kMR x kVecs vector accumulators held in registers (no horizontal sums). Further rows run as
+// more passes over a panel while it is still in cache, so the weight leaves memory once.
+// Accumulation is float32 in both dtypes.
+//
+// Two instruction sets, chosen when the library is compiled (agents/engine/skinny.py passes
+// the flags for the CPU it runs on):
+// - AVX-512 with AVX512-BF16: 16 lanes, panels of 48 columns, 8 rows a pass; bfloat16 panels
+//   are [K/2][48][2], the pairs AVX512-BF16's dot product takes.
+// - AVX2 with FMA: 8 lanes, panels of 16 columns, 4 rows a pass (16 registers); bfloat16 is
+//   widened to float32 as it is loaded (exact) and multiplied with FMA, x rows in float32.
 //
 // The rest of a decode step's kernels live here too: decode_attention (one pass over each
 // request's keys and values), rms_norm, rope and silu_mul (one call where torch makes several).
-// Registered as torch.ops.baton.* (CPU); built and loaded by agents/engine/skinny.py, which
-// also packs the weights.
+// Registered as torch.ops.baton.* (CPU); built and loaded by agents/engine/skinny.py.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -26,51 +32,185 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512BF16__)
+#define BATON_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define BATON_AVX512 0
+#else
+#error "skinny_linear.cpp needs AVX-512 with AVX512-BF16, or AVX2 with FMA"
+#endif
+
 namespace {
 
-constexpr int kVecs = 3;                 // accumulator vectors per row
-constexpr int64_t kPanel = 16 * kVecs;   // output columns per panel
+// ---- float32 vectors of W lanes, and bfloat16 <-> float32 -------------------------------------
+
+#if BATON_AVX512
+using vf = __m512;
+constexpr int W = 16;
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vset(float a) { return _mm512_set1_ps(a); }
+inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c
+inline vf vfnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b
+inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
+inline float vtop(vf v) { return _mm512_reduce_max_ps(v); }
+inline vf vround(vf v) {
+  return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline vf vscale2(vf p, vf n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
+inline vf vzero_below(vf v, vf x, float lo) {  // lanes where x < lo: 0
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~_mm512_cmp_ps_mask(x, vset(lo), _CMP_LT_OQ)),
+                             v);
+}
+inline vf vload(const uint16_t* p) {  // W bfloat16 -> float32: the bits, 16 places up
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline void vstore(uint16_t* p, vf v) {  // rounded to nearest even
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+}
+#else
+using vf = __m256;
+constexpr int W = 8;
+inline vf vzero() { return _mm256_setzero_ps(); }
+inline vf vset(float a) { return _mm256_set1_ps(a); }
+inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
+inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
+inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline vf vfnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
+inline float vsum(vf v) {  // halves folded onto each other
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline float vtop(vf v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+inline vf vround(vf v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline vf vpow2(__m256i n) {  // 2^n for -126 <= n <= 127
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
+}
+inline vf vscale2(vf p, vf n) {  // p * 2^n in two exact steps, so 2^n itself never overflows
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i half = _mm256_srai_epi32(ni, 1);
+  return vmul(vmul(p, vpow2(half)), vpow2(_mm256_sub_epi32(ni, half)));
+}
+inline vf vzero_below(vf v, vf x, float lo) {
+  return _mm256_andnot_ps(_mm256_cmp_ps(x, vset(lo), _CMP_LT_OQ), v);
+}
+inline vf vload(const uint16_t* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+inline void vstore(uint16_t* p, vf v) {  // rounded to nearest even, NaN kept quiet (as c10)
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(
+      _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(nan));
+  const __m128i out = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), out);
+}
+#endif
+
+// The first n (< W) lanes, the rest zero / untouched: through a buffer (tails only).
+template <typename T>
+inline vf vload(const T* p, int64_t n) {
+  if (n >= W) return vload(p);
+  T buf[W] = {};
+  std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(T));
+  return vload(static_cast<const T*>(buf));
+}
+template <typename T>
+inline void vstore(T* p, vf v, int64_t n) {
+  if (n >= W) return vstore(p, v);
+  T buf[W];
+  vstore(buf, v);
+  std::memcpy(p, buf, static_cast<size_t>(n) * sizeof(T));
+}
+inline vf round_bf16(vf v) {  // float32 -> bfloat16 -> float32
+  uint16_t buf[W];
+  vstore(buf, v);
+  return vload(static_cast<const uint16_t*>(buf));
+}
+
+inline uint16_t* bf16_ptr(const at::Tensor& t) {
+  return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
+}
+
+// ---- skinny linear ----------------------------------------------------------------------------
+
+#if BATON_AVX512
+constexpr int kVecs = 3;  // accumulator vectors per row
+constexpr int kMR = 8;    // rows per pass: 24 accumulators, 3 weight vectors, 1 broadcast
+#else
+constexpr int kVecs = 2;
+constexpr int kMR = 4;    // 8 accumulators, 2 weight vectors, 1 broadcast of 16 registers
+#endif
+constexpr int64_t kPanel = W * kVecs;  // output columns per panel
 constexpr int kMaxRows = 16;
 constexpr int64_t kTaskBytes = 2 << 20;
+// bfloat16 panels hold (k, k+1) pairs side by side for AVX512-BF16's dot product.
+constexpr bool kPairs = BATON_AVX512;
 
-inline __mmask16 tail_mask(int64_t cols) {
-  return cols >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << cols) - 1u);
+// The bias's columns col.. (up to kPanel - col of them are real) added, and the rows stored.
+template <int MR, typename T>
+inline void store_panel(vf (&acc)[MR][kVecs], const T* bias, T* y, int64_t N, int64_t n0) {
+  for (int j = 0; j < kVecs; j++) {
+    const int64_t col = n0 + W * j;
+    if (col >= N) break;
+    const vf b = bias ? vload(bias + col, N - col) : vzero();
+    for (int m = 0; m < MR; m++) vstore(y + m * N + col, vadd(acc[m][j], b), N - col);
+  }
 }
 
-template <int MR>
-void panel_f32(const float* x, const float* wp, const float* bias, float* y, int64_t N,
-               int64_t K, int64_t n0) {
-  __m512 acc[MR][kVecs];
+// MR rows of x (float32, [MR][K]) against one panel of weights in float32 or widened bfloat16.
+template <int MR, typename T>
+void panel_fma(const float* x, const T* wp, const T* bias, T* y, int64_t N, int64_t K,
+               int64_t n0) {
+  vf acc[MR][kVecs];
   for (int m = 0; m < MR; m++)
-    for (int j = 0; j < kVecs; j++) acc[m][j] = _mm512_setzero_ps();
+    for (int j = 0; j < kVecs; j++) acc[m][j] = vzero();
   for (int64_t k = 0; k < K; k++) {
-    __m512 wv[kVecs];
-    for (int j = 0; j < kVecs; j++) wv[j] = _mm512_loadu_ps(wp + k * kPanel + 16 * j);
+    vf wv[kVecs];
+    for (int j = 0; j < kVecs; j++) wv[j] = vload(wp + k * kPanel + W * j);
     for (int m = 0; m < MR; m++) {
-      const __m512 xv = _mm512_set1_ps(x[m * K + k]);
-      for (int j = 0; j < kVecs; j++) acc[m][j] = _mm512_fmadd_ps(xv, wv[j], acc[m][j]);
+      const vf xv = vset(x[m * K + k]);
+      for (int j = 0; j < kVecs; j++) acc[m][j] = vfma(xv, wv[j], acc[m][j]);
     }
   }
-  for (int j = 0; j < kVecs; j++) {
-    const int64_t col = n0 + 16 * j;
-    if (col >= N) break;
-    const __mmask16 mask = tail_mask(N - col);
-    const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + col) : _mm512_setzero_ps();
-    for (int m = 0; m < MR; m++)
-      _mm512_mask_storeu_ps(y + m * N + col, mask, _mm512_add_ps(acc[m][j], b));
-  }
+  store_panel<MR>(acc, bias, y, N, n0);
 }
 
+#if BATON_AVX512
+// MR bfloat16 rows against one pair-packed bfloat16 panel, AVX512-BF16's dot product.
 template <int MR>
-void panel_bf16(const uint16_t* x, const uint16_t* wp, const uint16_t* bias, uint16_t* y,
-                int64_t N, int64_t K, int64_t n0) {
-  __m512 acc[MR][kVecs];
+void panel_dpbf16(const uint16_t* x, const uint16_t* wp, const uint16_t* bias, uint16_t* y,
+                  int64_t N, int64_t K, int64_t n0) {
+  vf acc[MR][kVecs];
   for (int m = 0; m < MR; m++)
-    for (int j = 0; j < kVecs; j++) acc[m][j] = _mm512_setzero_ps();
+    for (int j = 0; j < kVecs; j++) acc[m][j] = vzero();
   for (int64_t kp = 0; kp < K / 2; kp++) {
     __m512bh wv[kVecs];
     for (int j = 0; j < kVecs; j++)
-      wv[j] = (__m512bh)_mm512_loadu_si512(wp + (kp * kPanel + 16 * j) * 2);
+      wv[j] = (__m512bh)_mm512_loadu_si512(wp + (kp * kPanel + W * j) * 2);
     for (int m = 0; m < MR; m++) {
       int32_t pair;
       std::memcpy(&pair, x + m * K + 2 * kp, sizeof(pair));
@@ -78,48 +218,34 @@ void panel_bf16(const uint16_t* x, const uint16_t* wp, const uint16_t* bias, uin
       for (int j = 0; j < kVecs; j++) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv, wv[j]);
     }
   }
-  for (int j = 0; j < kVecs; j++) {
-    const int64_t col = n0 + 16 * j;
-    if (col >= N) break;
-    const __mmask16 mask = tail_mask(N - col);
-    __m512 b = _mm512_setzero_ps();
-    if (bias) {  // bfloat16 -> float32: the bits, 16 places up
-      const __m256i raw = _mm256_maskz_loadu_epi16(mask, bias + col);
-      b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-    }
-    for (int m = 0; m < MR; m++) {
-      const __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(acc[m][j], b));  // nearest even
-      _mm256_mask_storeu_epi16(y + m * N + col, mask, (__m256i)out);
-    }
-  }
+  store_panel<MR>(acc, bias, y, N, n0);
 }
+#endif
 
+// `rows` (1 to kMR) rows against one panel. xf: the rows in float32 (x itself for float32);
+// x: the rows as given (the pair kernel takes bfloat16 rows).
 template <typename T, int MR>
-void panel(const T* x, const T* wp, const T* bias, T* y, int64_t N, int64_t K, int64_t n0) {
-  if constexpr (sizeof(T) == 4)
-    panel_f32<MR>(x, wp, bias, y, N, K, n0);
-  else
-    panel_bf16<MR>(x, wp, bias, y, N, K, n0);
+void panel(const float* xf, const T* x, const T* wp, const T* bias, T* y, int64_t N, int64_t K,
+           int64_t n0) {
+#if BATON_AVX512
+  if constexpr (sizeof(T) == 2) return panel_dpbf16<MR>(x, wp, bias, y, N, K, n0);
+#endif
+  (void)x;
+  panel_fma<MR, T>(xf, wp, bias, y, N, K, n0);
 }
 
-// `rows` (1-8) rows of x against one panel.
-template <typename T>
-void rows_panel(int64_t rows, const T* x, const T* wp, const T* bias, T* y, int64_t N,
-                int64_t K, int64_t n0) {
-  switch (rows) {
-    case 1: return panel<T, 1>(x, wp, bias, y, N, K, n0);
-    case 2: return panel<T, 2>(x, wp, bias, y, N, K, n0);
-    case 3: return panel<T, 3>(x, wp, bias, y, N, K, n0);
-    case 4: return panel<T, 4>(x, wp, bias, y, N, K, n0);
-    case 5: return panel<T, 5>(x, wp, bias, y, N, K, n0);
-    case 6: return panel<T, 6>(x, wp, bias, y, N, K, n0);
-    case 7: return panel<T, 7>(x, wp, bias, y, N, K, n0);
-    default: return panel<T, 8>(x, wp, bias, y, N, K, n0);
+template <typename T, int MR = kMR>
+void rows_panel(int64_t rows, const float* xf, const T* x, const T* wp, const T* bias, T* y,
+                int64_t N, int64_t K, int64_t n0) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return rows_panel<T, MR - 1>(rows, xf, x, wp, bias, y, N, K, n0);
   }
+  panel<T, MR>(xf, x, wp, bias, y, N, K, n0);
 }
 
 template <typename T>
-void run(int64_t M, const T* x, const T* wp, const T* bias, T* y, int64_t N, int64_t K) {
+void run(int64_t M, const float* xf, const T* x, const T* wp, const T* bias, T* y, int64_t N,
+         int64_t K) {
   const int64_t panels = (N + kPanel - 1) / kPanel;
   const int64_t panel_elems = kPanel * K;
   // A thread takes at least kTaskBytes of weight (~100 us of streaming): waking a waiting
@@ -128,10 +254,25 @@ void run(int64_t M, const T* x, const T* wp, const T* bias, T* y, int64_t N, int
       std::max<int64_t>(1, kTaskBytes / (panel_elems * static_cast<int64_t>(sizeof(T))));
   at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; p++)
-      for (int64_t m0 = 0; m0 < M; m0 += 8)
-        rows_panel<T>(std::min<int64_t>(8, M - m0), x + m0 * K, wp + p * panel_elems, bias,
-                      y + m0 * N, N, K, p * kPanel);
+      for (int64_t m0 = 0; m0 < M; m0 += kMR)
+        rows_panel<T>(std::min<int64_t>(kMR, M - m0), xf + m0 * K, x + m0 * K,
+                      wp + p * panel_elems, bias, y + m0 * N, N, K, p * kPanel);
   });
+}
+
+// The kernel's copy of w [N, K]: N padded with zero rows to whole panels, each panel [K][kPanel]
+// (bfloat16 with pairs: [K/2][kPanel][2]).
+at::Tensor pack(const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2, "pack: w must be [N, K]");
+  TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16,
+              "pack: float32 or bfloat16");
+  const int64_t N = w.size(0), K = w.size(1);
+  const bool pairs = kPairs && w.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(!pairs || K % 2 == 0, "pack: bfloat16 needs an even K");
+  const int64_t padded = (N + kPanel - 1) / kPanel * kPanel;
+  const at::Tensor full = padded == N ? w : at::constant_pad_nd(w, {0, 0, 0, padded - N});
+  if (pairs) return full.reshape({-1, kPanel, K / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+  return full.reshape({-1, kPanel, K}).transpose(1, 2).contiguous();
 }
 
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
@@ -143,7 +284,7 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "skinny_linear: float32 or bfloat16");
   const bool bf16 = x.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(!bf16 || K % 2 == 0, "skinny_linear: bfloat16 needs an even K");
+  TORCH_CHECK(!(bf16 && kPairs) || K % 2 == 0, "skinny_linear: bfloat16 needs an even K");
   const int64_t panels = (N + kPanel - 1) / kPanel;
   TORCH_CHECK(packed.is_contiguous() && packed.numel() == panels * kPanel * K,
               "skinny_linear: packed weight does not match N and K");
@@ -156,73 +297,70 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   }
   at::Tensor y = at::empty({M, N}, x.options());
   if (!bf16) {
-    run<float>(M, xc.data_ptr<float>(), packed.data_ptr<float>(),
-               b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), N, K);
+    const float* xp = xc.data_ptr<float>();
+    run<float>(M, xp, xp, packed.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
+               y.data_ptr<float>(), N, K);
   } else {
-    auto p = [](const at::Tensor& t) {
-      return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
-    };
-    run<uint16_t>(M, p(xc), p(packed), b.defined() ? p(b) : nullptr, p(y), N, K);
+    // The FMA kernel takes the rows in float32 (exact), the pair kernel as they are.
+    const at::Tensor xf = kPairs ? xc : xc.to(at::kFloat);
+    run<uint16_t>(M, kPairs ? nullptr : xf.data_ptr<float>(), bf16_ptr(xc), bf16_ptr(packed),
+                  b.defined() ? bf16_ptr(b) : nullptr, bf16_ptr(y), N, K);
   }
   return y;
 }
 
 // exp(x) for float32 lanes: 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p of degree 6 (about
-// 1 ulp); lanes below -87.3 (the scores of masked keys, -inf included) give 0.
-inline __m512 exp_ps(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.3f);
-  const __mmask16 zero = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  x = _mm512_max_ps(x, lo);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~zero), _mm512_scalef_ps(p, n));
+// 1 ulp); lanes below -87.3 (the scores of masked keys, -inf included) give 0, lanes above
+// 88.76 infinity.
+inline vf exp_ps(vf x) {
+  const vf in = x;
+  x = vmin(vmax(x, vset(-87.3f)), vset(88.76f));
+  const vf n = vround(vmul(x, vset(1.44269504088896341f)));
+  vf r = vfnma(n, vset(0.693359375f), x);
+  r = vfnma(n, vset(-2.12194440e-4f), r);
+  vf p = vset(1.9875691500e-4f);
+  p = vfma(p, r, vset(1.3981999507e-3f));
+  p = vfma(p, r, vset(8.3334519073e-3f));
+  p = vfma(p, r, vset(4.1665795894e-2f));
+  p = vfma(p, r, vset(1.6666665459e-1f));
+  p = vfma(p, r, vset(5.0000001201e-1f));
+  p = vfma(p, vmul(r, r), vadd(r, vset(1.0f)));
+  return vzero_below(vscale2(p, n), in, -87.3f);
 }
 
 // One (request, KV head) of decode attention: G query rows against the first n keys.
 void attend_one(const float* q, const float* k, const float* v, float* out, int64_t G,
                 int64_t D, int64_t n, int64_t kv_stride, std::vector<float>& scores) {
-  const int64_t chunks = D / 16;
-  const int64_t padded = (n + 15) / 16 * 16;
+  const int64_t chunks = D / W;
+  const int64_t padded = (n + W - 1) / W * W;
   scores.assign(static_cast<size_t>(G * padded), -INFINITY);
   for (int64_t g = 0; g < G; g++) {
     const float* qg = q + g * D;
     float* sg = scores.data() + g * padded;
     for (int64_t t = 0; t < n; t++) {
       const float* kt = k + t * kv_stride;
-      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), _mm512_loadu_ps(kt));
-      for (int64_t c = 1; c < chunks; c++)
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), _mm512_loadu_ps(kt + 16 * c), acc);
-      sg[t] = _mm512_reduce_add_ps(acc);
+      vf acc = vmul(vload(qg), vload(kt));
+      for (int64_t c = 1; c < chunks; c++) acc = vfma(vload(qg + W * c), vload(kt + W * c), acc);
+      sg[t] = vsum(acc);
     }
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int64_t t = 0; t < padded; t += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sg + t));
-    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t t = 0; t < padded; t += 16) {
-      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sg + t), top));
-      _mm512_storeu_ps(sg + t, e);
-      sum = _mm512_add_ps(sum, e);
+    vf mx = vset(-INFINITY);
+    for (int64_t t = 0; t < padded; t += W) mx = vmax(mx, vload(sg + t));
+    const vf top = vset(vtop(mx));
+    vf sum = vzero();
+    for (int64_t t = 0; t < padded; t += W) {
+      const vf e = exp_ps(vsub(vload(sg + t), top));
+      vstore(sg + t, e);
+      sum = vadd(sum, e);
     }
-    const float inv = 1.0f / _mm512_reduce_add_ps(sum);
-    __m512 acc[16];
-    for (int64_t c = 0; c < chunks; c++) acc[c] = _mm512_setzero_ps();
+    const float inv = 1.0f / vsum(sum);
+    vf acc[256 / W];
+    for (int64_t c = 0; c < chunks; c++) acc[c] = vzero();
     for (int64_t t = 0; t < n; t++) {
-      const __m512 p = _mm512_set1_ps(sg[t]);
+      const vf p = vset(sg[t]);
       const float* vt = v + t * kv_stride;
-      for (int64_t c = 0; c < chunks; c++)
-        acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vt + 16 * c), acc[c]);
+      for (int64_t c = 0; c < chunks; c++) acc[c] = vfma(p, vload(vt + W * c), acc[c]);
     }
-    for (int64_t c = 0; c < chunks; c++)
-      _mm512_storeu_ps(out + g * D + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(inv)));
+    for (int64_t c = 0; c < chunks; c++) vstore(out + g * D + W * c, vmul(acc[c], vset(inv)));
   }
 }
 
@@ -263,38 +401,23 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
-inline __m512 load_f32(const float* p, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, p); }
-inline __m512 load_f32(const uint16_t* p, __mmask16 mask) {  // bfloat16 -> float32
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
-}
-inline void store_f32(float* p, __m512 v, __mmask16 mask) { _mm512_mask_storeu_ps(p, mask, v); }
-inline void store_f32(uint16_t* p, __m512 v, __mmask16 mask) {  // rounded to nearest even
-  _mm256_mask_storeu_epi16(p, mask, (__m256i)_mm512_cvtneps_pbh(v));
-}
-inline __m512 round_bf16(__m512 v) {  // float32 -> bfloat16 -> float32
-  const __m512i bits = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
-}
-
 // x / rms(x) * w per row, the mean of squares in float32. float32: as F.rms_norm. bfloat16: as
 // the engine's bfloat16 path, w * bf16(x / rms(x)), each product rounded to bfloat16.
 template <typename T>
 void rms_rows(const T* x, const T* w, T* y, int64_t M, int64_t H, float eps) {
   for (int64_t m = 0; m < M; m++) {
     const T* xr = x + m * H;
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t h = 0; h < H; h += 16) {
-      const __m512 v = load_f32(xr + h, tail_mask(H - h));
-      acc = _mm512_fmadd_ps(v, v, acc);
+    vf acc = vzero();
+    for (int64_t h = 0; h < H; h += W) {
+      const vf v = vload(xr + h, H - h);
+      acc = vfma(v, v, acc);
     }
-    const float scale = 1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(H) + eps);
-    const __m512 s = _mm512_set1_ps(scale);
-    for (int64_t h = 0; h < H; h += 16) {
-      const __mmask16 mask = tail_mask(H - h);
-      __m512 n = _mm512_mul_ps(load_f32(xr + h, mask), s);
+    const float scale = 1.0f / std::sqrt(vsum(acc) / static_cast<float>(H) + eps);
+    const vf s = vset(scale);
+    for (int64_t h = 0; h < H; h += W) {
+      vf n = vmul(vload(xr + h, H - h), s);
       if constexpr (sizeof(T) == 2) n = round_bf16(n);
-      store_f32(y + m * H + h, _mm512_mul_ps(n, load_f32(w + h, mask)), mask);
+      vstore(y + m * H + h, vmul(n, vload(w + h, H - h)), H - h);
     }
   }
 }
@@ -312,10 +435,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
     rms_rows<float>(xc.data_ptr<float>(), wc.data_ptr<float>(), y.data_ptr<float>(), M, H,
                     static_cast<float>(eps));
   } else {
-    auto p = [](const at::Tensor& t) {
-      return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
-    };
-    rms_rows<uint16_t>(p(xc), p(wc), p(y), M, H, static_cast<float>(eps));
+    rms_rows<uint16_t>(bf16_ptr(xc), bf16_ptr(wc), bf16_ptr(y), M, H, static_cast<float>(eps));
   }
   return y;
 }
@@ -324,17 +444,15 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
 // as torch computes F.silu(gate) * up in that dtype.
 template <typename T>
 void silu_mul_rows(const T* gu, T* y, int64_t M, int64_t I) {
-  const __m512 one = _mm512_set1_ps(1.0f);
+  const vf one = vset(1.0f);
   for (int64_t m = 0; m < M; m++) {
     const T* g = gu + m * 2 * I;
     const T* u = g + I;
-    for (int64_t i = 0; i < I; i += 16) {
-      const __mmask16 mask = tail_mask(I - i);
-      const __m512 gv = load_f32(g + i, mask);
-      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-      __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(one, e));
+    for (int64_t i = 0; i < I; i += W) {
+      const vf gv = vload(g + i, I - i);
+      vf silu = vdiv(gv, vadd(one, exp_ps(vsub(vzero(), gv))));
       if constexpr (sizeof(T) == 2) silu = round_bf16(silu);
-      store_f32(y + m * I + i, _mm512_mul_ps(silu, load_f32(u + i, mask)), mask);
+      vstore(y + m * I + i, vmul(silu, vload(u + i, I - i)), I - i);
     }
   }
 }
@@ -349,8 +467,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   if (gu.scalar_type() == at::kFloat) {
     silu_mul_rows<float>(gu.data_ptr<float>(), y.data_ptr<float>(), M, I);
   } else {
-    silu_mul_rows<uint16_t>(reinterpret_cast<uint16_t*>(gu.data_ptr<at::BFloat16>()),
-                            reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), M, I);
+    silu_mul_rows<uint16_t>(bf16_ptr(gu), bf16_ptr(y), M, I);
   }
   return y;
 }
@@ -362,23 +479,19 @@ template <typename T>
 void rope_rows(const T* qkv, const T* cos, const T* sin, T* out, int64_t B, int64_t NH,
                int64_t heads, int64_t D) {
   const int64_t half = D / 2;
-  const __m512 zero = _mm512_setzero_ps();
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < heads; h++) {
       const T* x = qkv + (b * NH + h) * D;
       T* y = out + (b * heads + h) * D;
-      for (int64_t j = 0; j < D; j += 16) {
-        const __mmask16 all = 0xFFFF;
-        const __m512 xv = load_f32(x + j, all);
-        const __m512 rv = j < half ? _mm512_sub_ps(zero, load_f32(x + j + half, all))
-                                   : load_f32(x + j - half, all);
-        __m512 a = _mm512_mul_ps(xv, load_f32(cos + b * D + j, all));
-        __m512 c = _mm512_mul_ps(rv, load_f32(sin + b * D + j, all));
+      for (int64_t j = 0; j < D; j += W) {
+        const vf rv = j < half ? vsub(vzero(), vload(x + j + half)) : vload(x + j - half);
+        vf a = vmul(vload(x + j), vload(cos + b * D + j));
+        vf c = vmul(rv, vload(sin + b * D + j));
         if constexpr (sizeof(T) == 2) {
           a = round_bf16(a);
           c = round_bf16(c);
         }
-        store_f32(y + j, _mm512_add_ps(a, c), all);
+        vstore(y + j, vadd(a, c));
       }
     }
 }
@@ -399,17 +512,19 @@ at::Tensor rope(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
     rope_rows<float>(x.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(),
                      y.data_ptr<float>(), B, NH, heads, D);
   } else {
-    auto p = [](const at::Tensor& t) {
-      return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
-    };
-    rope_rows<uint16_t>(p(x), p(c), p(s), p(y), B, NH, heads, D);
+    rope_rows<uint16_t>(bf16_ptr(x), bf16_ptr(c), bf16_ptr(s), bf16_ptr(y), B, NH, heads, D);
   }
   return y;
 }
 
+// The panel width this build packs for (skinny.py sizes its checks by it).
+int64_t panel_width() { return kPanel; }
+
 }  // namespace
 
 TORCH_LIBRARY(baton, m) {
+  m.def("pack(Tensor w) -> Tensor");
+  m.def("panel_width() -> int");
   m.def("skinny_linear(Tensor x, Tensor packed, int n, Tensor? bias=None) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor lengths) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
@@ -417,7 +532,12 @@ TORCH_LIBRARY(baton, m) {
   m.def("rope(Tensor qkv, Tensor cos, Tensor sin, int heads) -> Tensor");
 }
 
+TORCH_LIBRARY_IMPL(baton, CatchAll, m) {
+  m.impl("panel_width", &panel_width);
+}
+
 TORCH_LIBRARY_IMPL(baton, CPU, m) {
+  m.impl("pack", &pack);
   m.impl("skinny_linear", &skinny_linear);
   m.impl("decode_attention", &decode_attention);
   m.impl("rms_norm", &rms_norm);
