@@ -243,6 +243,43 @@ def stream_weights(model: CausalLM) -> dict[int, tuple[torch.Tensor, int]]:
     return cached
 
 
+def stream_layers(model: CausalLM) -> tuple | None:
+    """What skinny.decode_layers takes for the model's decoder layers: (norm weights, packed
+    linears, their biases, their output sizes, eps), from stream_weights' copies; None where a
+    linear has no packed copy or the norms' eps differ. Cached with stream_weights."""
+    packed = stream_weights(model)
+    cached = getattr(model, "_stream_layers", None)
+    if cached is not None and cached[0] is packed:
+        return cached[1]
+    layers = model.model.layers
+    eps = {
+        n.eps for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)
+    }
+    norms: list[torch.Tensor] = []
+    weights: list[torch.Tensor] = []
+    biases: list[torch.Tensor | None] = []
+    sizes: list[int] = []
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+        for weight, bias in (
+            attn._fused_qkv,
+            (attn.o_proj.weight, attn.o_proj.bias),
+            mlp._fused_gate_up,
+            (mlp.down_proj.weight, mlp.down_proj.bias),
+        ):
+            copy = packed.get(weight.data_ptr())
+            if copy is None:
+                eps = set()
+                break
+            weights.append(copy[0])
+            sizes.append(copy[1])
+            biases.append(bias)
+    result = (norms, weights, biases, sizes, eps.pop()) if len(eps) == 1 else None
+    model._stream_layers = (packed, result)
+    return result
+
+
 def _stream_linear(x, weight, bias, packed: dict[int, tuple[torch.Tensor, int]]) -> torch.Tensor:
     """x @ W.T through the skinny kernel at 1 to skinny.MAX_ROWS rows, else the dense path."""
     p = packed.get(weight.data_ptr())
@@ -524,44 +561,62 @@ def decode_forward(
     heads_in_copy = (rows * kv_heads)[:, None] + torch.arange(kv_heads, device=rows.device)
     at_layer0 = (heads_in_copy * capacity + positions[:, None]).reshape(-1)  # [B * KVH]
     layer_stride = batch * kv_heads * capacity
-    for i, layer in enumerate(model.model.layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        h = norm(x, layer.input_layernorm)
-        qkv = linear(h, *attn._fused_qkv).view(batch, heads + 2 * kv_heads, dim)
-        if kernel_rope:
-            qk = skinny.rope(qkv, cos, sin, heads + kv_heads)
-        else:
-            qk = qkv[:, : heads + kv_heads]
-            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-            qk = qk * cos + rotated * sin  # [B, H + KVH, D]
-        k, v = qk[:, heads:], qkv[:, heads + kv_heads :]
-        k, v = k.to(k_flat.dtype), v.to(v_flat.dtype)
-        k_flat[i].index_copy_(0, write_slots, k)
-        v_flat[i].index_copy_(0, write_slots, v)
-        at = at_layer0 + i * layer_stride if i else at_layer0
-        copy_k.index_copy_(0, at, k.to(attn_dtype).reshape(-1, dim))
-        copy_v.index_copy_(0, at, v.to(attn_dtype).reshape(-1, dim))
-        k_all, v_all = state.k[i], state.v[i]  # [B, KVH, capacity, D]
-        q = qk[:, :heads].reshape(batch, kv_heads, group, dim).to(attn_dtype) * scale
-        if attend:
-            out = skinny.attention(q, k_all[:, :, :k_max], v_all[:, :, :k_max], key_counts)
-            out = out.to(x.dtype)
-        else:
-            scores = torch.matmul(q, k_all[:, :, :k_max].transpose(-1, -2))
-            if mask is not None:
-                scores = scores + mask  # [B, KVH, G, K]
-            probs = torch.softmax(scores, dim=-1)
-            out = torch.matmul(probs, v_all[:, :, :k_max]).to(x.dtype)  # [B, KVH, G, D]
-        o = attn.o_proj
-        x = x + linear(out.reshape(batch, heads * dim), o.weight, o.bias)
-        h = norm(x, layer.post_attention_layernorm)
-        gate_up = linear(h, *mlp._fused_gate_up)
-        if kernels:
-            act = skinny.silu_mul(gate_up)
-        else:
-            gate, up = gate_up.chunk(2, dim=-1)
-            act = F.silu(gate) * up
-        down = mlp.down_proj
-        x = x + linear(act, down.weight, down.bias)
+    # All the decoder layers in one call to the C++ kernels where everything they need runs
+    # there (the same kernels and roundings as the loop below, without a Python step per op).
+    whole = (
+        attend
+        and kernel_rope
+        and batch <= skinny.MAX_ROWS
+        and k_flat.dtype == x.dtype
+        and k_flat.is_contiguous()
+    )
+    layer_args = stream_layers(model) if whole else None
+    if layer_args is not None:
+        norms, weights, biases, sizes, eps = layer_args
+        x = skinny.decode_layers(
+            x, norms, weights, biases, sizes, eps, cos.reshape(batch, dim), sin.reshape(batch, dim),
+            k_flat, v_flat, write_slots, state.k, state.v, positions, key_counts, heads, kv_heads,
+            scale,
+        )  # fmt: skip
+    else:
+        for i, layer in enumerate(model.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            h = norm(x, layer.input_layernorm)
+            qkv = linear(h, *attn._fused_qkv).view(batch, heads + 2 * kv_heads, dim)
+            if kernel_rope:
+                qk = skinny.rope(qkv, cos, sin, heads + kv_heads)
+            else:
+                qk = qkv[:, : heads + kv_heads]
+                rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+                qk = qk * cos + rotated * sin  # [B, H + KVH, D]
+            k, v = qk[:, heads:], qkv[:, heads + kv_heads :]
+            k, v = k.to(k_flat.dtype), v.to(v_flat.dtype)
+            k_flat[i].index_copy_(0, write_slots, k)
+            v_flat[i].index_copy_(0, write_slots, v)
+            at = at_layer0 + i * layer_stride if i else at_layer0
+            copy_k.index_copy_(0, at, k.to(attn_dtype).reshape(-1, dim))
+            copy_v.index_copy_(0, at, v.to(attn_dtype).reshape(-1, dim))
+            k_all, v_all = state.k[i], state.v[i]  # [B, KVH, capacity, D]
+            q = qk[:, :heads].reshape(batch, kv_heads, group, dim).to(attn_dtype) * scale
+            if attend:
+                out = skinny.attention(q, k_all[:, :, :k_max], v_all[:, :, :k_max], key_counts)
+                out = out.to(x.dtype)
+            else:
+                scores = torch.matmul(q, k_all[:, :, :k_max].transpose(-1, -2))
+                if mask is not None:
+                    scores = scores + mask  # [B, KVH, G, K]
+                probs = torch.softmax(scores, dim=-1)
+                out = torch.matmul(probs, v_all[:, :, :k_max]).to(x.dtype)  # [B, KVH, G, D]
+            o = attn.o_proj
+            x = x + linear(out.reshape(batch, heads * dim), o.weight, o.bias)
+            h = norm(x, layer.post_attention_layernorm)
+            gate_up = linear(h, *mlp._fused_gate_up)
+            if kernels:
+                act = skinny.silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                act = F.silu(gate) * up
+            down = mlp.down_proj
+            x = x + linear(act, down.weight, down.bias)
     state.advance()
     return linear(norm(x, model.model.norm), model.lm_head.weight).float()

@@ -242,6 +242,39 @@ def rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) ->
     return torch.ops.baton.rope(qkv, cos, sin, heads)
 
 
+def decode_layers(
+    x: torch.Tensor,
+    norms: list[torch.Tensor],
+    packed: list[torch.Tensor],
+    biases: list[torch.Tensor | None],
+    out_features: list[int],
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    write_slots: torch.Tensor,
+    k_copy: torch.Tensor,
+    v_copy: torch.Tensor,
+    positions: torch.Tensor,
+    lengths: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    scale: float,
+) -> torch.Tensor:
+    """Every decoder layer of a decode step in one call (returns the new x [B, hidden]):
+    per layer RMSNorm, QKV, RoPE, the new K/V into the pool [L, slots, KVH, D] at write_slots
+    and into the float32 KV copy [L, B, KVH, C, D] at positions, attention over each request's
+    first lengths[b] keys, o_proj + residual, RMSNorm, gate/up, silu * up, down + residual,
+    with the same kernels and roundings as the engine's op-by-op stream step. Per layer two
+    norm weights and four linears (qkv, o, gate/up, down: :func:`pack`ed, bias or None, output
+    size); cos, sin [B, D]; x's dtype throughout but the copy."""
+    return torch.ops.baton.decode_layers(
+        x, norms, packed, biases, out_features, eps, cos, sin, k_pool, v_pool, write_slots,
+        k_copy, v_copy, positions, lengths, heads, kv_heads, scale,
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args not in (["build"], ["status"]):

@@ -275,19 +275,39 @@ at::Tensor pack(const at::Tensor& w) {
   return full.reshape({-1, kPanel, K}).transpose(1, 2).contiguous();
 }
 
+// y [M, N] = x [M, K] @ w.T (+ bias) from w's packed copy. xf: room for M * K floats, where
+// the FMA kernel takes bfloat16 rows widened to float32 (unused otherwise).
+template <typename T>
+void linear_rows(int64_t M, const T* x, float* xf, const T* wp, const T* bias, T* y, int64_t N,
+                 int64_t K) {
+  if constexpr (sizeof(T) == 4) {
+    run<T>(M, x, x, wp, bias, y, N, K);
+  } else if constexpr (kPairs) {
+    run<T>(M, nullptr, x, wp, bias, y, N, K);
+  } else {
+    for (int64_t i = 0; i < M * K; i += W) vstore(xf + i, vload(x + i, M * K - i), M * K - i);
+    run<T>(M, xf, x, wp, bias, y, N, K);
+  }
+}
+
+void check_packed(const at::Tensor& packed, int64_t N, int64_t K, at::ScalarType dtype,
+                  const char* what) {
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  TORCH_CHECK(packed.scalar_type() == dtype, what, ": dtypes differ");
+  TORCH_CHECK(packed.is_contiguous() && packed.numel() == panels * kPanel * K, what,
+              ": packed weight does not match N and K");
+}
+
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                          const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2, "skinny_linear: x must be [M, K]");
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(M >= 1 && M <= kMaxRows, "skinny_linear: 1 to ", kMaxRows, " rows, got ", M);
-  TORCH_CHECK(x.scalar_type() == packed.scalar_type(), "skinny_linear: dtypes differ");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "skinny_linear: float32 or bfloat16");
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(!(bf16 && kPairs) || K % 2 == 0, "skinny_linear: bfloat16 needs an even K");
-  const int64_t panels = (N + kPanel - 1) / kPanel;
-  TORCH_CHECK(packed.is_contiguous() && packed.numel() == panels * kPanel * K,
-              "skinny_linear: packed weight does not match N and K");
+  check_packed(packed, N, K, x.scalar_type(), "skinny_linear");
   const at::Tensor xc = x.contiguous();
   at::Tensor b;
   if (bias.has_value() && bias->defined()) {
@@ -297,14 +317,12 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   }
   at::Tensor y = at::empty({M, N}, x.options());
   if (!bf16) {
-    const float* xp = xc.data_ptr<float>();
-    run<float>(M, xp, xp, packed.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
-               y.data_ptr<float>(), N, K);
+    linear_rows<float>(M, xc.data_ptr<float>(), nullptr, packed.data_ptr<float>(),
+                       b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), N, K);
   } else {
-    // The FMA kernel takes the rows in float32 (exact), the pair kernel as they are.
-    const at::Tensor xf = kPairs ? xc : xc.to(at::kFloat);
-    run<uint16_t>(M, kPairs ? nullptr : xf.data_ptr<float>(), bf16_ptr(xc), bf16_ptr(packed),
-                  b.defined() ? bf16_ptr(b) : nullptr, bf16_ptr(y), N, K);
+    std::vector<float> xf(kPairs ? 0 : static_cast<size_t>(M * K));
+    linear_rows<uint16_t>(M, bf16_ptr(xc), xf.data(), bf16_ptr(packed),
+                          b.defined() ? bf16_ptr(b) : nullptr, bf16_ptr(y), N, K);
   }
   return y;
 }
@@ -364,6 +382,23 @@ void attend_one(const float* q, const float* k, const float* v, float* out, int6
   }
 }
 
+// attend_one over every (request, KV head): q and out [B, H, G, D] contiguous; k and v's
+// request, head and position strides sb, sh, st; C positions at most.
+void attention_rows(const float* qp, const float* kp, const float* vp, float* op, int64_t B,
+                    int64_t H, int64_t G, int64_t D, const int64_t* len, int64_t sb, int64_t sh,
+                    int64_t st, int64_t C) {
+  const int64_t task_bytes = 2 * C * D * static_cast<int64_t>(sizeof(float));
+  at::parallel_for(0, B * H, std::max<int64_t>(1, kTaskBytes / task_bytes),
+                   [&](int64_t i0, int64_t i1) {
+                     std::vector<float> scores;
+                     for (int64_t i = i0; i < i1; i++) {
+                       const int64_t b = i / H, h = i % H;
+                       attend_one(qp + i * G * D, kp + b * sb + h * sh, vp + b * sb + h * sh,
+                                  op + i * G * D, G, D, len[b], st, scores);
+                     }
+                   });
+}
+
 // softmax(q k^T) v for a decode step, float32: q [B, H, G, D] (scaled), k and v [B, H, C, D]
 // (the KV copy; its last dimension contiguous), request b attending to its first lengths[b]
 // keys. The scores never leave the thread's cache; D a multiple of 16, at most 256.
@@ -385,19 +420,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   for (int64_t b = 0; b < B; b++)
     TORCH_CHECK(len[b] >= 1 && len[b] <= k.size(2), "decode_attention: length out of range");
   at::Tensor out = at::empty({B, H, G, D}, q.options());
-  const float *qp = qc.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t sb = k.stride(0), sh = k.stride(1), st = k.stride(2);
-  const int64_t task_bytes = 2 * k.size(2) * D * static_cast<int64_t>(sizeof(float));
-  at::parallel_for(0, B * H, std::max<int64_t>(1, kTaskBytes / task_bytes),
-                   [&](int64_t i0, int64_t i1) {
-                     std::vector<float> scores;
-                     for (int64_t i = i0; i < i1; i++) {
-                       const int64_t b = i / H, h = i % H;
-                       attend_one(qp + i * G * D, kp + b * sb + h * sh, vp + b * sb + h * sh,
-                                  op + i * G * D, G, D, len[b], st, scores);
-                     }
-                   });
+  attention_rows(qc.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                 out.data_ptr<float>(), B, H, G, D, len, k.stride(0), k.stride(1), k.stride(2),
+                 k.size(2));
   return out;
 }
 
@@ -517,6 +542,183 @@ at::Tensor rope(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
   return y;
 }
 
+// ---- the decoder layers of a decode step, one call ------------------------------------------
+
+// x += y, rounded to x's dtype as torch's add; n elements.
+template <typename T>
+void add_into(T* x, const T* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += W)
+    vstore(x + i, vadd(vload(x + i, n - i), vload(y + i, n - i)), n - i);
+}
+
+// y = float32(x) * scale (exact widening, then one rounded product as torch's mul).
+template <typename T>
+void widen(const T* x, float* y, int64_t n, float scale) {
+  for (int64_t i = 0; i < n; i += W) vstore(y + i, vmul(vload(x + i, n - i), vset(scale)), n - i);
+}
+
+// y = x in T (bfloat16: rounded to nearest even, as torch's .to()).
+template <typename T>
+void narrow(const float* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += W) vstore(y + i, vload(x + i, n - i), n - i);
+}
+
+template <typename T>
+const T* ptr_of(const at::Tensor& t) {
+  if constexpr (sizeof(T) == 4) return t.data_ptr<float>();
+  else return bf16_ptr(t);
+}
+
+struct Step {  // a decode step's shapes and state (see decode_layers)
+  int64_t B, hidden, heads, kv_heads, D, I, L, slots, C, k_max;
+  float eps, scale;
+  const int64_t *write, *pos, *len;
+};
+
+// The decoder layers of one decode step, as the engine's stream path computes them op by op
+// (agents/engine/decode.py decode_forward): RMSNorm, QKV, RoPE, the new K/V into the pool and
+// the KV copy, attention, o_proj + residual, RMSNorm, gate/up, silu * up, down + residual.
+template <typename T>
+void layers(const Step& s, T* x, const std::vector<at::Tensor>& norms,
+            const std::vector<at::Tensor>& packed, const std::vector<at::Tensor>& biases,
+            const T* cos, const T* sin, T* k_pool, T* v_pool, float* k_copy, float* v_copy) {
+  const int64_t B = s.B, H = s.heads, KVH = s.kv_heads, D = s.D, G = H / KVH;
+  const int64_t NQK = (H + KVH) * D, NQKV = (H + 2 * KVH) * D;
+  std::vector<T> h(B * s.hidden), qkv(B * NQKV), qk(B * NQK), y(B * s.hidden);
+  std::vector<T> gu(B * 2 * s.I), act(B * s.I), att_t(B * H * D);
+  std::vector<float> q(B * H * D), att(B * H * D);
+  std::vector<float> xf(kPairs || sizeof(T) == 4 ? 0 : B * std::max({s.hidden, H * D, s.I}));
+  auto lin = [&](int64_t j, const T* in, T* out, int64_t N, int64_t K) {
+    const T* bias = biases[j].defined() ? ptr_of<T>(biases[j]) : nullptr;
+    linear_rows<T>(B, in, xf.data(), ptr_of<T>(packed[j]), bias, out, N, K);
+  };
+  const int64_t copy_layer = B * KVH * s.C * D;
+  for (int64_t i = 0; i < s.L; i++) {
+    rms_rows<T>(x, ptr_of<T>(norms[2 * i]), h.data(), B, s.hidden, s.eps);
+    lin(4 * i, h.data(), qkv.data(), NQKV, s.hidden);
+    rope_rows<T>(qkv.data(), cos, sin, qk.data(), B, H + 2 * KVH, H + KVH, D);
+    for (int64_t b = 0; b < B; b++) {
+      const T* k = qk.data() + b * NQK + H * D;
+      const T* v = qkv.data() + b * NQKV + (H + KVH) * D;
+      const int64_t slot = (i * s.slots + s.write[b]) * KVH * D;
+      std::memcpy(k_pool + slot, k, KVH * D * sizeof(T));
+      std::memcpy(v_pool + slot, v, KVH * D * sizeof(T));
+      for (int64_t g = 0; g < KVH; g++) {
+        const int64_t at = i * copy_layer + ((b * KVH + g) * s.C + s.pos[b]) * D;
+        widen<T>(k + g * D, k_copy + at, D, 1.0f);
+        widen<T>(v + g * D, v_copy + at, D, 1.0f);
+      }
+      widen<T>(qk.data() + b * NQK, q.data() + b * H * D, H * D, s.scale);
+    }
+    attention_rows(q.data(), k_copy + i * copy_layer, v_copy + i * copy_layer, att.data(), B,
+                   KVH, G, D, s.len, KVH * s.C * D, s.C * D, D, s.k_max);
+    narrow<T>(att.data(), att_t.data(), B * H * D);
+    lin(4 * i + 1, att_t.data(), y.data(), s.hidden, H * D);
+    add_into<T>(x, y.data(), B * s.hidden);
+    rms_rows<T>(x, ptr_of<T>(norms[2 * i + 1]), h.data(), B, s.hidden, s.eps);
+    lin(4 * i + 2, h.data(), gu.data(), 2 * s.I, s.hidden);
+    silu_mul_rows<T>(gu.data(), act.data(), B, s.I);
+    lin(4 * i + 3, act.data(), y.data(), s.hidden, s.I);
+    add_into<T>(x, y.data(), B * s.hidden);
+  }
+}
+
+// x [B, hidden] through every decoder layer of a decode step (returns the new x). Per layer
+// (l): norms[2l], norms[2l + 1] (input / post-attention RMSNorm weights); packed[4l .. 4l + 3]
+// and biases (qkv, o, gate/up, down; pack()ed, biases or None) with out_features. cos, sin
+// [B, D] at each request's position; the pools [L, slots, KVH, D] take the new K/V at
+// write_slots; the KV copy [L, B, KVH, C, D] (float32) at positions; request b attends to
+// its first lengths[b] keys. Everything in x's dtype but the copy.
+at::Tensor decode_layers(const at::Tensor& x, at::TensorList norms, at::TensorList packed,
+                         const c10::List<std::optional<at::Tensor>>& biases,
+                         at::IntArrayRef out_features, double eps, const at::Tensor& cos,
+                         const at::Tensor& sin, at::Tensor& k_pool, at::Tensor& v_pool,
+                         const at::Tensor& write_slots, at::Tensor& k_copy, at::Tensor& v_copy,
+                         const at::Tensor& positions, const at::Tensor& lengths, int64_t heads,
+                         int64_t kv_heads, double scale) {
+  const char* what = "decode_layers";
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kMaxRows, what,
+              ": x must be [B, hidden], 1 to ", kMaxRows, " rows");
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, what, ": float32 or bfloat16");
+  const int64_t L = static_cast<int64_t>(norms.size()) / 2;
+  TORCH_CHECK(L >= 1 && static_cast<int64_t>(norms.size()) == 2 * L &&
+                  static_cast<int64_t>(packed.size()) == 4 * L &&
+                  static_cast<int64_t>(biases.size()) == 4 * L &&
+                  static_cast<int64_t>(out_features.size()) == 4 * L,
+              what, ": 2 norms and 4 linears per layer");
+  TORCH_CHECK(k_pool.dim() == 4 && k_pool.size(0) == L && k_pool.sizes() == v_pool.sizes() &&
+                  k_pool.is_contiguous() && v_pool.is_contiguous() &&
+                  k_pool.scalar_type() == dtype && v_pool.scalar_type() == dtype,
+              what, ": the pools must be [L, slots, KVH, D], contiguous, in x's dtype");
+  Step s{};
+  s.B = x.size(0), s.hidden = x.size(1), s.heads = heads, s.kv_heads = kv_heads;
+  s.D = k_pool.size(3), s.L = L, s.slots = k_pool.size(1);
+  s.eps = static_cast<float>(eps), s.scale = static_cast<float>(scale);
+  TORCH_CHECK(kv_heads == k_pool.size(2) && heads >= kv_heads && heads % kv_heads == 0, what,
+              ": heads a multiple of the pools' KV heads");
+  TORCH_CHECK(s.D % 32 == 0 && s.D <= 256, what, ": head dim a multiple of 32, <= 256");
+  TORCH_CHECK(k_copy.dim() == 5 && k_copy.size(0) == L && k_copy.size(1) == s.B &&
+                  k_copy.size(2) == kv_heads && k_copy.size(4) == s.D &&
+                  k_copy.sizes() == v_copy.sizes() && k_copy.is_contiguous() &&
+                  v_copy.is_contiguous() && k_copy.scalar_type() == at::kFloat &&
+                  v_copy.scalar_type() == at::kFloat,
+              what, ": the KV copy must be [L, B, KVH, C, D] float32, contiguous");
+  s.C = k_copy.size(3);
+  for (const at::Tensor* t : {&write_slots, &positions, &lengths})
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == s.B && t->scalar_type() == at::kLong &&
+                    t->is_contiguous(),
+                what, ": write_slots, positions and lengths must be [B] int64");
+  s.write = write_slots.data_ptr<int64_t>(), s.pos = positions.data_ptr<int64_t>();
+  s.len = lengths.data_ptr<int64_t>();
+  s.k_max = 1;
+  for (int64_t b = 0; b < s.B; b++) {
+    TORCH_CHECK(s.write[b] >= 0 && s.write[b] < s.slots, what, ": write slot out of range");
+    TORCH_CHECK(s.pos[b] >= 0 && s.pos[b] < s.len[b] && s.len[b] <= s.C, what,
+                ": position or length out of range");
+    s.k_max = std::max(s.k_max, s.len[b]);
+  }
+  TORCH_CHECK(cos.numel() == s.B * s.D && sin.numel() == s.B * s.D &&
+                  cos.scalar_type() == dtype && sin.scalar_type() == dtype,
+              what, ": cos and sin [B, D] in x's dtype");
+  const int64_t qkv_n = (heads + 2 * kv_heads) * s.D;
+  s.I = out_features[2] / 2;
+  std::vector<at::Tensor> ns, ps, bs;
+  for (int64_t j = 0; j < 2 * L; j++) {
+    TORCH_CHECK(norms[j].numel() == s.hidden && norms[j].scalar_type() == dtype, what,
+                ": norm weights [hidden] in x's dtype");
+    ns.push_back(norms[j].contiguous());
+  }
+  for (int64_t j = 0; j < 4 * L; j++) {
+    const int64_t role = j % 4;
+    const int64_t n = role == 0 ? qkv_n : role == 2 ? 2 * s.I : s.hidden;
+    const int64_t k = role == 1 ? heads * s.D : role == 3 ? s.I : s.hidden;
+    TORCH_CHECK(out_features[j] == n, what, ": linear ", j, " has ", out_features[j],
+                " outputs, expected ", n);
+    check_packed(packed[j], n, k, dtype, what);
+    ps.push_back(packed[j]);
+    const std::optional<at::Tensor> bias = biases.get(j);
+    at::Tensor b;
+    if (bias.has_value() && bias->defined()) {
+      TORCH_CHECK(bias->numel() == n && bias->scalar_type() == dtype, what,
+                  ": biases [N] in x's dtype");
+      b = bias->contiguous();
+    }
+    bs.push_back(b);
+  }
+  at::Tensor out = x.contiguous().clone();
+  const at::Tensor c = cos.contiguous(), sn = sin.contiguous();
+  if (dtype == at::kFloat) {
+    layers<float>(s, out.data_ptr<float>(), ns, ps, bs, c.data_ptr<float>(),
+                  sn.data_ptr<float>(), k_pool.data_ptr<float>(), v_pool.data_ptr<float>(),
+                  k_copy.data_ptr<float>(), v_copy.data_ptr<float>());
+  } else {
+    layers<uint16_t>(s, bf16_ptr(out), ns, ps, bs, bf16_ptr(c), bf16_ptr(sn), bf16_ptr(k_pool),
+                     bf16_ptr(v_pool), k_copy.data_ptr<float>(), v_copy.data_ptr<float>());
+  }
+  return out;
+}
+
 // The panel width this build packs for (skinny.py sizes its checks by it).
 int64_t panel_width() { return kPanel; }
 
@@ -530,6 +732,11 @@ TORCH_LIBRARY(baton, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("rope(Tensor qkv, Tensor cos, Tensor sin, int heads) -> Tensor");
+  m.def(
+      "decode_layers(Tensor x, Tensor[] norms, Tensor[] packed, Tensor?[] biases, "
+      "int[] out_features, float eps, Tensor cos, Tensor sin, Tensor(a!) k_pool, "
+      "Tensor(b!) v_pool, Tensor write_slots, Tensor(c!) k_copy, Tensor(d!) v_copy, "
+      "Tensor positions, Tensor lengths, int heads, int kv_heads, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(baton, CatchAll, m) {
@@ -543,4 +750,5 @@ TORCH_LIBRARY_IMPL(baton, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("silu_mul", &silu_mul);
   m.impl("rope", &rope);
+  m.impl("decode_layers", &decode_layers);
 }

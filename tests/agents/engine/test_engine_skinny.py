@@ -292,3 +292,110 @@ def test_silu_mul_at_extreme_gates() -> None:
     up = torch.ones_like(gate)
     got = skinny.silu_mul(torch.cat((gate, up), dim=1))
     torch.testing.assert_close(got, F.silu(gate), atol=1e-6, rtol=1e-6)
+
+
+def _wide_heads_model(dtype: torch.dtype) -> torch.nn.Module:
+    """Qwen2-style layers (q/k/v biases) with 32-wide heads, which decode_layers takes, and an
+    MLP width that is no multiple of a vector (the kernels' tails)."""
+    from agents.engine.config import ModelConfig
+    from agents.engine.model import CausalLM
+
+    cfg = ModelConfig(
+        vocab_size=300, hidden_size=128, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32,
+        intermediate_size=200, attention_bias=True, name="qwen2",
+    )  # fmt: skip
+    torch.manual_seed(5)
+    model = CausalLM(cfg)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+            else:
+                param.normal_(0.0, 0.3 if param.dim() == 1 else param.shape[-1] ** -0.5)
+    return model.to(dtype).eval()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_decode_layers_in_one_call_equal_the_op_by_op_step(dtype, monkeypatch) -> None:
+    """A stream step's decoder layers in one C++ call give the op-by-op stream step's logits,
+    pool and KV copy bit for bit, at ragged lengths, step after step."""
+    from agents.engine import PagedKVPool
+    from agents.engine.batch import SeqChunk, build_forward_batch
+    from agents.engine.decode import DecodeState, decode_forward, fuse_projections
+
+    model = _wide_heads_model(dtype)
+    fuse_projections(model)
+    cfg = model.config
+    calls = []
+    one_call = skinny.decode_layers
+    monkeypatch.setattr(skinny, "decode_layers", lambda *a: calls.append(1) or one_call(*a))
+    lengths = [9, 30, 17]
+    gen = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist() for n in lengths]
+    runs = {}
+    for whole in (True, False):
+        pool = PagedKVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 32, 8, dtype=dtype)
+        tables = [pool.allocate(6) for _ in seqs]
+        chunks = [SeqChunk(s[:-1], 0, t) for s, t in zip(seqs, tables, strict=True)]
+        model(build_forward_batch(chunks, 8), pool.k_cache, pool.v_cache)
+        state = DecodeState()
+        flat = (pool.k_cache.flatten(1, 2), pool.v_cache.flatten(1, 2))
+        slots = [pool.slots(t, 0, len(s) - 1) for s, t in zip(seqs, tables, strict=True)]
+        state.rebuild([object() for _ in seqs], [len(s) - 1 for s in seqs], slots, *flat)
+        tokens = [s[-1] for s in seqs]
+        logits = []
+        with monkeypatch.context() as patch:
+            if not whole:
+                patch.setattr("agents.engine.decode.stream_layers", lambda model: None)
+            for step in range(5):
+                positions = [len(s) - 1 + step for s in seqs]
+                at = zip(tokens, positions, tables, strict=True)
+                chunks = [SeqChunk([tok], p, t) for tok, p, t in at]
+                batch = build_forward_batch(chunks, 8)
+                out = decode_forward(
+                    model, state, batch.input_ids, batch.write_slots, pool.k_cache,
+                    pool.v_cache, stream=True,
+                )  # fmt: skip
+                logits.append(out)
+                tokens = out.argmax(-1).tolist()
+        runs[whole] = (logits, pool.k_cache, pool.v_cache, state.k, state.v)
+    assert len(calls) == 5  # every step of the first run in one call, none of the second
+    for got, want in zip(runs[True], runs[False], strict=True):
+        if isinstance(got, list):
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        else:
+            assert torch.equal(got, want)
+
+
+@needs_kernel
+def test_decode_layers_refuses_what_it_cannot_do() -> None:
+    x = torch.randn(2, 64)
+    pool = torch.zeros(1, 16, 2, 32)
+    copy = torch.zeros(1, 2, 2, 8, 32)
+    slots, pos, lens = torch.tensor([0, 1]), torch.tensor([3, 4]), torch.tensor([4, 5])
+    cs = torch.ones(2, 32)
+    norms = [torch.ones(64)] * 2
+    shapes = [(256, 64), (64, 128), (96, 64), (64, 48)]  # qkv, o, gate/up, down
+    packed = [skinny.pack(torch.randn(n, k)) for n, k in shapes]
+    sizes = [n for n, _ in shapes]
+
+    def call(**kw):
+        args = dict(x=x, norms=norms, packed=packed, biases=[None] * 4, out_features=sizes,
+                    eps=1e-6, cos=cs, sin=cs, k_pool=pool, v_pool=pool.clone(),
+                    write_slots=slots, k_copy=copy, v_copy=copy.clone(), positions=pos,
+                    lengths=lens, heads=4, kv_heads=2, scale=0.2)  # fmt: skip
+        args.update(kw)
+        return skinny.decode_layers(**args)
+
+    assert call().shape == (2, 64)
+    with pytest.raises(RuntimeError, match="2 norms and 4 linears per layer"):
+        call(norms=norms[:1])
+    with pytest.raises(RuntimeError, match="linear 1 has 60 outputs, expected 64"):
+        call(out_features=[256, 60, 96, 64])
+    with pytest.raises(RuntimeError, match="write slot out of range"):
+        call(write_slots=torch.tensor([0, 16]))
+    with pytest.raises(RuntimeError, match="position or length out of range"):
+        call(lengths=torch.tensor([4, 9]))
+    with pytest.raises(RuntimeError, match="in x's dtype"):
+        call(x=x.bfloat16())
