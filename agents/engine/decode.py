@@ -474,6 +474,7 @@ def decode_forward(
     int8: bool = False,  # int8 weight-only linears (CPU), see quantize_int8
     packed: bool = False,  # oneDNN-prepacked copies of the weights (CPU), see prepack_weights
     stream: bool = False,  # the skinny kernel's packed copies (CPU), see stream_weights
+    one_call: bool = True,  # stream: the decoder layers in one C++ call where they can
     compiled: bool = False,  # through torch.compile (see the module's docstring)
 ) -> torch.Tensor:  # [B, vocab] float32
     """One decode step over `state`'s requests (their KV copy must hold the cached positions);
@@ -564,7 +565,8 @@ def decode_forward(
     # All the decoder layers in one call to the C++ kernels where everything they need runs
     # there (the same kernels and roundings as the loop below, without a Python step per op).
     whole = (
-        attend
+        one_call
+        and attend
         and kernel_rope
         and batch <= skinny.MAX_ROWS
         and k_flat.dtype == x.dtype

@@ -34,6 +34,9 @@ class ModelRunner:
         self.decode_int8 = decode_int8  # int8 weight-only linears in fast-path steps
         self.decode_packed = decode_packed  # oneDNN-prepacked weights in fast-path steps
         self.decode_stream = decode_stream  # the skinny kernel's weights in fast-path steps
+        # With stream: the decoder layers in one C++ call where they can (False: op by op, to
+        # compare the two; bench.engine's stream-ops arm).
+        self.decode_one_call = True
         self.decode_compile = decode_compile  # fast-path steps through torch.compile
         self.decode_state = DecodeState()
         self.fast_steps = 0
@@ -99,6 +102,7 @@ class ModelRunner:
             int8=self.decode_int8,
             packed=self.decode_packed,
             stream=self.decode_stream,
+            one_call=self.decode_one_call,
             compiled=self.decode_compile,
         )
         for req in requests:

@@ -31,7 +31,8 @@ from agents.engine.config import parse_dtype
 from bench.engine.checkpoint import LAYOUTS, make_checkpoint
 
 BLOCK_SIZE = 16
-ARM_KINDS = ("general", "fast", "int8", "packed", "stream", "compiled")  # --fast-vs-general --arms
+# --fast-vs-general --arms
+ARM_KINDS = ("general", "fast", "int8", "packed", "stream", "stream-ops", "compiled")
 CKPT_DIR = Path("var/bench-engine")
 
 
@@ -330,7 +331,7 @@ def agreement(args) -> dict:
 def fast_vs_general(args) -> dict:
     """Engine configurations on one model (`--arms`, the first is the base: general = fast path
     off, fast, int8 / packed / stream = fast path with int8 / oneDNN-prepacked / skinny-kernel
-    weights, compiled = fast path
+    weights, stream-ops = stream with each op called from Python, compiled = fast path
     through torch.compile), one engine each over the same prompts, their decode steps
     interleaved one by one (the order reversed every step) after `--warmup-steps` untimed
     steps each (the compile happens there). An arm `kind:dtype` (`packed:bfloat16`) runs in
@@ -355,7 +356,8 @@ def fast_vs_general(args) -> dict:
                 engine.runner.decode_fast_path = kind != "general"
                 engine.runner.decode_int8 = kind == "int8"
                 engine.runner.decode_packed = kind == "packed"
-                engine.runner.decode_stream = kind == "stream"
+                engine.runner.decode_stream = kind in ("stream", "stream-ops")
+                engine.runner.decode_one_call = kind != "stream-ops"
                 engine.runner.decode_compile = kind == "compiled"
                 params = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
                 for i, p in enumerate(prompts):
@@ -489,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=["general", "fast"],
         help="the engines --fast-vs-general interleaves (2 or more; the first is the base): "
-        "general, fast, int8, packed, stream or compiled, each optionally :float32 / :bfloat16",
+        "general, fast, int8, packed, stream, stream-ops (stream op by op, not the layers in "
+        "one call) or compiled, each optionally :float32 / :bfloat16",
     )
     ap.add_argument("--warmup-steps", type=int, default=3, help="--fast-vs-general: untimed")
     ap.add_argument(
