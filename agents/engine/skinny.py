@@ -185,7 +185,7 @@ def supports(weight: torch.Tensor) -> bool:
 
 
 def panel() -> int:
-    """Output columns per packed panel in this build (48 with AVX-512, 16 with AVX2)."""
+    """Output columns per packed panel in this build (48 with AVX-512, 8 with AVX2)."""
     return int(torch.ops.baton.panel_width())
 
 

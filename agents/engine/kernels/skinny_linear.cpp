@@ -13,8 +13,9 @@
 // the flags for the CPU it runs on):
 // - AVX-512 with AVX512-BF16: 16 lanes, panels of 48 columns, 8 rows a pass; bfloat16 panels
 //   are [K/2][48][2], the pairs AVX512-BF16's dot product takes.
-// - AVX2 with FMA: 8 lanes, panels of 16 columns, 4 rows a pass (16 registers); bfloat16 is
-//   widened to float32 as it is loaded (exact) and multiplied with FMA, x rows in float32.
+// - AVX2 with FMA: 8 lanes, panels of 8 columns, 8 rows a pass, the panel prefetched ahead;
+//   bfloat16 is widened to float32 as it is loaded (exact) and multiplied with FMA, x rows in
+//   float32.
 //
 // The rest of a decode step's kernels live here too: decode_attention (one pass over each
 // request's keys and values), rms_norm, rope and silu_mul (one call where torch makes several).
@@ -26,10 +27,16 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include <omp.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
@@ -160,9 +167,15 @@ inline uint16_t* bf16_ptr(const at::Tensor& t) {
 #if BATON_AVX512
 constexpr int kVecs = 3;  // accumulator vectors per row
 constexpr int kMR = 8;    // rows per pass: 24 accumulators, 3 weight vectors, 1 broadcast
+constexpr int64_t kPrefetch = 0;
 #else
-constexpr int kVecs = 2;
-constexpr int kMR = 4;    // 8 accumulators, 2 weight vectors, 1 broadcast of 16 registers
+// 8 accumulators, 1 weight vector, 1 broadcast: all 8 rows of a decode batch in one pass, so
+// the weight streams from memory while the FMAs run (4 rows a pass with 2 vectors each, the
+// second pass from cache, read the weights at 9 GB/s from memory on one core here, this 11),
+// and the panel is prefetched 4 KB ahead (13-14 GB/s; bench/engine/REPORT.md).
+constexpr int kVecs = 1;
+constexpr int kMR = 8;
+constexpr int64_t kPrefetch = 4096;
 #endif
 constexpr int64_t kPanel = W * kVecs;  // output columns per panel
 constexpr int kMaxRows = 16;
@@ -189,6 +202,8 @@ void panel_fma(const float* x, const T* wp, const T* bias, T* y, int64_t N, int6
   for (int m = 0; m < MR; m++)
     for (int j = 0; j < kVecs; j++) acc[m][j] = vzero();
   for (int64_t k = 0; k < K; k++) {
+    if constexpr (kPrefetch > 0)
+      _mm_prefetch(reinterpret_cast<const char*>(wp + k * kPanel) + kPrefetch, _MM_HINT_T0);
     vf wv[kVecs];
     for (int j = 0; j < kVecs; j++) wv[j] = vload(wp + k * kPanel + W * j);
     for (int m = 0; m < MR; m++) {
@@ -243,20 +258,27 @@ void rows_panel(int64_t rows, const float* xf, const T* x, const T* wp, const T*
   panel<T, MR>(xf, x, wp, bias, y, N, K, n0);
 }
 
+// Panels p0 <= p < p1 of y = x @ w.T, every row.
+template <typename T>
+void run_panels(int64_t p0, int64_t p1, int64_t M, const float* xf, const T* x, const T* wp,
+                const T* bias, T* y, int64_t N, int64_t K) {
+  const int64_t panel_elems = kPanel * K;
+  for (int64_t p = p0; p < p1; p++)
+    for (int64_t m0 = 0; m0 < M; m0 += kMR)
+      rows_panel<T>(std::min<int64_t>(kMR, M - m0), xf + m0 * K, x + m0 * K,
+                    wp + p * panel_elems, bias, y + m0 * N, N, K, p * kPanel);
+}
+
 template <typename T>
 void run(int64_t M, const float* xf, const T* x, const T* wp, const T* bias, T* y, int64_t N,
          int64_t K) {
   const int64_t panels = (N + kPanel - 1) / kPanel;
-  const int64_t panel_elems = kPanel * K;
   // A thread takes at least kTaskBytes of weight (~100 us of streaming): waking a waiting
   // thread costs tens of microseconds, more than a small layer's share of the work.
   const int64_t grain =
-      std::max<int64_t>(1, kTaskBytes / (panel_elems * static_cast<int64_t>(sizeof(T))));
+      std::max<int64_t>(1, kTaskBytes / (kPanel * K * static_cast<int64_t>(sizeof(T))));
   at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; p++)
-      for (int64_t m0 = 0; m0 < M; m0 += kMR)
-        rows_panel<T>(std::min<int64_t>(kMR, M - m0), xf + m0 * K, x + m0 * K,
-                      wp + p * panel_elems, bias, y + m0 * N, N, K, p * kPanel);
+    run_panels<T>(p0, p1, M, xf, x, wp, bias, y, N, K);
   });
 }
 
@@ -275,6 +297,10 @@ at::Tensor pack(const at::Tensor& w) {
   return full.reshape({-1, kPanel, K}).transpose(1, 2).contiguous();
 }
 
+inline void widen_rows(const uint16_t* x, float* xf, int64_t n) {  // bfloat16 -> float32
+  for (int64_t i = 0; i < n; i += W) vstore(xf + i, vload(x + i, n - i), n - i);
+}
+
 // y [M, N] = x [M, K] @ w.T (+ bias) from w's packed copy. xf: room for M * K floats, where
 // the FMA kernel takes bfloat16 rows widened to float32 (unused otherwise).
 template <typename T>
@@ -285,7 +311,7 @@ void linear_rows(int64_t M, const T* x, float* xf, const T* wp, const T* bias, T
   } else if constexpr (kPairs) {
     run<T>(M, nullptr, x, wp, bias, y, N, K);
   } else {
-    for (int64_t i = 0; i < M * K; i += W) vstore(xf + i, vload(x + i, M * K - i), M * K - i);
+    widen_rows(x, xf, M * K);
     run<T>(M, xf, x, wp, bias, y, N, K);
   }
 }
@@ -575,9 +601,49 @@ struct Step {  // a decode step's shapes and state (see decode_layers)
   const int64_t *write, *pos, *len;
 };
 
+// A barrier for the team that runs a decode step's layers: the threads meet ~8 times a layer,
+// each wait a few microseconds when the work is split evenly, so a waiter spins (pause) for
+// up to kSpins rounds, then yields its core to anyone else who wants it. (The OpenMP
+// barrier, with OMP_WAIT_POLICY=PASSIVE, puts the waiter to sleep: tens of microseconds to
+// wake, every time.)
+class TeamBarrier {
+ public:
+  explicit TeamBarrier(int n) : n_(n) {}
+  void wait() {
+    if (n_ == 1) return;
+    const int phase = phase_.load(std::memory_order_acquire);
+    if (count_.fetch_add(1, std::memory_order_acq_rel) == n_ - 1) {
+      count_.store(0, std::memory_order_relaxed);
+      phase_.store(phase + 1, std::memory_order_release);
+      return;
+    }
+    for (int spins = 0; phase_.load(std::memory_order_acquire) == phase; spins++) {
+      if (spins < kSpins)
+        _mm_pause();
+      else
+        std::this_thread::yield();
+    }
+  }
+
+ private:
+  static constexpr int kSpins = 20000;  // ~0.1-1 ms of pause, by the CPU's pause latency
+  const int n_;
+  std::atomic<int> count_{0};
+  std::atomic<int> phase_{0};
+};
+
+// [lo, hi) of n items for thread t of nt, contiguous and as even as can be.
+inline std::pair<int64_t, int64_t> share(int64_t n, int t, int nt) {
+  return {n * t / nt, n * (t + 1) / nt};
+}
+
 // The decoder layers of one decode step, as the engine's stream path computes them op by op
 // (agents/engine/decode.py decode_forward): RMSNorm, QKV, RoPE, the new K/V into the pool and
 // the KV copy, attention, o_proj + residual, RMSNorm, gate/up, silu * up, down + residual.
+// One team of threads runs the whole step: each linear's panels, the attention's (request,
+// KV head) pairs and the small ops' rows are split between them, and they meet at a barrier
+// where the next stage reads what the others wrote. The same arithmetic, in the same order
+// per output, as the op-by-op step.
 template <typename T>
 void layers(const Step& s, T* x, const std::vector<at::Tensor>& norms,
             const std::vector<at::Tensor>& packed, const std::vector<at::Tensor>& biases,
@@ -587,39 +653,86 @@ void layers(const Step& s, T* x, const std::vector<at::Tensor>& norms,
   std::vector<T> h(B * s.hidden), qkv(B * NQKV), qk(B * NQK), y(B * s.hidden);
   std::vector<T> gu(B * 2 * s.I), act(B * s.I), att_t(B * H * D);
   std::vector<float> q(B * H * D), att(B * H * D);
-  std::vector<float> xf(kPairs || sizeof(T) == 4 ? 0 : B * std::max({s.hidden, H * D, s.I}));
-  auto lin = [&](int64_t j, const T* in, T* out, int64_t N, int64_t K) {
-    const T* bias = biases[j].defined() ? ptr_of<T>(biases[j]) : nullptr;
-    linear_rows<T>(B, in, xf.data(), ptr_of<T>(packed[j]), bias, out, N, K);
-  };
+  const int threads = std::max(1, at::get_num_threads());
+  const int64_t widest = std::max({s.hidden, H * D, s.I});
+  std::vector<std::vector<float>> xf(threads);  // per thread: rows widened for the FMA kernel
+  std::vector<const T*> ws, bs;
+  for (size_t j = 0; j < packed.size(); j++) {
+    ws.push_back(ptr_of<T>(packed[j]));
+    bs.push_back(biases[j].defined() ? ptr_of<T>(biases[j]) : nullptr);
+  }
   const int64_t copy_layer = B * KVH * s.C * D;
-  for (int64_t i = 0; i < s.L; i++) {
-    rms_rows<T>(x, ptr_of<T>(norms[2 * i]), h.data(), B, s.hidden, s.eps);
-    lin(4 * i, h.data(), qkv.data(), NQKV, s.hidden);
-    rope_rows<T>(qkv.data(), cos, sin, qk.data(), B, H + 2 * KVH, H + KVH, D);
-    for (int64_t b = 0; b < B; b++) {
-      const T* k = qk.data() + b * NQK + H * D;
-      const T* v = qkv.data() + b * NQKV + (H + KVH) * D;
-      const int64_t slot = (i * s.slots + s.write[b]) * KVH * D;
-      std::memcpy(k_pool + slot, k, KVH * D * sizeof(T));
-      std::memcpy(v_pool + slot, v, KVH * D * sizeof(T));
-      for (int64_t g = 0; g < KVH; g++) {
-        const int64_t at = i * copy_layer + ((b * KVH + g) * s.C + s.pos[b]) * D;
-        widen<T>(k + g * D, k_copy + at, D, 1.0f);
-        widen<T>(v + g * D, v_copy + at, D, 1.0f);
+  std::unique_ptr<TeamBarrier> barrier;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+#pragma omp single
+    barrier = std::make_unique<TeamBarrier>(nt);  // the team as it is (an implied barrier)
+    std::vector<float> scores;
+    if constexpr (sizeof(T) == 2 && !kPairs) xf[t].resize(B * widest);
+    auto lin = [&](int64_t j, const T* in, T* out, int64_t N, int64_t K) {
+      float* rows = nullptr;
+      if constexpr (sizeof(T) == 4) {
+        rows = const_cast<float*>(reinterpret_cast<const float*>(in));
+      } else if constexpr (!kPairs) {
+        rows = xf[t].data();
+        widen_rows(in, rows, B * K);
       }
-      widen<T>(qk.data() + b * NQK, q.data() + b * H * D, H * D, s.scale);
+      const auto [p0, p1] = share((N + kPanel - 1) / kPanel, t, nt);
+      run_panels<T>(p0, p1, B, rows, in, ws[j], bs[j], out, N, K);
+    };
+    const auto [b0, b1] = share(B, t, nt);  // this thread's rows of the small ops
+    const int64_t mine = b1 - b0;
+    for (int64_t i = 0; i < s.L; i++) {
+      if (mine > 0)
+        rms_rows<T>(x + b0 * s.hidden, ptr_of<T>(norms[2 * i]), h.data() + b0 * s.hidden, mine,
+                    s.hidden, s.eps);
+      barrier->wait();
+      lin(4 * i, h.data(), qkv.data(), NQKV, s.hidden);
+      barrier->wait();
+      if (mine > 0)
+        rope_rows<T>(qkv.data() + b0 * NQKV, cos + b0 * D, sin + b0 * D, qk.data() + b0 * NQK,
+                     mine, H + 2 * KVH, H + KVH, D);
+      for (int64_t b = b0; b < b1; b++) {
+        const T* k = qk.data() + b * NQK + H * D;
+        const T* v = qkv.data() + b * NQKV + (H + KVH) * D;
+        const int64_t slot = (i * s.slots + s.write[b]) * KVH * D;
+        std::memcpy(k_pool + slot, k, KVH * D * sizeof(T));
+        std::memcpy(v_pool + slot, v, KVH * D * sizeof(T));
+        for (int64_t g = 0; g < KVH; g++) {
+          const int64_t at = i * copy_layer + ((b * KVH + g) * s.C + s.pos[b]) * D;
+          widen<T>(k + g * D, k_copy + at, D, 1.0f);
+          widen<T>(v + g * D, v_copy + at, D, 1.0f);
+        }
+        widen<T>(qk.data() + b * NQK, q.data() + b * H * D, H * D, s.scale);
+      }
+      barrier->wait();
+      const auto [a0, a1] = share(B * KVH, t, nt);
+      for (int64_t a = a0; a < a1; a++) {
+        const int64_t b = a / KVH, g = a % KVH;
+        const int64_t kv = i * copy_layer + (b * KVH + g) * s.C * D;
+        attend_one(q.data() + a * G * D, k_copy + kv, v_copy + kv, att.data() + a * G * D, G,
+                   D, s.len[b], D, scores);
+        narrow<T>(att.data() + a * G * D, att_t.data() + a * G * D, G * D);
+      }
+      barrier->wait();
+      lin(4 * i + 1, att_t.data(), y.data(), s.hidden, H * D);
+      barrier->wait();
+      if (mine > 0) {
+        add_into<T>(x + b0 * s.hidden, y.data() + b0 * s.hidden, mine * s.hidden);
+        rms_rows<T>(x + b0 * s.hidden, ptr_of<T>(norms[2 * i + 1]), h.data() + b0 * s.hidden,
+                    mine, s.hidden, s.eps);
+      }
+      barrier->wait();
+      lin(4 * i + 2, h.data(), gu.data(), 2 * s.I, s.hidden);
+      barrier->wait();
+      if (mine > 0)
+        silu_mul_rows<T>(gu.data() + b0 * 2 * s.I, act.data() + b0 * s.I, mine, s.I);
+      barrier->wait();
+      lin(4 * i + 3, act.data(), y.data(), s.hidden, s.I);
+      barrier->wait();
+      if (mine > 0) add_into<T>(x + b0 * s.hidden, y.data() + b0 * s.hidden, mine * s.hidden);
     }
-    attention_rows(q.data(), k_copy + i * copy_layer, v_copy + i * copy_layer, att.data(), B,
-                   KVH, G, D, s.len, KVH * s.C * D, s.C * D, D, s.k_max);
-    narrow<T>(att.data(), att_t.data(), B * H * D);
-    lin(4 * i + 1, att_t.data(), y.data(), s.hidden, H * D);
-    add_into<T>(x, y.data(), B * s.hidden);
-    rms_rows<T>(x, ptr_of<T>(norms[2 * i + 1]), h.data(), B, s.hidden, s.eps);
-    lin(4 * i + 2, h.data(), gu.data(), 2 * s.I, s.hidden);
-    silu_mul_rows<T>(gu.data(), act.data(), B, s.I);
-    lin(4 * i + 3, act.data(), y.data(), s.hidden, s.I);
-    add_into<T>(x, y.data(), B * s.hidden);
   }
 }
 
