@@ -626,7 +626,7 @@ class TeamBarrier {
   }
 
  private:
-  static constexpr int kSpins = 2000;  // ~50-150 us of pause, by the CPU's pause latency
+  static constexpr int kSpins = 100;  // a few microseconds of pause, then yield
   const int n_;
   std::atomic<int> count_{0};
   std::atomic<int> phase_{0};
