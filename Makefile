@@ -25,7 +25,8 @@ $(STAMP): pyproject.toml
 # The simulator compiled with mypyc (planner/native.py): same results, ~1.5x faster. Rebuilt
 # when a source changes; a failed build leaves the planner on pure Python (it says so). Then
 # (every setup, a no-op when current) the engine's C++ kernels (agents/engine/skinny.py;
-# skipped on CPUs without AVX-512 and AVX512-BF16; a failed build leaves the default path).
+# AVX-512 with AVX512-BF16 or AVX2 with FMA, skipped on CPUs with neither; a failed build
+# leaves the default path).
 NATIVE_STAMP := build/native/stamp.json
 $(NATIVE_STAMP): $(STAMP) $(wildcard planner/*.py routing/*.py pdd/*.py)
 	-BATON_PLANNER_NATIVE=0 $(PY) -m planner native build

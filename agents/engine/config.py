@@ -111,8 +111,9 @@ class EngineConfig:
     # "packed": by oneDNN-prepacked copies of the linears (the same values in oneDNN's blocked
     # layout: a second copy of the linears' weights; CPU only). "stream": by the skinny
     # kernel's packed copies (agents/engine/skinny.py: one sequential pass over each weight at
-    # 1-16 rows; a second copy; x86 CPUs with AVX-512 and AVX512-BF16, elsewhere the default
-    # linears run, logged). None: the model's own weights.
+    # 1-64 rows, every decoder layer of a step in one C++ call; a second copy; x86 CPUs with
+    # AVX-512 + AVX512-BF16 or AVX2 + FMA, elsewhere the default linears run, logged). None:
+    # the model's own weights.
     # Speed, and agreement with float32: bench/engine/REPORT.md.
     decode_weights: str | None = None
     # Decode fast-path steps through torch.compile (inductor; needs a C++ compiler): one

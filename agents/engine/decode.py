@@ -16,8 +16,10 @@ afterwards, so the graph mutates none of its inputs), which fuses the small elem
 and multiplies by prepacked oneDNN weights (a second copy of the linears' weights).
 
 `decode_forward(..., stream=True)` (EngineConfig.decode_weights="stream") multiplies by the
-skinny kernel's packed copies of the linears (agents/engine/skinny.py) at 1-16 rows: one
-sequential pass over each weight, against MKL's and oneDNN's partial one at these shapes.
+skinny kernel's packed copies of the linears (agents/engine/skinny.py) at 1-64 rows: one
+sequential pass over each weight, against MKL's and oneDNN's partial one at these shapes; and
+where every kernel applies, all the decoder layers of the step in one C++ call
+(skinny.decode_layers, run by one team of threads).
 
 Also: fused QKV and gate/up projections (`fuse_projections`: the checkpoint's q/k/v and
 gate/up parameters become views of one fused tensor, so the state dict keeps its layout and no

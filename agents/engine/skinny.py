@@ -1,4 +1,4 @@
-"""Skinny linears: a decode step's x @ W.T at 1-16 rows in one pass over a prepacked weight.
+"""Skinny linears: a decode step's x @ W.T at 1-64 rows in one pass over a prepacked weight.
 
 At a decode step's few rows a linear layer is a pass over its weight, and the step is a pass
 over all of them: MKL and oneDNN read the weights well below the machine's bandwidth there
@@ -39,7 +39,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-MAX_ROWS = 16  # the kernel's kMaxRows
+MAX_ROWS = 64  # the kernel's kMaxRows
 SOURCE = Path(__file__).resolve().parent / "kernels" / "skinny_linear.cpp"
 ROOT = Path(__file__).resolve().parents[2]
 # The instruction sets the source compiles for, best first: the CPU flags each needs and the

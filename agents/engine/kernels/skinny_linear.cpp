@@ -1,4 +1,4 @@
-// y = x @ w.T (+ bias) for the few rows of a decode step (1-16 rows), one pass over the weight.
+// y = x @ w.T (+ bias) for the few rows of a decode step (1-64 rows), one pass over the weight.
 //
 // At a handful of rows a linear layer is a pass over its weight: each weight element is
 // loaded once and used by every row. MKL and oneDNN read the weight well below the machine's
@@ -178,7 +178,7 @@ constexpr int kMR = 8;
 constexpr int64_t kPrefetch = 4096;
 #endif
 constexpr int64_t kPanel = W * kVecs;  // output columns per panel
-constexpr int kMaxRows = 16;
+constexpr int kMaxRows = 64;
 constexpr int64_t kTaskBytes = 2 << 20;
 // bfloat16 panels hold (k, k+1) pairs side by side for AVX512-BF16's dot product.
 constexpr bool kPairs = BATON_AVX512;

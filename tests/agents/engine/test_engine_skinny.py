@@ -38,7 +38,7 @@ def test_the_kernel_runs_here_or_says_why() -> None:
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 12, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 12, 16, 32, 64])
 def test_the_kernel_equals_f_linear(dtype, rows) -> None:
     gen = torch.Generator().manual_seed(rows)
     # N not a multiple of the panel (zero-padded), K odd in float32, a bias or none.
@@ -62,8 +62,8 @@ def test_the_kernel_equals_f_linear(dtype, rows) -> None:
 def test_the_kernel_refuses_what_it_cannot_do() -> None:
     w = torch.randn(50, 32)
     packed = skinny.pack(w)
-    with pytest.raises(RuntimeError, match="1 to 16 rows"):
-        skinny.linear(torch.randn(17, 32), packed, 50)
+    with pytest.raises(RuntimeError, match=f"1 to {skinny.MAX_ROWS} rows"):
+        skinny.linear(torch.randn(skinny.MAX_ROWS + 1, 32), packed, 50)
     with pytest.raises(RuntimeError, match="does not match N and K"):
         skinny.linear(torch.randn(4, 32), packed, 200)
     with pytest.raises(RuntimeError, match="dtypes differ"):
