@@ -317,9 +317,11 @@ def _wide_heads_model(dtype: torch.dtype) -> torch.nn.Module:
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_decode_layers_in_one_call_equal_the_op_by_op_step(dtype, monkeypatch) -> None:
+@pytest.mark.parametrize("lengths", [[9, 30, 17], [5 + 3 * i for i in range(20)]], ids=len)
+def test_decode_layers_in_one_call_equal_the_op_by_op_step(dtype, lengths, monkeypatch) -> None:
     """A stream step's decoder layers in one C++ call give the op-by-op stream step's logits,
-    pool and KV copy bit for bit, at ragged lengths, step after step."""
+    pool and KV copy bit for bit, at ragged lengths, step after step (3 requests, and 20:
+    several passes of rows over each panel)."""
     from agents.engine import PagedKVPool
     from agents.engine.batch import SeqChunk, build_forward_batch
     from agents.engine.decode import DecodeState, decode_forward, fuse_projections
@@ -330,13 +332,12 @@ def test_decode_layers_in_one_call_equal_the_op_by_op_step(dtype, monkeypatch) -
     calls = []
     one_call = skinny.decode_layers
     monkeypatch.setattr(skinny, "decode_layers", lambda *a: calls.append(1) or one_call(*a))
-    lengths = [9, 30, 17]
     gen = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist() for n in lengths]
     runs = {}
     for whole in (True, False):
-        pool = PagedKVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 32, 8, dtype=dtype)
-        tables = [pool.allocate(6) for _ in seqs]
+        pool = PagedKVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 200, 8, dtype=dtype)
+        tables = [pool.allocate(-(-(len(s) + 6) // 8)) for s in seqs]
         chunks = [SeqChunk(s[:-1], 0, t) for s, t in zip(seqs, tables, strict=True)]
         model(build_forward_batch(chunks, 8), pool.k_cache, pool.v_cache)
         state = DecodeState()
