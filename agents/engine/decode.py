@@ -549,9 +549,6 @@ def decode_forward(
             return _stream_linear(x, weight, bias, streamed)
     else:
         linear = _linear
-    # The new position's rows in the KV copy, flattened ([L * B * KVH * capacity, D], which the
-    # copy is, contiguous): one index per (request, KV head) per layer, so each layer writes its
-    # new keys and values with one index_copy_ each instead of a two-index index_put.
     attend = kernels and skinny.attention_supported(state.k, dim)
     key_counts = torch.tensor(lengths, dtype=torch.long) if attend else None
     kernel_rope = kernels and dim % 32 == 0
@@ -559,11 +556,6 @@ def decode_forward(
     def norm(x: torch.Tensor, module: RMSNorm) -> torch.Tensor:
         return skinny.rms_norm(x, module.weight, module.eps) if kernels else _rms(x, module)
 
-    copy_k, copy_v = state.k.view(-1, dim), state.v.view(-1, dim)
-    capacity = state.k.shape[3]
-    heads_in_copy = (rows * kv_heads)[:, None] + torch.arange(kv_heads, device=rows.device)
-    at_layer0 = (heads_in_copy * capacity + positions[:, None]).reshape(-1)  # [B * KVH]
-    layer_stride = batch * kv_heads * capacity
     # All the decoder layers in one call to the C++ kernels where everything they need runs
     # there (the same kernels and roundings as the loop below, without a Python step per op).
     whole = (
@@ -583,6 +575,14 @@ def decode_forward(
             scale,
         )  # fmt: skip
     else:
+        # The new position's rows in the KV copy, flattened ([L * B * KVH * capacity, D], which
+        # the copy is, contiguous): one index per (request, KV head) per layer, so each layer
+        # writes its new keys and values with one index_copy_ each, not a two-index index_put.
+        copy_k, copy_v = state.k.view(-1, dim), state.v.view(-1, dim)
+        capacity = state.k.shape[3]
+        heads_in_copy = (rows * kv_heads)[:, None] + torch.arange(kv_heads, device=rows.device)
+        at_layer0 = (heads_in_copy * capacity + positions[:, None]).reshape(-1)  # [B * KVH]
+        layer_stride = batch * kv_heads * capacity
         for i, layer in enumerate(model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             h = norm(x, layer.input_layernorm)
