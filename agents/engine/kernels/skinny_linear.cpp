@@ -158,6 +158,12 @@ inline vf round_bf16(vf v) {  // float32 -> bfloat16 -> float32
   return vload(static_cast<const uint16_t*>(buf));
 }
 
+// y = float32(x) * scale (exact widening, then one rounded product as torch's mul).
+template <typename T>
+void widen(const T* x, float* y, int64_t n, float scale) {
+  for (int64_t i = 0; i < n; i += W) vstore(y + i, vmul(vload(x + i, n - i), vset(scale)), n - i);
+}
+
 inline uint16_t* bf16_ptr(const at::Tensor& t) {
   return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
 }
@@ -297,23 +303,25 @@ at::Tensor pack(const at::Tensor& w) {
   return full.reshape({-1, kPanel, K}).transpose(1, 2).contiguous();
 }
 
-inline void widen_rows(const uint16_t* x, float* xf, int64_t n) {  // bfloat16 -> float32
-  for (int64_t i = 0; i < n; i += W) vstore(xf + i, vload(x + i, n - i), n - i);
+// The rows x [n] as the kernel takes them: float32 rows as they are, bfloat16 rows for the
+// pair kernel not at all (nullptr: it reads x), else widened to float32 into xf (n floats).
+template <typename T>
+const float* rows_f32(const T* x, float* xf, int64_t n) {
+  if constexpr (sizeof(T) == 4) {
+    return x;
+  } else if constexpr (kPairs) {
+    return nullptr;
+  } else {
+    widen<T>(x, xf, n, 1.0f);
+    return xf;
+  }
 }
 
-// y [M, N] = x [M, K] @ w.T (+ bias) from w's packed copy. xf: room for M * K floats, where
-// the FMA kernel takes bfloat16 rows widened to float32 (unused otherwise).
+// y [M, N] = x [M, K] @ w.T (+ bias) from w's packed copy; xf: see rows_f32.
 template <typename T>
 void linear_rows(int64_t M, const T* x, float* xf, const T* wp, const T* bias, T* y, int64_t N,
                  int64_t K) {
-  if constexpr (sizeof(T) == 4) {
-    run<T>(M, x, x, wp, bias, y, N, K);
-  } else if constexpr (kPairs) {
-    run<T>(M, nullptr, x, wp, bias, y, N, K);
-  } else {
-    widen_rows(x, xf, M * K);
-    run<T>(M, xf, x, wp, bias, y, N, K);
-  }
+  run<T>(M, rows_f32<T>(x, xf, M * K), x, wp, bias, y, N, K);
 }
 
 void check_packed(const at::Tensor& packed, int64_t N, int64_t K, at::ScalarType dtype,
@@ -577,12 +585,6 @@ void add_into(T* x, const T* y, int64_t n) {
     vstore(x + i, vadd(vload(x + i, n - i), vload(y + i, n - i)), n - i);
 }
 
-// y = float32(x) * scale (exact widening, then one rounded product as torch's mul).
-template <typename T>
-void widen(const T* x, float* y, int64_t n, float scale) {
-  for (int64_t i = 0; i < n; i += W) vstore(y + i, vmul(vload(x + i, n - i), vset(scale)), n - i);
-}
-
 // y = x in T (bfloat16: rounded to nearest even, as torch's .to()).
 template <typename T>
 void narrow(const float* x, T* y, int64_t n) {
@@ -671,13 +673,7 @@ void layers(const Step& s, T* x, const std::vector<at::Tensor>& norms,
     std::vector<float> scores;
     if constexpr (sizeof(T) == 2 && !kPairs) xf[t].resize(B * widest);
     auto lin = [&](int64_t j, const T* in, T* out, int64_t N, int64_t K) {
-      float* rows = nullptr;
-      if constexpr (sizeof(T) == 4) {
-        rows = const_cast<float*>(reinterpret_cast<const float*>(in));
-      } else if constexpr (!kPairs) {
-        rows = xf[t].data();
-        widen_rows(in, rows, B * K);
-      }
+      const float* rows = rows_f32<T>(in, xf[t].data(), B * K);
       const auto [p0, p1] = share((N + kPanel - 1) / kPanel, t, nt);
       run_panels<T>(p0, p1, B, rows, in, ws[j], bs[j], out, N, K);
     };
