@@ -253,10 +253,17 @@ def stream_layers(model: CausalLM) -> tuple | None:
     cached = getattr(model, "_stream_layers", None)
     if cached is not None and cached[0] is packed:
         return cached[1]
+    model._stream_layers = (packed, _stream_layer_args(model, packed))
+    return model._stream_layers[1]
+
+
+def _stream_layer_args(model: CausalLM, packed: dict[int, tuple[torch.Tensor, int]]):
     layers = model.model.layers
     eps = {
         n.eps for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)
     }
+    if len(eps) != 1:
+        return None
     norms: list[torch.Tensor] = []
     weights: list[torch.Tensor] = []
     biases: list[torch.Tensor | None] = []
@@ -272,14 +279,11 @@ def stream_layers(model: CausalLM) -> tuple | None:
         ):
             copy = packed.get(weight.data_ptr())
             if copy is None:
-                eps = set()
-                break
+                return None
             weights.append(copy[0])
             sizes.append(copy[1])
             biases.append(bias)
-    result = (norms, weights, biases, sizes, eps.pop()) if len(eps) == 1 else None
-    model._stream_layers = (packed, result)
-    return result
+    return norms, weights, biases, sizes, eps.pop()
 
 
 def _stream_linear(x, weight, bias, packed: dict[int, tuple[torch.Tensor, int]]) -> torch.Tensor:

@@ -105,18 +105,20 @@ def cpu_support() -> str:
     return isa()[1]
 
 
-def cxxflags() -> tuple[str, ...]:
-    """The compiler's flags here (with no instruction set the source refuses to compile)."""
-    name = isa()[0]
+def cxxflags(name: str | None = None) -> tuple[str, ...]:
+    """The compiler's flags for instruction set `name` (default: this CPU's; with none the
+    source refuses to compile)."""
+    name = isa()[0] if name is None else name
     return (*BASE_FLAGS, *(ISAS[name][1] if name else ()))
 
 
 def library_path() -> Path:
+    name = isa()[0]
     digest = hashlib.sha256()
     digest.update(SOURCE.read_bytes())
     digest.update(torch.__version__.encode())
-    digest.update(" ".join((*cxxflags(), _abi_flag())).encode())
-    return build_dir() / f"skinny_linear-{isa()[0] or 'none'}-{digest.hexdigest()[:16]}.so"
+    digest.update(" ".join((*cxxflags(name), _abi_flag())).encode())
+    return build_dir() / f"skinny_linear-{name or 'none'}-{digest.hexdigest()[:16]}.so"
 
 
 def build(path: Path | None = None) -> Path:
