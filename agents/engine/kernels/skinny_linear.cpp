@@ -6,14 +6,15 @@
 // into panels of kPanel output columns, each a contiguous [K][kPanel] block, so a thread reads
 // its panels as one sequential stream; for each k it broadcasts x[m, k] and multiplies it into
 // kMR x kVecs vector accumulators held in registers (no horizontal sums). Further rows run as
-// more passes over a panel while it is still in cache, so the weight leaves memory once.
+// more passes over a panel while it is still in cache, so the weight leaves memory once; the
+// panel is prefetched 4 KB ahead of the loop.
 // Accumulation is float32 in both dtypes.
 //
 // Two instruction sets, chosen when the library is compiled (agents/engine/skinny.py passes
 // the flags for the CPU it runs on):
 // - AVX-512 with AVX512-BF16: 16 lanes, panels of 48 columns, 8 rows a pass; bfloat16 panels
 //   are [K/2][48][2], the pairs AVX512-BF16's dot product takes.
-// - AVX2 with FMA: 8 lanes, panels of 8 columns, 8 rows a pass, the panel prefetched ahead;
+// - AVX2 with FMA: 8 lanes, panels of 8 columns, 8 rows a pass;
 //   bfloat16 is widened to float32 as it is loaded (exact) and multiplied with FMA, x rows in
 //   float32.
 //
@@ -173,14 +174,21 @@ inline uint16_t* bf16_ptr(const at::Tensor& t) {
 #if BATON_AVX512
 constexpr int kVecs = 3;  // accumulator vectors per row
 constexpr int kMR = 8;    // rows per pass: 24 accumulators, 3 weight vectors, 1 broadcast
-constexpr int64_t kPrefetch = 0;
 #else
 // 8 accumulators, 1 weight vector, 1 broadcast: all 8 rows of a decode batch in one pass, so
 // the weight streams from memory while the FMAs run (4 rows a pass with 2 vectors each, the
 // second pass from cache, read the weights at 9 GB/s from memory on one core here, this 11),
-// and the panel is prefetched 4 KB ahead (13-14 GB/s; bench/engine/REPORT.md).
+// with the prefetch below 13-14 GB/s (bench/engine/REPORT.md).
 constexpr int kVecs = 1;
 constexpr int kMR = 8;
+#endif
+// Both builds prefetch the panel 4 KB ahead of the loop: the hardware's streamers stop at 4 KB
+// pages, and a core's few misses in flight then leave memory idle. On the Xeon with AMX, 8 rows
+// of the step's 33 linears from memory, 2 threads: float32 12.0 -> 14.5 GB/s, bfloat16 7.8 ->
+// 10.9 (on the AVX2 EPYC 11 -> 12.7-14.7, one core). BATON_PREFETCH=bytes overrides it (0: off).
+#ifdef BATON_PREFETCH
+constexpr int64_t kPrefetch = BATON_PREFETCH;
+#else
 constexpr int64_t kPrefetch = 4096;
 #endif
 constexpr int64_t kPanel = W * kVecs;  // output columns per panel
@@ -188,6 +196,14 @@ constexpr int kMaxRows = 64;
 constexpr int64_t kTaskBytes = 2 << 20;
 // bfloat16 panels hold (k, k+1) pairs side by side for AVX512-BF16's dot product.
 constexpr bool kPairs = BATON_AVX512;
+
+// The weight `kPrefetch` bytes ahead of what a step of a panel's loop reads (`bytes` from
+// `at`), one prefetch per cache line.
+inline void prefetch_ahead(const void* at, int64_t bytes) {
+  if constexpr (kPrefetch > 0)
+    for (int64_t b = 0; b < bytes; b += 64)
+      _mm_prefetch(static_cast<const char*>(at) + kPrefetch + b, _MM_HINT_T0);
+}
 
 // The bias's columns col.. (up to kPanel - col of them are real) added, and the rows stored.
 template <int MR, typename T>
@@ -208,8 +224,7 @@ void panel_fma(const float* x, const T* wp, const T* bias, T* y, int64_t N, int6
   for (int m = 0; m < MR; m++)
     for (int j = 0; j < kVecs; j++) acc[m][j] = vzero();
   for (int64_t k = 0; k < K; k++) {
-    if constexpr (kPrefetch > 0)
-      _mm_prefetch(reinterpret_cast<const char*>(wp + k * kPanel) + kPrefetch, _MM_HINT_T0);
+    prefetch_ahead(wp + k * kPanel, kPanel * sizeof(T));
     vf wv[kVecs];
     for (int j = 0; j < kVecs; j++) wv[j] = vload(wp + k * kPanel + W * j);
     for (int m = 0; m < MR; m++) {
@@ -229,6 +244,7 @@ void panel_dpbf16(const uint16_t* x, const uint16_t* wp, const uint16_t* bias, u
   for (int m = 0; m < MR; m++)
     for (int j = 0; j < kVecs; j++) acc[m][j] = vzero();
   for (int64_t kp = 0; kp < K / 2; kp++) {
+    prefetch_ahead(wp + kp * kPanel * 2, kPanel * 4);
     __m512bh wv[kVecs];
     for (int j = 0; j < kVecs; j++)
       wv[j] = (__m512bh)_mm512_loadu_si512(wp + (kp * kPanel + W * j) * 2);
