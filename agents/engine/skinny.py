@@ -4,8 +4,9 @@ At a decode step's few rows a linear layer is a pass over its weight, and the st
 over all of them: MKL and oneDNN read the weights well below the machine's bandwidth there
 (bench/engine/REPORT.md). The kernel (agents/engine/kernels/skinny_linear.cpp) reads each
 weight from a copy packed into panels of :func:`panel` output columns, one sequential stream
-per thread, with float32 accumulation in float32 and in bfloat16 (AVX512-BF16's dot product,
-or bfloat16 widened to float32 as it is loaded).
+per thread, with float32 accumulation in float32 and in bfloat16 (AMX's tile dot product
+where the CPU has it, :func:`amx`; else AVX512-BF16's, or bfloat16 widened to float32 as it
+is loaded).
 ``EngineConfig.decode_weights="stream"`` uses it for the decode fast path's linears, with the
 library's decode attention (:func:`attention`: each request's scores computed, softmaxed and
 applied in one pass over its keys and values, in the thread's cache), RMSNorm, the rotary
@@ -191,6 +192,13 @@ def panel() -> int:
     return int(torch.ops.baton.panel_width())
 
 
+def amx() -> bool:
+    """Whether bfloat16 linears (input size a multiple of 32) run on AMX's tile unit here: the
+    AVX-512 build on a CPU with AMX-TILE and AMX-BF16 whose kernel grants the tile state,
+    unless ``BATON_AMX=0`` (read once per process)."""
+    return available() and bool(torch.ops.baton.amx_in_use())
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """The kernel's copy of `weight` [N, K]: panels of :func:`panel` output columns (the last
     padded with zeros), each [K, panel] (bfloat16 with AVX-512: [K / 2, panel, 2])."""
@@ -298,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ok = available()
     print(f"skinny linears: {'loaded ' + str(library_path()) if ok else unavailable_reason()}")
+    if ok:
+        print(f"bfloat16 linears on AMX: {'yes' if amx() else 'no'}")
     return 0
 
 

@@ -5,6 +5,9 @@ greedy tokens with it. Where the CPU cannot run it the engine keeps its default 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
 
 import pytest
 import torch
@@ -38,11 +41,12 @@ def test_the_kernel_runs_here_or_says_why() -> None:
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 12, 16, 32, 64])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 12, 16, 20, 32, 64])
 def test_the_kernel_equals_f_linear(dtype, rows) -> None:
     gen = torch.Generator().manual_seed(rows)
-    # N not a multiple of the panel (zero-padded), K odd in float32, a bias or none.
-    for n, k in ((100, 64), (48, 30), (130, 70), (7, 2)):
+    # N not a multiple of the panel (zero-padded), K odd in float32, a bias or none; in
+    # bfloat16 K a multiple of 32 (AMX where the CPU has it) and not (AVX512-BF16 or FMA).
+    for n, k in ((100, 64), (48, 30), (130, 70), (7, 2), (50, 96)):
         if dtype == torch.bfloat16 and k % 2:
             continue
         w = (torch.randn(n, k, generator=gen) * 0.1).to(dtype)
@@ -56,6 +60,40 @@ def test_the_kernel_equals_f_linear(dtype, rows) -> None:
             ref = F.linear(x.float(), w.float(), None if bias is None else bias.float())
             tol = 1e-5 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(got.float(), ref, atol=tol, rtol=tol)
+
+
+@needs_kernel
+def test_amx_runs_where_the_cpu_has_it_and_can_be_turned_off() -> None:
+    """bfloat16 linears go through AMX on an AVX-512 build whose CPU has AMX-TILE and AMX-BF16
+    (unless BATON_AMX=0), never elsewhere; BATON_AMX=0 in a fresh process turns it off and
+    the AVX512-BF16 kernel gives the same outputs within bfloat16's rounding."""
+    flags = skinny._cpu_flags()
+    has_amx = isinstance(flags, set) and {"amx_tile", "amx_bf16"} <= flags
+    if not has_amx or skinny.isa()[0] != "avx512":
+        assert not skinny.amx()
+    elif os.environ.get("BATON_AMX") != "0":
+        assert skinny.amx()  # a Linux new enough to grant the tile state (5.16 and later)
+    script = (
+        "import sys, torch\n"
+        "from agents.engine import skinny\n"
+        "assert skinny.available()\n"
+        "g = torch.Generator().manual_seed(3)\n"
+        "w = torch.randn(100, 96, generator=g).bfloat16()\n"
+        "x = torch.randn(20, 96, generator=g).bfloat16()\n"
+        "torch.save((skinny.amx(), skinny.linear(x, skinny.pack(w), 100)), sys.argv[1])\n"
+    )
+    outs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for value in ("1", "0"):
+            path = f"{tmp}/{value}.pt"
+            env = {**os.environ, "BATON_AMX": value}
+            subprocess.run([sys.executable, "-c", script, path], env=env, check=True)
+            outs.append(torch.load(path))
+    (amx_on, y_on), (amx_off, y_off) = outs
+    assert amx_off is False
+    if os.environ.get("BATON_AMX") != "0":
+        assert amx_on == skinny.amx()
+    torch.testing.assert_close(y_on.float(), y_off.float(), atol=2e-2, rtol=2e-2)
 
 
 @needs_kernel
