@@ -8,10 +8,12 @@ transformers, engine, transformers, ...) round by round; figures are medians ove
     OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE .venv/bin/python -m bench.engine \\
         --out var/bench-engine/float32.json
 
-`--agreement` instead measures greedy-token agreement of `--dtype` (or `--decode-weights int8`)
-with float32 on the engine over a fixed prompt set; `--fast-vs-general` interleaves engine
-configurations step by step (`--arms general fast`, `fast int8`, `fast compiled`, ...). The
-scenario (the defaults below) was fixed before the first run."""
+`--agreement` instead measures greedy-token agreement of `--dtype` (with `--decode-weights`
+if given: int8, stream) with the default float32 engine over a fixed prompt set;
+`--fast-vs-general` interleaves engine configurations step by step (`--arms general fast`,
+`fast int8`, `fast compiled`, ...). The scenario (the defaults below) was fixed before the
+first run; `--shape large` (added later, its rule in bench/engine/checkpoint.py) is another
+scenario, fixed before its first run."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import torch
 
 from agents.engine import Engine, EngineConfig, SamplingParams, load_model
 from agents.engine.config import parse_dtype
-from bench.engine.checkpoint import LAYOUTS, make_checkpoint
+from bench.engine.checkpoint import LAYOUTS, SHAPES, checkpoint_dir, make_checkpoint
 
 BLOCK_SIZE = 16
 # --fast-vs-general --arms
@@ -39,6 +41,11 @@ CKPT_DIR = Path("var/bench-engine")
 def _prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (batch, length), generator=gen).tolist()
+
+
+def _checkpoint(layout: str, args) -> Path:
+    """The random checkpoint of `layout` in `--shape`, written on first use."""
+    return make_checkpoint(layout, checkpoint_dir(CKPT_DIR, layout, args.shape), shape=args.shape)
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -216,13 +223,15 @@ def run(args) -> dict:
             "rounds": args.rounds,
             "decode_weights": args.decode_weights,
             "decode_compile": args.decode_compile,
+            "shape": args.shape,
+            "floor_mb": args.floor_mb,
         },
-        "bandwidth": memory_bandwidth(device),
+        "bandwidth": memory_bandwidth(device, mb=args.floor_mb),
         "layouts": {},
     }
     print(f"bandwidth: {result['bandwidth']}", flush=True)
     for layout in args.layouts:
-        folder = make_checkpoint(layout, CKPT_DIR / f"ckpt-{layout}")
+        folder = _checkpoint(layout, args)
         loaded = load_model(str(folder), parse_dtype(args.dtype))
         arms = [EngineArm(loaded, args.dtype, args.device), HFArm(folder, args.dtype, args.device)]
         if args.extra_dtype:  # a third arm: the engine in another dtype, its own model copy
@@ -309,13 +318,14 @@ def agreement(args) -> dict:
     """Greedy tokens of the engine in --dtype vs float32, 8 fixed prompts x 32 tokens."""
     out = {}
     for layout in args.layouts:
-        folder = make_checkpoint(layout, CKPT_DIR / f"ckpt-{layout}")
+        folder = _checkpoint(layout, args)
         vocab = load_model(str(folder)).config.vocab_size
         prompts = _prompts(8, args.prompt_len, vocab, seed=123)
         tokens = {}
-        other = args.decode_weights or args.dtype
+        # the other arm: --dtype, with --decode-weights if given (int8 / stream:bfloat16 ...)
+        other = f"{args.decode_weights}:{args.dtype}" if args.decode_weights else args.dtype
         for name in ("float32", other):
-            dtype = args.dtype if name == other and not args.decode_weights else "float32"
+            dtype = args.dtype if name == other else "float32"
             arm = EngineArm(load_model(str(folder), parse_dtype(dtype)), dtype, args.device)
             arm.decode_weights = args.decode_weights if name == other else None
             tokens[name] = arm.decode(prompts, 32)["tokens"]
@@ -338,7 +348,7 @@ def fast_vs_general(args) -> dict:
     that dtype instead of `--dtype`, on its own copy of the model."""
     out = {}
     for layout in args.layouts:
-        folder = make_checkpoint(layout, CKPT_DIR / f"ckpt-{layout}")
+        folder = _checkpoint(layout, args)
         models = {}
         for name in args.arms:
             dtype = name.partition(":")[2] or args.dtype
@@ -474,6 +484,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS)
+    ap.add_argument(
+        "--shape",
+        default="issue24",
+        choices=list(SHAPES),
+        help="the checkpoint's size: issue24 (107 MB of float32 weights), large (1.15 GB)",
+    )
+    ap.add_argument(
+        "--floor-mb", type=int, default=512, help="the read floor: a sum over this many MB"
+    )
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--prefill-len", type=int, default=1024)
