@@ -13,7 +13,8 @@
 // Two instruction sets, chosen when the library is compiled (agents/engine/skinny.py passes
 // the flags for the CPU it runs on):
 // - AVX-512 with AVX512-BF16: 16 lanes, panels of 48 columns, 8 rows a pass; bfloat16 panels
-//   are [K/2][48][2], the pairs AVX512-BF16's dot product takes.
+//   are [K/2][48][2], the pairs AVX512-BF16's dot product takes, and AMX's tile dot product
+//   where the CPU has it (chosen when the library loads; see amx_panels).
 // - AVX2 with FMA: 8 lanes, panels of 8 columns, 8 rows a pass;
 //   bfloat16 is widened to float32 as it is loaded (exact) and multiplied with FMA, x rows in
 //   float32.
