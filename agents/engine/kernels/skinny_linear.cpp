@@ -338,12 +338,10 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_panels(
       _tile_stored(1, &acc[0][16], kPanel * sizeof(float));
       _tile_stored(2, &acc[0][32], kPanel * sizeof(float));
       const int64_t real = std::min(R, M - pass * R);
-      for (int64_t m = 0; m < real; m++) {
-        uint16_t* out = y + (pass * R + m) * N;
-        for (int64_t col = p * kPanel, j = 0; j < kPanel && col < N; j += 16, col += 16) {
-          const vf bv = bias ? vload(bias + col, N - col) : vzero();
-          vstore(out + col, vadd(vload(&acc[m][j]), bv), N - col);
-        }
+      for (int64_t m = 0; m < real; m++) {  // each row as the vector kernels store theirs
+        vf row[1][kVecs];
+        for (int j = 0; j < kVecs; j++) row[0][j] = vload(&acc[m][W * j]);
+        store_panel<1>(row, bias, y + (pass * R + m) * N, N, p * kPanel);
       }
     }
   }
