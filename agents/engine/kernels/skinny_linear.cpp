@@ -710,7 +710,7 @@ const T* ptr_of(const at::Tensor& t) {
 }
 
 struct Step {  // a decode step's shapes and state (see decode_layers)
-  int64_t B, hidden, heads, kv_heads, D, I, L, slots, C, k_max;
+  int64_t B, hidden, heads, kv_heads, D, I, L, slots, C;
   float eps, scale;
   const int64_t *write, *pos, *len;
 };
@@ -892,12 +892,10 @@ at::Tensor decode_layers(const at::Tensor& x, at::TensorList norms, at::TensorLi
                 what, ": write_slots, positions and lengths must be [B] int64");
   s.write = write_slots.data_ptr<int64_t>(), s.pos = positions.data_ptr<int64_t>();
   s.len = lengths.data_ptr<int64_t>();
-  s.k_max = 1;
   for (int64_t b = 0; b < s.B; b++) {
     TORCH_CHECK(s.write[b] >= 0 && s.write[b] < s.slots, what, ": write slot out of range");
     TORCH_CHECK(s.pos[b] >= 0 && s.pos[b] < s.len[b] && s.len[b] <= s.C, what,
                 ": position or length out of range");
-    s.k_max = std::max(s.k_max, s.len[b]);
   }
   TORCH_CHECK(cos.numel() == s.B * s.D && sin.numel() == s.B * s.D &&
                   cos.scalar_type() == dtype && sin.scalar_type() == dtype,
