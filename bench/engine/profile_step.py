@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from agents.engine import Engine, EngineConfig, SamplingParams, load_model
-from bench.engine.checkpoint import make_checkpoint
+from bench.engine.checkpoint import checkpoint_dir, make_checkpoint
 
 # Self CPU time of the profiled steps by kind of work.
 GROUPS = {
@@ -43,7 +43,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     torch.set_num_threads(2)
-    folder = make_checkpoint(args.layout, Path("var/bench-engine") / f"ckpt-{args.layout}")
+    folder = make_checkpoint(args.layout, checkpoint_dir(Path("var/bench-engine"), args.layout))
     loaded = load_model(str(folder))
     n = args.batch
     cfg = EngineConfig(
