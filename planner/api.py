@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdd.hardware import EngineSpec
+from pdd.spec import build, integer, number
 from planner.fleet import FleetSpec, fleet_from_dict
-from planner.hardware import EngineSpec
 from planner.metrics import Sla, Tariff, revenue, summarise
 from planner.microbench import simulate_transfers
 from planner.scenario import case_configs, load_scenario, set_path
 from planner.sim import RunRecord, Simulator
-from planner.spec import build, integer, number
 from planner.wan import WanLinkSpec
 from planner.workload import Trace, WorkloadSpec, generate, read_trace
 from routing.policy import Role

@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.hardware import EngineSpec, GpuType, ModelSpec
+from pdd.hardware import EngineSpec, GpuType, ModelSpec
+from pdd.spec import build, check_bool, check_int, check_positive
 from planner.host import HostSpec
-from planner.spec import build, check_bool, check_int, check_positive
 from planner.wan import WanLinkSpec
 from routing.policy import PolicySettings, Role
 

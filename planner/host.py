@@ -23,10 +23,10 @@ from typing import Protocol
 
 from mypy_extensions import mypyc_attr
 
+from pdd.hardware import EngineSpec, GpuType, ModelSpec
+from pdd.spec import check_positive, check_range
 from planner.events import EventLoop
-from planner.hardware import EngineSpec, GpuType, ModelSpec
 from planner.instances import DecodeInstance, PrefillInstance
-from planner.spec import check_positive, check_range
 from routing.policy import InstanceState
 
 

@@ -10,13 +10,13 @@ import heapq
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
-from planner.events import EventLoop
-from planner.hardware import (
+from pdd.hardware import (
     EngineSpec,
     GpuType,
     ModelSpec,
     prefill_batch_time,
 )
+from planner.events import EventLoop
 from routing.policy import InstanceState
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 from mypy_extensions import mypyc_attr
 
+from pdd.spec import check_positive, check_range
 from planner.sim import PIPELINE_CODES, RunRecord
-from planner.spec import check_positive, check_range
 from routing.policy import Pipeline
 
 

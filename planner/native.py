@@ -31,7 +31,7 @@ from pathlib import Path
 # The spec classes built from user input (GpuType, EngineSpec, WanLinkSpec, Sla, ...) stay
 # plain Python classes (``@mypyc_attr(native_class=False)``): a native class refuses a wrongly
 # typed field with its own TypeError before ``__post_init__`` can name the field and the reason.
-MODULES = ("events", "hardware", "instances", "wan", "host", "sim", "metrics")
+MODULES = ("events", "instances", "wan", "host", "sim", "metrics")
 ROOT = Path(__file__).resolve().parent.parent
 ENV_SWITCH = "BATON_PLANNER_NATIVE"
 STAMP = "stamp.json"

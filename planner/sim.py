@@ -22,9 +22,9 @@ from functools import partial
 
 import numpy as np
 
+from pdd.hardware import kv_capacity_tokens
 from planner.events import EventLoop
 from planner.fleet import FleetSpec, Handoff, System
-from planner.hardware import kv_capacity_tokens
 from planner.host import Host, HostedDecode, HostedPrefill, HostWork
 from planner.instances import DecodeInstance, PrefillInstance
 from planner.wan import WanLink

@@ -43,10 +43,10 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from typing import Any, TextIO
 
+from pdd.spec import integer, number
 from planner.api import _fleet_dict, evaluate
 from planner.fleet import fleet_from_dict
 from planner.scenario import case_configs, load_scenario
-from planner.spec import integer, number
 
 MAX_COUNT = 4096
 # The search's runs need only whether the SLA holds: each stops once it is certain to fail

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from mypy_extensions import mypyc_attr
 
+from pdd.spec import check_int, check_non_negative, check_positive
 from planner.events import EventLoop
-from planner.spec import check_int, check_non_negative, check_positive
 
 Done = Callable[[float, float], None]  # (transfer seconds incl. pool wait, pool wait seconds)
 

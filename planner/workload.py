@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.spec import (
+from pdd.spec import (
     build,
     check_bool,
     check_int,

@@ -25,6 +25,7 @@ from django.utils import timezone
 from fleet.choices import InstanceRole, LinkStatus, PlanRunStatus
 from fleet.dispatch import enqueue_after_commit
 from fleet.models import Datacenter, GPUType, Instance, Node, UnitPrice, WANLink
+from pdd.hardware import unit_from_chips
 from plans.models import PlanRun
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,6 @@ DEFAULT_GPUS_PER_NODE = 8
 MAX_COUNT = 1000
 MAX_COMBINATIONS = 64
 MAX_TOP = 20
-GIB_IN_GB = 1024**3 / 1e9
 # A scenario without a search_space (only tiny-plan has one) is searched with the planner's
 # own defaults; hi_rps is raised to twice the scenario's offered load when that is higher.
 DEFAULT_SEARCH = {"lo_rps": 1.0, "hi_rps": 100.0, "iters": 5}
@@ -188,12 +188,21 @@ def _priced_gpu(
 
 def _gpu_spec(gpu: GPUType, price: UnitPrice, per_node: int) -> dict[str, Any]:
     """One planner unit (a node of ``per_node`` GPUs) in the planner's units."""
+    unit = unit_from_chips(
+        name=str(gpu),
+        count=per_node,
+        peak_bf16_tflops=gpu.peak_bf16_tflops,
+        memory_gib=gpu.memory_gib,
+        memory_bandwidth_gbps=gpu.memory_bandwidth_gbps,
+        interconnect_gbps=gpu.interconnect_gbps,
+        unit_price=float(price.price_per_gpu_hour) * per_node,
+    )
     return {
-        "peak_tflops": gpu.peak_bf16_tflops * per_node,
-        "mem_gb": gpu.memory_gib * GIB_IN_GB * per_node,
-        "mem_bw_tbps": gpu.memory_bandwidth_gbps * per_node / 1000.0,  # GB/s -> TB/s
-        "interconnect_gbps": gpu.interconnect_gbps * 8 * per_node,  # GB/s -> Gbit/s
-        "unit_price": float(price.price_per_gpu_hour) * per_node,
+        "peak_tflops": unit.peak_tflops,
+        "mem_gb": unit.mem_gb,
+        "mem_bw_tbps": unit.mem_bw_tbps,
+        "interconnect_gbps": unit.interconnect_gbps,
+        "unit_price": unit.unit_price,
         "_source": (
             f"fleet.GPUType #{gpu.pk} {gpu} x {per_node} GPUs per node; "
             f"UnitPrice #{price.pk} {price.price_per_gpu_hour} {price.currency}/GPU-h"

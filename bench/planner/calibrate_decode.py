@@ -46,8 +46,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from pdd.hardware import PREFILL_ORDERS  # noqa: E402
 from planner.api import run_case  # noqa: E402
-from planner.hardware import PREFILL_ORDERS  # noqa: E402
 from planner.scenario import case_configs, load_scenario  # noqa: E402
 
 SIDES = ("prefill", "decode")

@@ -1,6 +1,6 @@
 """Measure, on one GPU, what the planner's engine constants stand for.
 
-The planner turns tokens into seconds with two efficiencies (``planner/hardware.py``): prefill
+The planner turns tokens into seconds with two efficiencies (``pdd/hardware.py``): prefill
 FLOPs over peak compute, and a decode step's bytes (the weights its batch touches plus its KV)
 over peak memory bandwidth, plus ``prefill_half_tokens`` for the MoE pass-size effect. Those
 constants are calibrated on docs/pdd.md's published figures; this probe measures what one GPU

@@ -7,8 +7,8 @@ import pytest
 
 from bench.pdd import scaling
 from bench.pdd.sim import fleet_dict
+from pdd.hardware import decode_step_time, prefill_batch_time
 from planner.fleet import fleet_from_dict
-from planner.hardware import decode_step_time, prefill_batch_time
 
 ENGINE = {
     "prefill": {"overhead_s": 0.006, "per_token_s": 1.6e-4, "per_pair_s": 9.5e-8},

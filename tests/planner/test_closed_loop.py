@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pdd.spec import build
 from planner.api import make_trace, run_case, run_fleet
 from planner.fleet import fleet_from_dict
 from planner.metrics import Sla
 from planner.scenario import deep_merge, load_scenario
 from planner.sim import Simulator
-from planner.spec import build
 from planner.workload import Trace, WorkloadSpec, generate, read_trace, write_trace
 
 POOLS = [

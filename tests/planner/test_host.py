@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pdd.hardware import EngineSpec, GpuType, ModelSpec
 from planner.api import _parse_case, run_fleet
 from planner.events import EventLoop
 from planner.fleet import fleet_from_dict
-from planner.hardware import EngineSpec, GpuType, ModelSpec
 from planner.host import Host, HostedDecode, HostedPrefill, HostSpec, HostWork
 from planner.instances import DecodeInstance, PrefillInstance
 from planner.metrics import Sla

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pdd.hardware import EngineSpec, GpuType, ModelSpec, decode_step_time, prefill_efficiency
 from planner.events import EventLoop
-from planner.hardware import EngineSpec, GpuType, ModelSpec, decode_step_time, prefill_efficiency
 from planner.instances import DecodeInstance, PrefillInstance
 from routing.policy import InstanceState
 
@@ -74,8 +74,8 @@ def test_decode_step_scales_with_bandwidth_when_there_is_no_fixed_overhead() -> 
     import json
     from pathlib import Path
 
-    from planner.hardware import EngineSpec, GpuType, ModelSpec, decode_step_time
-    from planner.spec import strip_comments
+    from pdd.hardware import EngineSpec, GpuType, ModelSpec, decode_step_time
+    from pdd.spec import strip_comments
 
     common = strip_comments(
         json.loads((Path(__file__).parents[2] / "planner/scenarios/_common.json").read_text())
@@ -149,7 +149,7 @@ def test_moe_fields_are_checked(fields: dict, message: str) -> None:
 def test_decode_overhead_may_be_zero_but_not_negative() -> None:
     import pytest
 
-    from planner.hardware import EngineSpec
+    from pdd.hardware import EngineSpec
 
     EngineSpec(decode_overhead_s=0.0)
     with pytest.raises(ValueError, match="decode_overhead_s"):

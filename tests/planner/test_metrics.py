@@ -58,8 +58,8 @@ def test_cached_input_is_billed_at_its_fraction_of_the_input_price() -> None:
     ],
 )
 def test_a_bad_tariff_names_its_field(field, value) -> None:
+    from pdd.spec import build
     from planner.metrics import Tariff
-    from planner.spec import build
 
     with pytest.raises(ValueError, match=f"tariff.{field}"):
         build(Tariff, {field: value}, "tariff")

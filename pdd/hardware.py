@@ -1,4 +1,5 @@
-"""Modelled chips, model and engine: the formulas that turn tokens into seconds.
+"""Modelled chips, model and engine: the formulas that turn tokens into seconds, shared by
+the planner's simulator and the agents' emulated engine (one hardware model, one copy).
 
 Prefill is compute-bound (FLOPs over peak compute times an efficiency); a decode step is
 memory-bound (the weights its batch touches plus the batch's KV, read once over memory
@@ -10,12 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mypy_extensions import mypyc_attr
-
-from planner.spec import check_int, check_non_negative, check_positive, check_range
+from pdd.spec import check_int, check_non_negative, check_positive, check_range
 
 
-@mypyc_attr(native_class=False)  # checked fields (planner/native.py)
 @dataclass(slots=True)
 class GpuType:
     """One priced unit of a chip type (a node in the published fleet counts), in four numbers."""
@@ -32,7 +30,6 @@ class GpuType:
             check_positive(self, name)
 
 
-@mypyc_attr(native_class=False)  # checked fields (planner/native.py)
 @dataclass(slots=True)
 class ModelSpec:
     """The served model, reduced to what the cost formulas need."""
@@ -88,7 +85,6 @@ class ModelSpec:
 PREFILL_ORDERS = ("fifo", "srpt")
 
 
-@mypyc_attr(native_class=False)  # checked fields (planner/native.py)
 @dataclass(slots=True)
 class EngineSpec:
     """Scheduler and efficiency settings of the engines (assumptions, not chip facts)."""
@@ -171,3 +167,64 @@ def kv_capacity_tokens(model: ModelSpec, gpu: GpuType, resident_weight_gb: float
     """Tokens of KV one unit can hold next to its resident weights."""
     free = max(gpu.mem_gb - resident_weight_gb, 0.0) * 1e9
     return int(free / model.kv_bytes_per_token)
+
+
+# Units of the fleet database's GPU type rows (one chip): TFLOPS, GiB, GB/s, GB/s.
+GIB_IN_GB = 1024**3 / 1e9
+
+
+def unit_from_chips(
+    *,
+    name: str,
+    count: int,
+    peak_bf16_tflops: float,
+    memory_gib: float,
+    memory_bandwidth_gbps: float,
+    interconnect_gbps: float,
+    unit_price: float = 1.0,
+) -> GpuType:
+    """The modelled unit of ``count`` chips of one GPU type, from the fleet's per-chip numbers
+    (memory in GiB, bandwidths in GB/s), as the planner and the emulated engine both use it."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count: must be an integer >= 1, got {count!r}")
+    return GpuType(
+        name=name,
+        peak_tflops=peak_bf16_tflops * count,
+        mem_gb=memory_gib * GIB_IN_GB * count,
+        mem_bw_tbps=memory_bandwidth_gbps * count / 1000.0,  # GB/s -> TB/s
+        interconnect_gbps=interconnect_gbps * 8 * count,  # GB/s -> Gbit/s
+        unit_price=unit_price,
+    )
+
+
+def forward_time(
+    new_tokens: list[int],
+    context_tokens: list[int],
+    model: ModelSpec,
+    gpu: GpuType,
+    engine: EngineSpec,
+) -> float:
+    """Seconds for one engine forward in which request i runs ``new_tokens[i]`` positions on
+    top of ``context_tokens[i]`` positions whose KV it already holds.
+
+    A pure decode step (one position each) is memory-bound: `decode_step_time`. Any forward
+    with more positions (a prefill chunk, the handoff's extend of k tokens) is the slower of
+    its compute (`prefill_batch_time` over its FLOPs) and its memory read (weights its tokens
+    touch plus the batch's KV): a roofline, so a short extend costs about one decode step and a
+    long prefill chunk is compute-bound.
+    """
+    if len(new_tokens) != len(context_tokens) or not new_tokens:
+        raise ValueError("new_tokens and context_tokens: one entry per request, at least one")
+    held = sum(context_tokens) + sum(new_tokens)
+    if all(n == 1 for n in new_tokens):
+        return decode_step_time(held, model, gpu, engine, batch=len(new_tokens))
+    tokens = sum(new_tokens)
+    flops = sum(model.prefill_flops(n, c) for n, c in zip(new_tokens, context_tokens, strict=True))
+    compute = prefill_batch_time(flops, gpu, engine, tokens)
+    memory = decode_step_time(held, model, gpu, engine, batch=tokens)
+    return max(compute, memory)
+
+
+def transfer_time(num_bytes: float, gpu: GpuType) -> float:
+    """Seconds to move ``num_bytes`` over the unit's interconnect (RDMA NICs)."""
+    return num_bytes * 8 / (gpu.interconnect_gbps * 1e9)
