@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -13,6 +14,7 @@ from agents.engine import skinny
 from agents.engine.config import EngineConfig
 from agents.engine.decode import fuse_projections
 from agents.engine.errors import EngineFull, PrefixMissing
+from agents.engine.interface import TORCH
 from agents.engine.kv_pool import PagedKVPool, read_kv_header
 from agents.engine.loader import LoadedModel, load_model
 from agents.engine.model import CausalLM
@@ -40,7 +42,9 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    """One model, one paged KV pool, one radix prefix cache."""
+    """One model, one paged KV pool, one radix prefix cache (agents/engine/interface.py)."""
+
+    kind = TORCH
 
     def __init__(self, model: CausalLM | LoadedModel, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
@@ -89,6 +93,9 @@ class Engine:
             )
         self.requests: dict[str, Request] = {}
         self._undelivered: list[TokenOutput] = []
+        self._init_counters()
+
+    def _init_counters(self) -> None:
         self._arrivals = itertools.count()
         self._generate_ids = itertools.count()
         self._tokens_computed = self._tokens_generated = self._forwards = 0
@@ -339,6 +346,10 @@ class Engine:
             forwards=self._forwards,
             preemptions=self.scheduler.num_preemptions,
         )
+
+    def describe(self) -> dict[str, Any]:
+        """What this engine is, for the agent's state document."""
+        return {"kind": TORCH, "dtype": self.config.dtype, "device": self.config.device}
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -15,7 +15,8 @@ import torch
 #   header, 24 bytes, struct "<4sBBHHHIII":
 #     magic b"BKV1" | version u8 (=1) | dtype code u8 (0 float32, 1 bfloat16, 2 float16)
 #     | num_layers u16 | num_kv_heads u16 | head_dim u16
-#     | start_token u32 | end_token u32 | reserved u32 (=0)
+#     | start_token u32 | end_token u32 | reserved u32 (=0; an emulated engine's payload has
+#     num_layers 0, no tensor, and its bytes per token here: agents/engine/emulated.py)
 #   body: one C-order tensor shaped [2, num_layers, end_token - start_token, num_kv_heads,
 #     head_dim] of the header's dtype; index 0 of the first axis is K, 1 is V. Keys are stored
 #     after RoPE (as the attention reads them), so the receiver copies them verbatim.
@@ -59,6 +60,29 @@ def read_kv_header(payload: bytes | bytearray | memoryview) -> KVHeader:
     if end < start:
         raise ValueError(f"KV payload range is reversed: [{start}, {end})")
     return KVHeader(_CODE_DTYPES[code], layers, heads, dim, start, end)
+
+
+def kv_header(
+    dtype_code: int,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    start_token: int,
+    end_token: int,
+    reserved: int = 0,
+) -> bytes:
+    """The 24-byte header of a KV payload (format above)."""
+    return _HEADER.pack(
+        KV_MAGIC,
+        KV_VERSION,
+        dtype_code,
+        num_layers,
+        num_kv_heads,
+        head_dim,
+        start_token,
+        end_token,
+        reserved,
+    )
 
 
 class KVPool(ABC):
@@ -169,16 +193,8 @@ class PagedKVPool(KVPool):
         slots = self.slots(block_table, start_token, end_token)
         k, v = self._flat()
         body = torch.stack((k[:, slots], v[:, slots])).contiguous()  # [2, L, n, KVH, D]
-        header = _HEADER.pack(
-            KV_MAGIC,
-            KV_VERSION,
-            _DTYPE_CODES[self.k_cache.dtype],
-            layers,
-            heads,
-            dim,
-            start_token,
-            end_token,
-            0,
+        header = kv_header(
+            _DTYPE_CODES[self.k_cache.dtype], layers, heads, dim, start_token, end_token
         )
         return header + body.cpu().view(torch.uint8).numpy().tobytes()
 
