@@ -28,6 +28,16 @@ from pdd.dataplane import ENV as DATA_TOKEN_ENV
 from pdd.vocab import HandoffMode, Pipeline
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="run one node agent")
     p.add_argument("--config", help="JSON file with settings (flags override it)")
@@ -116,6 +126,24 @@ def _serve_parser(sub) -> None:
         default=None,
         help="decode steps through torch.compile: needs a C++ compiler, compiles for tens of "
         "seconds on an instance's first steps; faster at larger batches (bench/engine/REPORT.md)",
+    )
+    p.add_argument(
+        "--kv-scale",
+        type=float,
+        help="emulated instances: KV bytes on the wire = real bytes / this, WAN links shaped "
+        "to bandwidth / this (>= 1; default 1; an agent above 1 hosts emulated instances only)",
+    )
+    p.add_argument(
+        "--gpu",
+        type=_json_object,
+        help='standalone: the GPU unit of instance 0, as JSON: {"name": "H100", "count": 8, '
+        '"peak_bf16_tflops": 989, "memory_gib": 80, "memory_bandwidth_gbps": 3350, '
+        '"interconnect_gbps": 50} (per chip; required with --model profile:...)',
+    )
+    p.add_argument(
+        "--speedup",
+        type=float,
+        help="emulated instances: modelled step times are divided by this (default 1)",
     )
     p.add_argument("--num-blocks", type=int, help="KV blocks per engine instance")
     p.add_argument("--block-size", type=int)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdd.checks import check_number
 from pdd.spec import check_int, check_non_negative, check_positive, check_range
 
 
@@ -228,3 +229,29 @@ def forward_time(
 def transfer_time(num_bytes: float, gpu: GpuType) -> float:
     """Seconds to move ``num_bytes`` over the unit's interconnect (RDMA NICs)."""
     return num_bytes * 8 / (gpu.interconnect_gbps * 1e9)
+
+
+# The per-chip numbers a start command's "gpu" object carries (the fleet's GPU type fields).
+CHIP_FIELDS = ("peak_bf16_tflops", "memory_gib", "memory_bandwidth_gbps", "interconnect_gbps")
+
+
+def unit_from_json(raw: object, where: str = "gpu") -> GpuType:
+    """The unit a ``{"name", "count", <CHIP_FIELDS>}`` object describes; ValueError naming the
+    field (``gpu.memory_gib: ...``)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: must be a JSON object")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where}.name: required: a non-empty string")
+    count = raw.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 4096:
+        raise ValueError(f"{where}.count: must be an integer in [1, 4096], got {count!r}")
+    unknown = set(raw) - {"name", "count", *CHIP_FIELDS}
+    if unknown:
+        raise ValueError(f"{where}.{sorted(unknown)[0]}: unknown field")
+    numbers = {}
+    for key in CHIP_FIELDS:
+        if key not in raw:
+            raise ValueError(f"{where}.{key}: required")
+        numbers[key] = check_number(raw[key], f"{where}.{key}", gt=0)
+    return unit_from_chips(name=name, count=count, **numbers)

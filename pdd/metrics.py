@@ -8,7 +8,8 @@ both import. Pure Python: no Django, no torch.
 Per-instance families carry vLLM's names where the figure is the one vLLM reports
 (``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``, ``vllm:prefix_cache_hits`` ...),
 labelled ``model_name`` (vLLM's label), ``instance`` (the Baton instance id), ``role``,
-``datacenter`` and ``node``. Node-wide figures (fabric bytes, tokens by role, the WAN pools)
+``datacenter``, ``node`` and ``engine`` (``torch`` or ``emulated``: an emulated instance is
+never passed off as a real one). Node-wide figures (fabric bytes, tokens by role, the WAN pools)
 are ``pdd_*`` and labelled ``node`` and ``datacenter``. docs/metrics.md lists them all.
 Counter names here have no ``_total``: the renderers add it, as prometheus_client does.
 """
@@ -20,7 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-INSTANCE_LABELS = ("model_name", "instance", "role", "datacenter", "node")
+# ``engine``: "torch" (the real engine) or "emulated" (a model profile on modelled hardware).
+INSTANCE_LABELS = ("model_name", "instance", "role", "datacenter", "node", "engine")
 NODE_LABELS = ("node", "datacenter")
 
 
@@ -140,6 +142,7 @@ def instance_families(nodes: Iterable[tuple[str, str, Mapping[str, Any]]]) -> li
                 str(inst.get("role") or ""),
                 datacenter,
                 node,
+                str(inst.get("engine_kind") or "torch"),
             )
             for family, (_n, _k, _d, read) in zip(families, INSTANCE_FIGURES, strict=True):
                 value = _num(read(inst))

@@ -6,6 +6,7 @@ drain, and the state document of agents/PROTOCOL.md."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -20,6 +21,8 @@ import torch
 
 from agents.engine import Engine, EngineConfig, load_model
 from agents.engine.config import DTYPE_NAMES
+from agents.engine.emulated import EmulatedEngine
+from agents.engine.interface import EMULATED, TORCH
 from agents.engine.loader import LoadedModel
 from agents.node.inflight import block_prefix_len
 from agents.node.served import ServedLedger
@@ -32,7 +35,9 @@ from agents.transfer.records import Transfer
 from agents.transfer.server import FabricServer
 from agents.transfer.shaping import LinkSettings, LinkShaper
 from pdd.dataplane import bearer_headers
+from pdd.hardware import GpuType, unit_from_json
 from pdd.prefix import prefix_block_hashes, tree_block_hashes
+from pdd.profiles import is_profile_source, load_profile
 from pdd.vocab import InstanceStatus
 
 log = logging.getLogger(__name__)
@@ -68,6 +73,13 @@ class Instance:
     active: int = 0  # requests in flight on this instance
     tokens_emitted: int = 0  # output tokens this instance produced in its role
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # The GPU unit the control plane's start command named (None: not named). An emulated
+    # instance (source "profile:...") takes its step times from it.
+    gpu: GpuType | None = None
+
+    @property
+    def engine_kind(self) -> str:
+        return EMULATED if is_profile_source(self.source) else TORCH
 
     @property
     def spec(self) -> tuple[str, str, str, str]:
@@ -242,8 +254,13 @@ class Agent:
         await self.wan_server.start()
         self._janitor = asyncio.create_task(self._sweep())
         if self.settings.role is not None:
+            gpu = self.settings.gpu
             await self.put_instance(
-                "0", self.settings.role, self.settings.model, self.settings.model
+                "0",
+                self.settings.role,
+                self.settings.model,
+                self.settings.model,
+                gpu=None if gpu is None else unit_from_json(gpu),
             )
             inst = self.instances["0"]
             await inst.ready.wait()
@@ -271,11 +288,29 @@ class Agent:
         wait_s: float = 3.0,
         *,
         dtype: str | None = None,
+        gpu: GpuType | None = None,
     ) -> Instance:
         """Start an instance (idempotent for the same spec; 409 for a different one). The spec
-        is (role, model, source, dtype); `dtype` None is the agent's own (settings.dtype)."""
+        is (role, model, source, dtype); `dtype` None is the agent's own (settings.dtype). A
+        source "profile:..." starts an emulated engine, which needs the `gpu` unit it models."""
         if role not in ROLES:
             raise AgentError(400, f"role must be one of {list(ROLES)}, got {role!r}", "role")
+        if is_profile_source(source):
+            if gpu is None:
+                raise AgentError(
+                    400, f"gpu: required for an emulated instance (source {source!r})", "gpu"
+                )
+            try:
+                load_profile(source)
+            except ValueError as exc:
+                raise AgentError(400, str(exc), "source") from None
+        elif self.settings.kv_scale != 1:
+            raise AgentError(
+                400,
+                f"source: this agent runs with kv_scale {self.settings.kv_scale:g} and hosts "
+                f"emulated instances only (source profile:...), not {source!r}",
+                "source",
+            )
         dtype = self.settings.dtype if dtype is None else dtype
         if dtype not in DTYPE_NAMES:
             raise AgentError(
@@ -301,7 +336,7 @@ class Agent:
             return current
         if self.draining:
             raise AgentError(503, "agent is draining; not starting instances")
-        inst = Instance(instance_id, role, model, source, dtype)
+        inst = Instance(instance_id, role, model, source, dtype, gpu=gpu)
         self.instances[instance_id] = inst
         task = asyncio.create_task(self._load(inst))
         await asyncio.wait({task}, timeout=wait_s)
@@ -321,17 +356,8 @@ class Agent:
             decode_compile=s.decode_compile,
             **device,
         )
-        # One loaded checkpoint per (source, dtype): an engine casts its model in place
-        # (Engine.__init__), so instances of one source in different dtypes must not share it.
-        key = (inst.source, inst.dtype)
         try:
-            loaded = self._models.get(key)
-            if loaded is None:
-                loaded = await asyncio.to_thread(
-                    load_model, inst.source, config.torch_dtype, s.seed
-                )
-                self._models[key] = loaded
-            engine = Engine(loaded, config)
+            engine = await self._make_engine(inst, config)
         except Exception as exc:  # noqa: BLE001 - reported in the state document
             log.exception("instance %s failed to load %s", inst.instance_id, inst.source)
             inst.state, inst.error = InstanceStatus.FAILED, f"{type(exc).__name__}: {exc}"
@@ -344,6 +370,26 @@ class Agent:
                 inst.worker = EngineWorker(engine, loop, inst.instance_id, snapshot=snapshot)
                 inst.state = InstanceStatus.RUNNING
         inst.ready.set()
+
+    async def _make_engine(self, inst: Instance, config: EngineConfig) -> Engine:
+        s = self.settings
+        if inst.engine_kind == EMULATED:
+            assert inst.gpu is not None  # put_instance checked
+            return EmulatedEngine(
+                load_profile(inst.source),
+                inst.gpu,
+                config,
+                kv_scale=s.kv_scale,
+                speedup=s.speedup,
+            )
+        # One loaded checkpoint per (source, dtype): an engine casts its model in place
+        # (Engine.__init__), so instances of one source in different dtypes must not share it.
+        key = (inst.source, inst.dtype)
+        loaded = self._models.get(key)
+        if loaded is None:
+            loaded = await asyncio.to_thread(load_model, inst.source, config.torch_dtype, s.seed)
+            self._models[key] = loaded
+        return Engine(loaded, config)
 
     async def drain_instance(self, instance_id: str) -> Instance:
         inst = self.instances.get(instance_id)
@@ -435,17 +481,23 @@ class Agent:
     # -- links -------------------------------------------------------------------------------
 
     def set_link(self, peer: str, link: LinkSettings) -> LinkSettings:
+        """Shape the WAN link towards `peer` as declared; returns the declared settings. With
+        kv_scale > 1 the shaper runs at bandwidth / kv_scale (emulated KV carries 1/kv_scale of
+        the real bytes, so transfers take the declared link's time)."""
+        scale = self.settings.kv_scale
+        shaped = dataclasses.replace(link, bandwidth_gbps=link.bandwidth_gbps / scale)
         shaper = self.links.get(peer)
         if shaper is None:
-            shaper = LinkShaper(link)
+            shaper = LinkShaper(shaped)
             self.links[peer] = shaper
             client = FabricClient(FabricName.WAN, shaper, counters=self.counters)
             client.token = self.data_token
             self.wan_clients[peer] = client
-            return shaper.settings
-        return shaper.update(
-            bandwidth_gbps=link.bandwidth_gbps, rtt_ms=link.rtt_ms, pool_size=link.pool_size
-        )
+        else:
+            shaper.update(
+                bandwidth_gbps=shaped.bandwidth_gbps, rtt_ms=link.rtt_ms, pool_size=link.pool_size
+            )
+        return _declared(shaper, scale)
 
     def handoff_ack_timeout_s(self, peer_datacenter: str | None) -> float:
         """How long RLD waits for MD's acknowledgement of the final handoff over the link to
@@ -695,20 +747,27 @@ class Agent:
             "model": inst.model,
             "source": inst.source,
             "dtype": inst.dtype,
+            # "emulated": a model profile on modelled hardware, not a real model (the
+            # "emulation" object says which unit and profile); "torch": the real engine.
+            "engine_kind": inst.engine_kind,
             "state": inst.state,
             "tokens_generated": inst.tokens_emitted,
             "kv_endpoint": self.kv_endpoint(),
         }
+        if inst.gpu is not None:
+            doc["gpu"] = inst.gpu.name
         if inst.error:
             doc["error"] = inst.error
         if inst.worker is not None:
+            if inst.engine_kind == EMULATED:
+                doc["emulation"] = inst.worker.engine.describe()
             st = inst.worker.stats
             doc["load"] = {
                 "running": st.running,
                 "queued": st.queued,
                 "held": st.held,
                 "active_requests": inst.active,
-                "max_running": self.settings.max_running,
+                "max_running": inst.worker.engine.config.max_running,
             }
             doc["kv"] = {
                 "used_blocks": st.kv_blocks_used,
@@ -732,6 +791,14 @@ class Agent:
                 # prefill, KV export and import) since the instance started.
                 "busy_s": round(inst.worker.busy_s, 6),
             }
+        return doc
+
+    def _link_json(self, shaper: LinkShaper) -> dict[str, Any]:
+        scale = self.settings.kv_scale
+        doc = link_json(_declared(shaper, scale)) | {"connections": pool_json(shaper.pool.stats())}
+        if scale != 1:
+            doc["wire_bandwidth_gbps"] = shaper.settings.bandwidth_gbps
+            doc["kv_scale"] = scale
         return doc
 
     def kv_endpoint(self) -> dict[str, Any] | None:
@@ -807,10 +874,7 @@ class Agent:
                 "recomputed_tokens": self.recomputed_tokens,
             },
             "fabrics": fabrics,
-            "links": {
-                peer: link_json(s.settings) | {"connections": pool_json(s.pool.stats())}
-                for peer, s in self.links.items()
-            },
+            "links": {peer: self._link_json(s) for peer, s in self.links.items()},
             "threads": self.threads_json(),
             "engine_options": self.settings.engine_options(),
         }
@@ -851,6 +915,13 @@ def pool_json(stats: PoolStats) -> dict[str, Any]:
         "background_acquisitions": stats.background_acquisitions,
         "total_wait_s": round(stats.total_wait_s, 6),
     }
+
+
+def _declared(shaper: LinkShaper, kv_scale: float) -> LinkSettings:
+    """The link as declared: the shaper runs at bandwidth / kv_scale (Agent.set_link)."""
+    return dataclasses.replace(
+        shaper.settings, bandwidth_gbps=shaper.settings.bandwidth_gbps * kv_scale
+    )
 
 
 def link_json(link: LinkSettings) -> dict[str, Any]:

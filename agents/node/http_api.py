@@ -33,6 +33,7 @@ from agents.node.wire import (
     get_int,
     get_str,
     need_dict,
+    parse_gpu,
     parse_sampling,
 )
 from pdd.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -164,7 +165,10 @@ def build_app(agent: Agent) -> Starlette:
         source = get_str(body, "source", model)
         # Absent (or null): the agent's own --dtype.
         dtype = get_str(body, "dtype", None, choices=DTYPE_NAMES)
-        inst = await agent.put_instance(iid, role, model, source, dtype=dtype)
+        # The GPU unit the instance runs on (the control plane sends it; an emulated instance
+        # needs it: agents/PROTOCOL.md).
+        gpu = parse_gpu(body["gpu"]) if body.get("gpu") is not None else None
+        inst = await agent.put_instance(iid, role, model, source, dtype=dtype, gpu=gpu)
         return JSONResponse(agent.instance_state(inst))
 
     async def drain_instance(request: Request) -> Response:
@@ -197,11 +201,9 @@ def build_app(agent: Agent) -> Starlette:
             )
         bs = agent.settings.block_size
         need = -(-(len(prompt) + max_tokens) // bs)
-        if need > agent.settings.num_blocks:
-            raise bad(
-                "prompt_ids",
-                f"needs {need} KV blocks; the instance has {agent.settings.num_blocks}",
-            )
+        blocks = inst.running_worker.engine.pool.num_blocks
+        if need > blocks:
+            raise bad("prompt_ids", f"needs {need} KV blocks; the instance has {blocks}")
 
     def vocab(inst: Instance) -> int:
         return inst.running_worker.engine.model_config.vocab_size

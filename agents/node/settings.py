@@ -18,6 +18,7 @@ from typing import Any
 from agents.transfer.shaping import LinkSettings
 from pdd.checks import check_number
 from pdd.dataplane import check_data_token
+from pdd.hardware import unit_from_json
 from pdd.vocab import Role
 
 ROLES = tuple(Role)
@@ -76,6 +77,17 @@ class AgentSettings:
     max_running: int = 32
     max_queued: int = 256
     seed: int = 0
+    # Emulated instances (a served model whose source is "profile:..."): KV bytes on the wire are
+    # the profile's real bytes / kv_scale, and this agent's WAN links are shaped to their
+    # declared bandwidth / kv_scale, so transfers take the real link's time with 1/kv_scale of
+    # the bytes (an agent with kv_scale > 1 hosts emulated instances only). speedup divides
+    # every modelled step time (1: real time). docs/emulation.md.
+    kv_scale: float = 1.0
+    speedup: float = 1.0
+    # Standalone (--role): the GPU unit instance "0" runs on, as a start command's "gpu" object
+    # ({"name", "count", "peak_bf16_tflops", "memory_gib", "memory_bandwidth_gbps",
+    # "interconnect_gbps"}); required when --model is a profile.
+    gpu: dict[str, Any] | None = None
     # Pipeline timeouts.
     kv_timeout_s: float = 120.0  # a decode side waits this long for P's KV
     # RLD waits for MD to acknowledge the final handoff (MD's first token after it) at most
@@ -113,6 +125,10 @@ class AgentSettings:
             "reserve_timeout_s",
         ):
             check_number(getattr(self, name), name, gt=0)
+        check_number(self.kv_scale, "kv_scale", ge=1)
+        if self.gpu is not None:
+            unit_from_json(self.gpu)
+        check_number(self.speedup, "speedup", gt=0)
         if self.drain_grace_s < 0:
             raise ValueError(f"drain_grace_s must be >= 0, got {self.drain_grace_s}")
         if self.device is not None:
@@ -176,6 +192,10 @@ class AgentSettings:
         }
         if self.decode_compile:  # named only when on: the default document is unchanged
             options["decode_compile"] = True
+        if self.kv_scale != 1:
+            options["kv_scale"] = self.kv_scale
+        if self.speedup != 1:
+            options["speedup"] = self.speedup
         return options
 
 

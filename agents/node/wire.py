@@ -9,6 +9,7 @@ from typing import Any
 from agents.engine import SamplingParams, TokenLogprob, TokenOutput
 from agents.node.agent import AgentError
 from pdd.events import ErrorEvent, TokenEvent
+from pdd.hardware import GpuType, unit_from_json
 from pdd.vocab import AGENT_HANDOFF_MODES, AGENT_PIPELINES, ROLE_TOKENS, HandoffMode
 
 # rld-only: singular traffic and the no-MD fallback; P ships KV to RLD only, RLD finishes.
@@ -236,3 +237,13 @@ def relayed_token(index: int, event: dict[str, Any], role: str) -> dict[str, Any
 
 def error_event(message: str) -> dict[str, Any]:
     return ErrorEvent(message).to_json()
+
+
+def parse_gpu(raw: Any) -> GpuType:
+    """The GPU unit of a start command's ``gpu`` object (the fleet's per-chip numbers and the
+    instance's chip count: pdd.hardware.unit_from_json); 400 naming the field."""
+    try:
+        return unit_from_json(raw)
+    except ValueError as exc:
+        field = str(exc).split(":")[0]
+        raise AgentError(400, str(exc), field) from None

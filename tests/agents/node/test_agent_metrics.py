@@ -49,6 +49,7 @@ def test_metrics_serve_the_instances_figures_as_the_state_document_has_them():
         "role": "main_decode",
         "datacenter": "dc-a",
         "node": "n-1",
+        "engine": "torch",
     }
 
     def value(name: str) -> float:

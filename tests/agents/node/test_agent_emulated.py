@@ -1,0 +1,156 @@
+"""Emulated instances in real agent processes: labelled as emulated in the state document and
+/metrics, every pipeline gives `single`'s tokens over the real fabrics and a shaped WAN with
+scaled KV bytes, and bad start commands get a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from agent_node_helpers import agent_args, get, make_prompt, run_pdd, run_single, running
+
+from agents.node.launch import AgentProcess
+from pdd.hardware import decode_step_time
+from pdd.profiles import load_profile
+
+pytestmark = pytest.mark.slow
+
+# Per chip, as the fleet's GPU type rows hold them; 8 chips a unit (the planner's GPU-A/B).
+GPU_A = {
+    "name": "GPU-A",
+    "count": 8,
+    "peak_bf16_tflops": 989.0,
+    "memory_gib": 80 / 1.073741824,
+    "memory_bandwidth_gbps": 3350.0,
+    "interconnect_gbps": 50.0,
+}
+GPU_B = {
+    **GPU_A,
+    "name": "GPU-B",
+    "peak_bf16_tflops": 989.0 * 0.81,
+    "memory_gib": 141 / 1.073741824,
+    "memory_bandwidth_gbps": 3350.0 * 2.1,
+}
+PROFILE = "profile:paper-dsv4"
+KV_SCALE = 100
+# 20 Gbit/s declared: the shaper runs at 20 / KV_SCALE.
+WAN = "20:20:16"
+
+
+def emulated_args(role: str, dc: str, gpu: dict, *extra: str) -> list[str]:
+    return agent_args(
+        role,
+        dc,
+        "--model",
+        PROFILE,
+        "--gpu",
+        json.dumps(gpu),
+        "--kv-scale",
+        str(KV_SCALE),
+        *extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    specs = {
+        "p": emulated_args("prefill", "dc-a", GPU_A, "--link", f"dc-b={WAN}"),
+        "rld": emulated_args("relay_decode", "dc-a", GPU_A, "--link", f"dc-b={WAN}"),
+        "md": emulated_args("main_decode", "dc-b", GPU_B, "--link", f"dc-a={WAN}"),
+        "single": emulated_args("main_decode", "dc-a", GPU_A),
+    }
+    procs = [AgentProcess(args, f"emu-{name}") for name, args in specs.items()]
+    with running(*procs) as started:
+        yield dict(zip(specs, started, strict=True))
+
+
+def test_the_state_document_and_metrics_say_emulated(fleet):
+    (inst,) = get(fleet["md"], "/state").json()["instances"]
+    assert inst["engine_kind"] == "emulated" and inst["gpu"] == "GPU-B"
+    emulation = inst["emulation"]
+    assert emulation["profile"] == "paper-dsv4" and emulation["kv_scale"] == KV_SCALE
+    assert emulation["gpu"]["mem_bw_tbps"] == pytest.approx(8 * 3350 * 2.1 / 1000)
+    assert inst["load"]["max_running"] == 128
+    metrics = get(fleet["md"], "/metrics").text
+    assert 'engine="emulated"' in metrics and 'engine="torch"' not in metrics
+    link = get(fleet["p"], "/state").json()["links"]["dc-b"]
+    assert link["bandwidth_gbps"] == 20 and link["wire_bandwidth_gbps"] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "handoff", "extra"),
+    [
+        ("p-md", "one-shot", {}),
+        ("p-rld-md", "one-shot", {"handoff_at": 5}),
+        ("p-rld-md", "catch-up", {"handoff_at": 4, "catch_up_batch": 3}),
+    ],
+)
+def test_every_pipeline_gives_singles_tokens(fleet, pipeline, handoff, extra):
+    prompt = make_prompt(3000, 7)
+    expected = run_single(fleet["single"], prompt, 60)["output_token_ids"]
+    result = run_pdd(
+        fleet["p"],
+        fleet["rld"],
+        fleet["md"],
+        f"emu-{pipeline}-{handoff}",
+        prompt,
+        60,
+        pipeline,
+        handoff,
+        **extra,
+    )
+    assert result["error"] is None, result["error"]
+    assert result["output_token_ids"] == expected
+
+
+def test_wan_bytes_are_the_real_bytes_over_the_kv_scale(fleet):
+    before = get(fleet["p"], "/state").json()["fabrics"]["wan"]["sent_payload_bytes"]
+    prompt = make_prompt(2048, 99)
+    result = run_pdd(fleet["p"], None, fleet["md"], "emu-bytes", prompt, 4, "p-md")
+    assert result["error"] is None
+    sent = get(fleet["p"], "/state").json()["fabrics"]["wan"]["sent_payload_bytes"] - before
+    real = 2048 * load_profile(PROFILE).model.kv_bytes_per_token
+    assert sent >= real // KV_SCALE
+    assert sent < real // KV_SCALE + 4096  # plus headers and framing
+
+
+def test_decode_steps_take_the_units_modelled_time(fleet):
+    # The modelled busy time of a fresh 1-request decode equals the hardware model's sum.
+    def busy(agent: AgentProcess) -> float:
+        (inst,) = get(agent, "/state").json()["instances"]
+        return inst["emulation"]["modelled_busy_s"]
+
+    agent = fleet["single"]
+    prompt = make_prompt(100, 3)
+    run_single(agent, prompt, 2)  # prompt cached: the next request decodes only
+    start = busy(agent)
+    run_single(agent, prompt, 21)
+    used = busy(agent) - start
+    profile = load_profile(PROFILE)
+    from pdd.hardware import forward_time, unit_from_json
+
+    unit = unit_from_json(GPU_A)
+    # Positions 96..99 recomputed (prefix cache is block-aligned), then 20 decode steps.
+    expected = forward_time([4], [96], profile.model, unit, profile.engine) + sum(
+        decode_step_time(100 + i + 1, profile.model, unit, profile.engine, batch=1)
+        for i in range(20)
+    )
+    assert used == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"role": "prefill", "source": PROFILE}, "gpu"),
+        ({"role": "prefill", "source": PROFILE, "gpu": {**GPU_A, "memory_gib": -1}}, "memory_gib"),
+        ({"role": "prefill", "source": PROFILE, "gpu": {**GPU_A, "count": 0}}, "gpu.count"),
+        ({"role": "prefill", "source": "profile:nope", "gpu": GPU_A}, "names no profile"),
+        ({"role": "prefill", "source": "baton-tiny"}, "emulated instances only"),
+    ],
+)
+def test_a_bad_start_command_gets_a_400_naming_the_field(fleet, body, field):
+    response = httpx.put(f"{fleet['p'].http}/instances/9", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert field in response.text
+    assert [i["instance_id"] for i in get(fleet["p"], "/state").json()["instances"]] == ["0"]
