@@ -123,13 +123,23 @@ class AgentClient:
         return self._call("GET", "/state")
 
     def start_instance(
-        self, *, instance_id: int, role: str, model: str, source: str, dtype: str | None = None
+        self,
+        *,
+        instance_id: int,
+        role: str,
+        model: str,
+        source: str,
+        dtype: str | None = None,
+        gpu: dict[str, Any] | None = None,
     ) -> dict:
         """PUT the instance; `dtype` (the served model's) is left out when None, so the agent
-        uses its own --dtype."""
-        body = {"role": role, "model": model, "source": source}
+        uses its own --dtype. `gpu`: the GPU unit the instance runs on (gpu_unit), which an
+        emulated instance takes its step times from."""
+        body: dict[str, Any] = {"role": role, "model": model, "source": source}
         if dtype is not None:
             body["dtype"] = dtype
+        if gpu is not None:
+            body["gpu"] = gpu
         return self._call("PUT", f"/instances/{instance_id}", body)
 
     def drain_instance(self, *, instance_id: int) -> dict:

@@ -302,8 +302,27 @@ def _reported_states(state_doc: dict[str, Any]) -> dict[int, str]:
     return states
 
 
+def gpu_unit(instance: Instance) -> dict[str, Any]:
+    """The GPU unit an instance runs on, as its start command carries it (agents/PROTOCOL.md):
+    its node's GPU type's per-chip numbers and the instance's GPU count. The same four numbers
+    the planner sizes with drive an emulated instance's step times."""
+    gpu = instance.node.gpu_type
+    return {
+        "name": str(gpu),
+        "count": instance.gpu_count,
+        "peak_bf16_tflops": gpu.peak_bf16_tflops,
+        "memory_gib": gpu.memory_gib,
+        "memory_bandwidth_gbps": gpu.memory_bandwidth_gbps,
+        "interconnect_gbps": gpu.interconnect_gbps,
+    }
+
+
 def _execute(client: AgentClient, node: Node, action: Action, *, actor: str) -> None:
-    instance = Instance.objects.select_related("served_model").filter(pk=action.instance_id).first()
+    instance = (
+        Instance.objects.select_related("served_model", "node__gpu_type")
+        .filter(pk=action.instance_id)
+        .first()
+    )
     if action.verb == "start":
         if instance is None:
             return  # deleted since the plan was made: nothing to start
@@ -313,6 +332,7 @@ def _execute(client: AgentClient, node: Node, action: Action, *, actor: str) -> 
             model=instance.served_model.name,
             source=instance.served_model.source,
             dtype=instance.served_model.dtype,
+            gpu=gpu_unit(instance),
         )
     elif action.verb == "drain":
         client.drain_instance(instance_id=action.instance_id)

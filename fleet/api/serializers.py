@@ -128,7 +128,12 @@ class WANLinkSerializer(ModelCleanMixin, serializers.ModelSerializer):
         read_only_fields = ["created_at", "updated_at"]
 
 
-class ServedModelSerializer(serializers.ModelSerializer):
+class ServedModelSerializer(ModelCleanMixin, serializers.ModelSerializer):
+    emulated = serializers.BooleanField(
+        read_only=True,
+        help_text="True when the source is a model profile: served by the emulated engine.",
+    )
+
     class Meta:
         model = ServedModel
         fields = [
@@ -141,10 +146,11 @@ class ServedModelSerializer(serializers.ModelSerializer):
             "kv_bytes_per_token",
             "max_context_tokens",
             "kv_block_size",
+            "emulated",
             "created_at",
             "updated_at",
         ]
-        read_only_fields = ["created_at", "updated_at"]
+        read_only_fields = ["emulated", "created_at", "updated_at"]
 
 
 class NodeSerializer(serializers.ModelSerializer):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from fleet.validators import GreaterThanValidator, slug_name
+from pdd.profiles import is_profile_source, load_profile
 
 
 class ServedModel(models.Model):
@@ -18,8 +20,10 @@ class ServedModel(models.Model):
     source = models.CharField(
         max_length=512,
         help_text=(
-            "What an engine loads: 'baton-tiny' (built in) or a local folder holding a Hugging "
-            "Face-layout checkpoint (config.json + *.safetensors + tokenizer.json)."
+            "What an engine loads: 'baton-tiny' (built in), a local folder holding a Hugging "
+            "Face-layout checkpoint (config.json + *.safetensors + tokenizer.json), or "
+            "'profile:<name or .json path>': a model profile run by the EMULATED engine "
+            "(modelled step times on the instance's GPU type, no weights)."
         ),
     )
     tokenizer = models.CharField(
@@ -66,3 +70,26 @@ class ServedModel(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def emulated(self) -> bool:
+        """Served by the emulated engine (a model profile), not a real model."""
+        return is_profile_source(self.source)
+
+    def clean(self) -> None:
+        super().clean()
+        if not self.emulated:
+            return
+        try:
+            profile = load_profile(self.source)
+        except ValueError as exc:
+            raise ValidationError({"source": str(exc)}) from None
+        per_token = profile.model.kv_bytes_per_token
+        if self.kv_bytes_per_token is not None and self.kv_bytes_per_token != per_token:
+            raise ValidationError(
+                {
+                    "kv_bytes_per_token": (
+                        f"must be {per_token}, the KV per token of profile {profile.name}"
+                    )
+                }
+            )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from pdd.profiles import is_profile_source
 from pdd.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, apply_chat_template
 from routing.gateway.errors import GatewayError
 
@@ -21,7 +22,8 @@ def tokenizer_for(*, name: str, source: str, tokenizer: str) -> Tokenizer:
         found = _cache.get(key)
     if found is not None:
         return found
-    if not tokenizer and source == "baton-tiny":
+    if not tokenizer and (source == "baton-tiny" or is_profile_source(source)):
+        # baton-tiny and the emulated engine's model profiles speak the byte tokenizer's ids.
         found = ByteTokenizer()
     else:
         path = Path(tokenizer or source)

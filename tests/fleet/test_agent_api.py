@@ -264,7 +264,36 @@ def test_reconcile_starts_an_instance_in_its_served_models_dtype(
         "model": "baton-tiny",
         "source": "baton-tiny",
         "dtype": dtype,
+        "gpu": {
+            "name": "generic gpu-a",
+            "count": prefill_a.gpu_count,
+            "peak_bf16_tflops": 989.0,
+            "memory_gib": 80.0,
+            "memory_bandwidth_gbps": 3350.0,
+            "interconnect_gbps": 400.0,
+        },
     }
+
+
+def test_an_emulated_instances_start_command_names_its_gpu_unit(
+    node_a, token_a, prefill_a, monkeypatch
+):
+    ServedModel.objects.filter(pk=prefill_a.served_model_id).update(
+        source="profile:paper-dsv4", kv_bytes_per_token=4400
+    )
+    register(token_a)
+    node_a.refresh_from_db()
+    seen = _recording_agent(monkeypatch)
+    agent_services.node_reconcile(node=node_a)
+    (put,) = [r for r in seen if r.method == "PUT"]
+    body = json.loads(put.content)
+    assert body["source"] == "profile:paper-dsv4"
+    # The agent turns these into the unit the planner uses (pdd.hardware.unit_from_json).
+    from pdd.hardware import unit_from_json
+
+    unit = unit_from_json(body["gpu"])
+    assert unit.peak_tflops == 989 * prefill_a.gpu_count
+    assert unit.interconnect_gbps == 400 * 8 * prefill_a.gpu_count
 
 
 def test_a_start_without_a_dtype_leaves_it_to_the_agent(node_a, token_a):

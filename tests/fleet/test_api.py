@@ -324,6 +324,39 @@ def test_served_model_zero_kv_bytes_is_400(operator):
     assert "kv_bytes_per_token" in response.json()
 
 
+def test_a_served_model_with_a_profile_source_is_emulated(operator):
+    response = operator.post(
+        "/api/v1/models/",
+        {
+            "name": "paper",
+            "source": "profile:paper-dsv4",
+            "num_layers": 61,
+            "kv_bytes_per_token": 4400,
+        },
+    )
+    assert response.status_code == 201, response.json()
+    assert response.json()["emulated"] is True
+    tiny = operator.post(
+        "/api/v1/models/",
+        {"name": "t", "source": "baton-tiny", "num_layers": 4, "kv_bytes_per_token": 4096},
+    )
+    assert tiny.json()["emulated"] is False
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "reason"),
+    [
+        ({"source": "profile:nope"}, "source", "names no profile"),
+        ({"kv_bytes_per_token": 4096}, "kv_bytes_per_token", "must be 4400"),
+    ],
+)
+def test_a_bad_profile_served_model_is_400_naming_the_field(operator, changes, field, reason):
+    body = {"name": "paper", "source": "profile:paper-dsv4", "num_layers": 61}
+    response = operator.post("/api/v1/models/", {**body, "kv_bytes_per_token": 4400, **changes})
+    assert response.status_code == 400
+    assert reason in str(response.json()[field])
+
+
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
