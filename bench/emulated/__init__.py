@@ -1,0 +1,1 @@
+"""Benchmarks of the emulated engine on live agents (docs/emulation.md)."""
