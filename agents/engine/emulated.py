@@ -237,10 +237,12 @@ class EmulatedEngine(Engine):
             device="cpu",
         )
         self.tokenizer = None
-        self.model = None
-        self.model_config = EmulatedModel(profile.name, profile.vocab_size, profile.max_position)
+        # The torch engine's attributes, with emulated stand-ins (no model, no tensors).
+        self.model_config = EmulatedModel(  # type: ignore[assignment]
+            profile.name, profile.vocab_size, profile.max_position
+        )
         wire = max(1, round(profile.model.kv_bytes_per_token / kv_scale))
-        self.pool = BlockPool(num_blocks, base.block_size, wire)
+        self.pool = BlockPool(num_blocks, base.block_size, wire)  # type: ignore[assignment]
         self.cache = RadixCache(base.block_size)
         self.scheduler = Scheduler(self.config, self.pool, self.cache)
         self.pacer = Pacer(speedup, clock, sleep)
