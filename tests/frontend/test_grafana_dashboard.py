@@ -193,7 +193,15 @@ def test_metrics_after_gateway_traffic_count_errors_finish_reasons_and_instances
     assert ttft[0].value == 3 and ttft[0].labels["model_name"] == "baton-tiny"
     running = families["vllm:num_requests_running"].samples
     assert {s.labels["role"] for s in running} == {"prefill", "main_decode"}
-    assert set(running[0].labels) == {"model_name", "instance", "role", "datacenter", "node"}
+    assert set(running[0].labels) == {
+        "model_name",
+        "instance",
+        "role",
+        "datacenter",
+        "node",
+        "engine",
+    }
+    assert {s.labels["engine"] for s in running} == {"torch"}
     assert {s.value for s in running} == {2}
     kv = families["vllm:kv_cache_usage_perc"].samples
     assert {s.value for s in kv} == {0.25}
