@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from fleet.choices import ActualState
 from fleet.models import Instance, UnitPrice, WANLink
+from pdd.profiles import is_profile_source
 
 
 @dataclass(slots=True)
@@ -43,6 +44,34 @@ class FleetState:
 
 def link_name(from_dc: str, to_dc: str) -> str:
     return f"{from_dc}->{to_dc}"
+
+
+ENGINE_TORCH = "torch"
+ENGINE_EMULATED = "emulated"
+
+
+def engine_kind(report: Any, node_report: Any = None, source: str = "") -> str:
+    """The engine kind of an instance: ``emulated`` or ``torch`` (the default).
+
+    Read defensively from the instance's part of the state document: ``"engine_kind"``, or
+    ``"engine"`` when it is a string or an object with a ``"kind"`` (today ``engine`` is the
+    engine's stats object, which names no kind); failing those, the node's
+    ``engine_options.engine``; failing those (no heartbeat yet), the served model's source: a
+    model profile (``profile:...``) runs emulated. Anything missing or malformed is ``torch``."""
+    options = node_report.get("engine_options") if isinstance(node_report, dict) else None
+    for doc in (report, options):
+        if not isinstance(doc, dict):
+            continue
+        engine = doc.get("engine")
+        for value in (
+            doc.get("engine_kind"),
+            engine.get("kind") if isinstance(engine, dict) else engine,
+        ):
+            if isinstance(value, str) and value.strip():
+                return value.strip().lower()
+    if isinstance(source, str) and is_profile_source(source):
+        return ENGINE_EMULATED
+    return ENGINE_TORCH
 
 
 def instance_load(report: dict[str, Any]) -> dict[str, Any]:
@@ -109,6 +138,9 @@ def fleet_state(*, when: datetime | None = None) -> FleetState:
                 "desired_state": inst.desired_state,
                 "actual_state": inst.actual_state,
                 "load": instance_load(inst.last_report or {}),
+                "engine": engine_kind(
+                    inst.last_report, inst.node.last_report, inst.served_model.source
+                ),
             }
         )
     links = []

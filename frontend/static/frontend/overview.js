@@ -34,6 +34,20 @@
     set("wan", links.length ? "WAN " + links.map(([k, v]) => k + " " + B.pct(v.utilisation)).join(", ") : "WAN idle");
   }
 
+  /* The fleet in one card whatever its size: running of all instances, then the other states
+     with instances in them, and how many run an emulated engine. */
+  const OTHER_STATES = ["pending", "starting", "draining", "drained", "stopped", "unavailable", "failed"];
+  function instances(snap) {
+    const all = snap.fleet.instances || [];
+    const count = {};
+    let emulated = 0;
+    all.forEach((i) => { count[i.actual_state] = (count[i.actual_state] || 0) + 1; if (i.engine === "emulated") emulated += 1; });
+    set("instances", (count.running || 0) + " / " + all.length);
+    const parts = OTHER_STATES.filter((s) => count[s]).map((s) => count[s] + " " + s);
+    if (emulated) parts.push(emulated + " emulated");
+    set("instance_states", all.length ? (parts.length ? parts.join(" · ") : "all running") : "no instances");
+  }
+
   function ttftValues(p) {
     const out = [];
     PIPES.forEach(([key]) => PCT.forEach((_, i) => { const v = p.ttft[key]; out.push(v ? v[i] : null); }));
@@ -100,6 +114,7 @@
       loadDay();
     }
     headline(snap);
+    instances(snap);
     feed(snap.point);
   });
 
