@@ -43,27 +43,70 @@ def request_log(*, filters: dict) -> QuerySet[RequestRecord]:
     return qs
 
 
-ROLE_ORDER = {"prefill": 0, "relay_decode": 1, "main_decode": 2}
-DC_W, DC_GAP, DC_X0, DC_Y0, ROW_H = 300, 240, 20, 40, 26
+# The topology is drawn at its own size (it scrolls sideways past the card, never shrinks), so
+# its 12-15 px text stays that size whatever the fleet: a datacenter box holds one row per role
+# x GPU type group, not one per instance.
+DC_W, DC_GAP, DC_X0, DC_Y0 = 520, 180, 20, 20
+HEAD_H, GROUP_H, GROUP_GAP, MIN_GROUPS = 40, 60, 8, 2
+LINK_SPREAD = 64  # links between the same two datacenters, this far apart vertically
 
 
-def topology_layout() -> dict:
-    """Positions for the fleet page's SVG: datacenters side by side, their instances stacked
-    inside by role, WAN links as lines between the boxes."""
-    from fleet.models import Datacenter, Instance, WANLink
+def _segments(group, x: float, width: float) -> list[dict]:
+    """The health bar of a group: one segment per state (width 0 when none), in STATES order."""
+    from frontend.fleet_groups import STATES
 
+    out = []
+    total = max(1, group.instances)
+    for state in STATES:
+        w = width * group.states.get(state.value, 0) / total
+        out.append({"state": state.value, "x": round(x, 1), "w": round(w, 1)})
+        x += w
+    return out
+
+
+def _group_box(group, x: float, y: float, w: float) -> dict:
+    """One group's row in a datacenter box: its title and counts, health bar, states and load."""
+    return {
+        "g": group,
+        "x": x,
+        "y": y,
+        "w": w,
+        "h": GROUP_H,
+        "tx": x + 10,  # text, left and right
+        "rx": x + w - 10,
+        "y1": y + 19,
+        "ybar": y + 27,
+        "y3": y + 51,
+        "bar_x": x + 10,
+        "bar_w": w - 20,
+        "segments": _segments(group, x + 10, w - 20),
+    }
+
+
+def topology_layout(groups: list | None = None) -> dict:
+    """Positions for the fleet page's SVG: datacenters side by side, in each one row per
+    (role, GPU type) group of its instances (``frontend.fleet_groups``), WAN links as lines
+    between the boxes."""
+    from fleet.models import Datacenter, WANLink
+    from frontend.fleet_groups import fleet_rows, groups_of
+
+    if groups is None:
+        groups = groups_of(fleet_rows())
     dcs = list(Datacenter.objects.all())
-    instances = Instance.objects.select_related("node", "served_model").order_by("id")
-    by_dc: dict[int, list] = {dc.pk: [] for dc in dcs}
-    for inst in instances:
-        by_dc.setdefault(inst.node.datacenter_id, []).append(inst)
-    rows = max([len(v) for v in by_dc.values()] + [1])
-    box_h = 50 + rows * ROW_H
+    by_dc: dict[str, list] = {dc.name: [] for dc in dcs}
+    for group in groups:
+        by_dc.setdefault(group.datacenter, []).append(group)
+    rows = max([len(v) for v in by_dc.values()] + [MIN_GROUPS])
+    box_h = HEAD_H + rows * (GROUP_H + GROUP_GAP)
     boxes = []
     centre: dict[int, tuple[float, float]] = {}
     for i, dc in enumerate(dcs):
         x = DC_X0 + i * (DC_W + DC_GAP)
-        items = sorted(by_dc.get(dc.pk, []), key=lambda it: (ROLE_ORDER.get(it.role, 9), it.pk))
+        items = by_dc.get(dc.name, [])
+        gx, gw = x + 12, DC_W - 24
+        nodes: set[int] = set()
+        for group in items:
+            nodes |= group.node_ids
         boxes.append(
             {
                 "dc": dc,
@@ -71,16 +114,19 @@ def topology_layout() -> dict:
                 "y": DC_Y0,
                 "w": DC_W,
                 "h": box_h,
-                "instances": [
-                    {"obj": inst, "x": x + 12, "y": DC_Y0 + 40 + j * ROW_H, "w": DC_W - 24}
-                    for j, inst in enumerate(items)
+                "right": x + DC_W - 12,
+                "instances": sum(g.instances for g in items),
+                "nodes": len(nodes),
+                "groups": [
+                    _group_box(group, gx, DC_Y0 + HEAD_H + j * (GROUP_H + GROUP_GAP), gw)
+                    for j, group in enumerate(items)
                 ],
             }
         )
         centre[dc.pk] = (x + DC_W / 2, DC_Y0 + box_h / 2)
     links = []
     all_links = list(WANLink.objects.select_related("from_datacenter", "to_datacenter"))
-    # links between the same two datacenters (either way) are spread vertically, 44 apart
+    # links between the same two datacenters (either way) are spread vertically
     pairs: dict[frozenset, list] = {}
     for link in all_links:
         pairs.setdefault(frozenset((link.from_datacenter_id, link.to_datacenter_id)), []).append(
@@ -93,7 +139,7 @@ def topology_layout() -> dict:
         # the line runs between the facing edges
         left, right = (a, b) if a[0] <= b[0] else (b, a)
         same = pairs[frozenset((link.from_datacenter_id, link.to_datacenter_id))]
-        dy = (same.index(link) - (len(same) - 1) / 2) * 44
+        dy = (same.index(link) - (len(same) - 1) / 2) * LINK_SPREAD
         links.append(
             {
                 "obj": link,
@@ -103,9 +149,10 @@ def topology_layout() -> dict:
                 "x2": right[0] - DC_W / 2,
                 "y2": right[1] + dy,
                 "lx": (left[0] + right[0]) / 2,
-                "ly": left[1] + dy - 20,  # bandwidth and RTT
-                "uy": left[1] + dy - 6,  # status and utilisation
+                "ny": left[1] + dy - 24,  # the link's name
+                "ly": left[1] + dy - 9,  # bandwidth and RTT
+                "uy": left[1] + dy + 19,  # status and utilisation
             }
         )
     width = DC_X0 * 2 + max(1, len(dcs)) * DC_W + max(0, len(dcs) - 1) * DC_GAP
-    return {"boxes": boxes, "links": links, "width": width, "height": DC_Y0 + box_h + 20}
+    return {"boxes": boxes, "links": links, "width": width, "height": DC_Y0 * 2 + box_h}

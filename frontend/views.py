@@ -19,9 +19,19 @@ from django.views.generic import TemplateView
 
 from controlplane.permissions import user_is_operator
 from fleet.choices import PlanRunStatus
-from fleet.models import FleetEvent, Instance, Node, WANLink
+from fleet.models import FleetEvent, Instance, WANLink
+from frontend.fleet_groups import (
+    ROLE_SHORT,
+    STATES,
+    FleetFilter,
+    filtered,
+    fleet_rows,
+    groups_of,
+    price_map,
+    totals_of,
+)
 from frontend.selectors import RequestLogFilter, request_log, topology_layout
-from frontend.telemetry.fleet import link_name
+from frontend.telemetry.fleet import engine_kind, link_name
 from frontend.telemetry.histogram import RESOLUTION
 from frontend.telemetry.snapshot import build_history, build_snapshot
 from plans.models import PlanRun
@@ -72,17 +82,74 @@ class OverviewView(PageView):
 
 
 class FleetView(PageView):
+    """The fleet at any size: the topology and a summary table by datacenter x role x GPU type
+    (counts, states, load, cost), and a drill-down listing one group's nodes and instances, a
+    page at a time (``?datacenter=&role=&gpu_type=``, optionally ``&state=`` or
+    ``&engine=``). A fleet that fits on one drill-down page is listed whole without asking."""
+
     template_name = "frontend/fleet.html"
     section = "fleet"
+    drill_page_size = 20
+    drill_max_nodes = 40  # node chips shown in a drill-down; the rest are counted
 
     def get_context_data(self, **kwargs):
         ctx = super().get_context_data(**kwargs)
-        ctx["nodes"] = Node.objects.select_related("datacenter", "gpu_type").prefetch_related(
-            "instances__served_model"
-        )
+        rows = fleet_rows()
+        groups = groups_of(rows)
         ctx["links"] = WANLink.objects.select_related("from_datacenter", "to_datacenter")
-        ctx["topology"] = topology_layout()
+        ctx["topology"] = topology_layout(groups)
+        ctx["groups"] = groups
+        ctx["totals"] = totals_of(rows)
+        ctx["states"] = [s.value for s in STATES]
+        # a state column no instance is in is left out (the page shows it once one is)
+        whole = ctx["totals"][-1] if ctx["totals"] else None
+        ctx["show_emulated"] = bool(whole and whole.emulated)
+        ctx["hidden_states"] = [
+            s for s in ctx["states"] if s != "running" and (whole is None or not whole.states[s])
+        ]
+        ctx["fleet_data"] = {"states": ctx["states"], "prices": price_map(rows)}
+        ctx["drill"] = self._drill(rows)
         return ctx
+
+    def _drill(self, rows) -> dict | None:
+        query = self.request.GET.copy()
+        query.pop("page", None)
+        if not query and not 0 < len(rows) <= self.drill_page_size:
+            return None  # a large fleet: the summary only, until a group is picked
+        form = FleetFilter(query)
+        valid = form.is_valid()
+        filters = {k: v for k, v in form.cleaned_data.items() if v and k != "all"}
+        picked = filtered(rows, filters) if valid else []
+        page = Paginator(picked, self.drill_page_size).get_page(self.request.GET.get("page"))
+        nodes: dict[int, dict] = {}
+        for row in picked:
+            node = nodes.setdefault(
+                row.node_id, {"hostname": row.node, "status": row.node_status, "instances": 0}
+            )
+            node["instances"] += 1
+        node_list = sorted(nodes.values(), key=lambda n: n["hostname"])
+        short = {"role": ROLE_SHORT.get(filters.get("role", ""), "")}
+        title = " · ".join(
+            short.get(k) or filters[k]
+            for k in ("datacenter", "role", "gpu_type", "state", "engine")
+            if filters.get(k)
+        )
+        return {
+            "title": title or "All instances",
+            "filters": filters,
+            "closable": bool(query),
+            "key": "|".join(filters.get(k, "") for k in ("datacenter", "role", "gpu_type")),
+            "errors": []
+            if valid
+            else [f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items()],
+            "count": len(picked),
+            "emulated": sum(r.emulated for r in picked),
+            "page": page,
+            "query": query.urlencode(),
+            "nodes": node_list[: self.drill_max_nodes],
+            "nodes_total": len(node_list),
+            "nodes_more": max(0, len(node_list) - self.drill_max_nodes),
+        }
 
 
 class RequestsView(PageView):
@@ -177,6 +244,9 @@ class InstanceDetailView(PageView):
             pk=kwargs["pk"],
         )
         ctx["instance"] = instance
+        ctx["engine"] = engine_kind(
+            instance.last_report, instance.node.last_report, instance.served_model.source
+        )
         ctx["events"] = FleetEvent.objects.filter(instance=instance)[:30]
         ctx["recent"] = request_log(filters={"instance": str(instance.pk)})[:20]
         return ctx

@@ -26,6 +26,18 @@ def num(value, digits=None):
 
 
 @register.filter
+def pct(value) -> str:
+    """A fraction as a percentage with one decimal, as the live pages write it: 0.234 ->
+    "23.4%"; None -> "–"."""
+    if value is None or value == "":
+        return "–"
+    try:
+        return f"{float(value) * 100:.1f}%"
+    except (TypeError, ValueError):
+        return "–"
+
+
+@register.filter
 def tokens_by_p(record) -> int:
     """Output tokens P made: its first token (the prefill's), which the decoders' counts omit."""
     return max(0, record.completion_tokens - record.tokens_by_rld - record.tokens_by_md)

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -45,17 +47,14 @@ def _missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    reason = _missing()
-    if reason:
-        if os.environ.get("CI", "") == "true":
-            pytest.fail(f"browser tests need Chromium in CI: {reason}")
-        pytest.skip(reason)
-    var = tmp_path_factory.mktemp("browser-var")
+@contextmanager
+def serving(var: Path, seed: Callable[[Callable[..., str]], object], **env_extra: str):
+    """A migrated database in `var`, filled by `seed(run)` (``run("seed_demo")``), an operator
+    ``ops``, and uvicorn serving it; yields ``{"base": URL, "run": manage.py runner}``."""
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL"}} | {
         "BATON_VAR_DIR": str(var),
         "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+        **env_extra,
     }
     manage = [sys.executable, str(ROOT / "manage.py")]
 
@@ -67,7 +66,7 @@ def server(tmp_path_factory):
         return out.stdout
 
     run("migrate", "--noinput")
-    run("seed_demo")
+    seed(run)
     run("baton_user", "ops", "--role", "operator", "--password", PASSWORD)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -108,8 +107,31 @@ def server(tmp_path_factory):
             proc.kill()
 
 
+def need_browser() -> None:
+    """Skip (fail in CI) when Chromium or playwright is missing."""
+    reason = _missing()
+    if reason:
+        if os.environ.get("CI", "") == "true":
+            pytest.fail(f"browser tests need Chromium in CI: {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    need_browser()
+    with serving(tmp_path_factory.mktemp("browser-var"), lambda run: run("seed_demo")) as s:
+        yield s
+
+
 @pytest.fixture
 def page(server):
+    with browser_page() as p:
+        yield p
+
+
+@contextmanager
+def browser_page():
+    """A page of headless Chromium at 1366x800; ``page.console_errors`` collects its errors."""
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -183,7 +205,7 @@ def test_fleet_page_shows_the_topology_and_live_state(server, page):
     svg = page.locator("svg#topology")
     assert svg.locator("g.dc").count() == 2
     assert svg.locator("g.link").count() == 1
-    assert svg.locator("g.inst").count() == 3
+    assert svg.locator("g.grp").count() == 3  # one group per (datacenter, role, GPU type)
     assert "Gbit/s" in svg.locator("g.link").text_content()
     assert page.locator("#instances button[data-action=drain]").count() == 3
     page.locator("#instances button[data-action=drain]").first.click()
