@@ -273,6 +273,10 @@ class EmulatedEngine(Engine):
             "modelled_busy_s": round(self.pacer.charged_s, 6),
         }
 
+    def represented_bytes(self, payload: bytes) -> int:
+        """The real KV bytes a payload stands for (its tokens x the profile's bytes per token)."""
+        return read_kv_header(payload).num_tokens * self.profile.model.kv_bytes_per_token
+
     @property
     def steps(self) -> deque[StepRecord]:
         """The last STEP_HISTORY forwards with their modelled durations."""

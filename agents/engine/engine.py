@@ -347,6 +347,10 @@ class Engine:
             preemptions=self.scheduler.num_preemptions,
         )
 
+    def represented_bytes(self, payload: bytes) -> int:
+        """The KV bytes a payload stands for: all of it (agents/engine/interface.py)."""
+        return len(payload)
+
     def describe(self) -> dict[str, Any]:
         """What this engine is, for the agent's state document."""
         return {"kind": TORCH, "dtype": self.config.dtype, "device": self.config.device}

@@ -120,6 +120,10 @@ class InferenceEngine(Protocol):
     def stats(self) -> EngineStats:
         """Read-only: counters and occupancy."""
 
+    def represented_bytes(self, payload: bytes) -> int:
+        """Read-only: the KV bytes a payload of `export_kv` stands for: its length for real KV,
+        the length times kv_scale for an emulated engine's (docs/emulation.md)."""
+
     def describe(self) -> dict[str, Any]:
         """Read-only: what this engine is, for the agent's state document (kind, model, and
         for an emulated engine its GPU unit and timing)."""

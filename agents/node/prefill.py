@@ -210,8 +210,9 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             # yields the connection queue to transfers a first token waits on.
             background = fabric == "wan" and req.relay is not None
             # Counted when committed: a relayed request's KV for MD may still be on its way when
-            # the user's stream ends (see "done" below).
-            stats["kv_bytes"][fabric] += len(payload)
+            # the user's stream ends (see "done" below). The KV the payload stands for: an
+            # emulated engine's carries 1/kv_scale of it (kv_wire_bytes: what crossed).
+            stats["kv_bytes"][fabric] += worker.engine.represented_bytes(payload)
             try:
                 sent = await client.send(
                     host,

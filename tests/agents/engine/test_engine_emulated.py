@@ -194,6 +194,7 @@ def test_p_md_gives_singles_tokens_with_a_cached_prefix_on_md():
     delta = pre_engine.export_kv("r", start, len(p))
     pre_engine.release("r")
     assert len(delta) == 24 + (len(p) - start) * 44  # 4,400 B/token scaled by 100
+    assert pre_engine.represented_bytes(delta) == (len(p) - start) * 4400
     main.import_prefix("r", p, start, delta)
     main.start_decode("r", p, pre.first_token, sp)
     assert [pre.first_token, *drain(main, "r")] == _single(p, 30)
