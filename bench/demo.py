@@ -1,6 +1,10 @@
 """`make demo`: the control plane on the embedded defaults, the demo fleet's agents on
 localhost (P and RLD in dc-a, MD in dc-b, a shaped WAN link between), and gentle agentic traffic,
-so the dashboard shows live TTFT, RLD/MD split and BCR within a minute. Ctrl-C stops it all."""
+so the dashboard shows live TTFT, RLD/MD split and BCR within a minute; beside it an EMULATED
+fleet of the paper's model (emu-a / emu-b: 4 P, 2 RLD, 3 MD nodes on the two GPU types, engines
+that take their GPU types' step times, docs/emulation.md) with paper-like agentic traffic of
+its own, and the price book seeded so the billing page shows revenue and margin. Ctrl-C stops
+it all."""
 
 from __future__ import annotations
 
@@ -20,6 +24,22 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT_PORTS = {"a-prefill-1": 9101, "a-relay-1": 9102, "b-decode-1": 9201}
+# The emulated fleet's agents (fleet/management/commands/seed_demo.py EMULATED_NODES).
+EMULATED_PORTS = {
+    **{f"emu-a-prefill-{i}": 9300 + i for i in range(1, 5)},
+    **{f"emu-a-relay-{i}": 9310 + i for i in range(1, 3)},
+    **{f"emu-b-decode-{i}": 9320 + i for i in range(1, 4)},
+}
+# Emulated KV on the wire: the real bytes / this, and the emulated agents' links shaped alike,
+# so a transfer takes the declared link's time with 1% of the bytes on loopback.
+EMULATED_KV_SCALE = 100
+EMULATED_MODEL = "paper-dsv4"
+# List prices per 1M tokens (input, cached input, output), USD: illustrative, cached input at
+# 20-25% of uncached as providers bill it (docs/pdd.md).
+MODEL_PRICES = {
+    "baton-tiny": ("1.0000", "0.2000", "4.0000"),
+    EMULATED_MODEL: ("0.5500", "0.1400", "2.1900"),
+}
 # Scaled link: baton-tiny's KV is 4 KiB/token, so a 60 Mbit/s line makes an opening's KV take
 # ~0.5 s, as production KV on a shared 20 Gbit/s line does; the policy threshold follows suit.
 DEMO_LINK = {"bandwidth_gbps": 0.06, "rtt_ms": 30.0}
@@ -210,6 +230,15 @@ def main() -> int:
     parser.add_argument("--duration-s", type=float, default=3600.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-traffic", action="store_true")
+    parser.add_argument(
+        "--no-emulated", action="store_true", help="only the baton-tiny trio, no emulated fleet"
+    )
+    parser.add_argument(
+        "--emulated-rps",
+        type=float,
+        default=0.25,
+        help="mean request rate of the emulated fleet's paper-like traffic",
+    )
     parser.add_argument("--wait-s", type=float, default=240.0, help="how long the fleet may take")
     parser.add_argument(
         "--grace-s", type=float, default=10.0, help="on stop: SIGTERM, then SIGKILL after this"
@@ -225,7 +254,8 @@ def main() -> int:
     logs = ROOT / "var" / "demo-logs"
     logs.mkdir(parents=True, exist_ok=True)
     check_ports_free(args.host, [args.port])
-    check_ports_free("127.0.0.1", list(AGENT_PORTS.values()))
+    agent_ports = dict(AGENT_PORTS) if args.no_emulated else {**AGENT_PORTS, **EMULATED_PORTS}
+    check_ports_free("127.0.0.1", list(agent_ports.values()))
     children = Children(grace_s=args.grace_s)
 
     def spawn(name: str, argv: list[str], extra_env: dict[str, str] | None = None):
@@ -238,7 +268,7 @@ def main() -> int:
     try:
         say("migrating the database and loading the demo fleet")
         manage("migrate", "--noinput", env=env)
-        manage("seed_demo", env=env)
+        manage("seed_demo", *([] if args.no_emulated else ["--emulated"]), env=env)
         operator_token = manage(
             "baton_user", "demo", "--role", "operator", "--password", "demo-operator", env=env
         )
@@ -269,8 +299,9 @@ def main() -> int:
         link = api.get("/api/v1/wan-links/").json()["results"][0]
         api.patch(f"/api/v1/wan-links/{link['id']}/", json=DEMO_LINK).raise_for_status()
         api.patch("/api/v1/routing-policy/", json={"settings": DEMO_POLICY}).raise_for_status()
+        seed_prices(api)
 
-        for node, port in AGENT_PORTS.items():
+        for node, port in agent_ports.items():
             line = manage(
                 "agent_command",
                 node,
@@ -297,8 +328,10 @@ def main() -> int:
                 "--wan-port",
                 "0",
                 "--agents-per-host",
-                str(len(AGENT_PORTS)),
+                str(len(agent_ports)),
             ]
+            if node in EMULATED_PORTS:
+                argv += ["--kv-scale", str(EMULATED_KV_SCALE)]
             say(f"starting agent {node} on port {port}")
             spawn(f"agent-{node}", argv, agent_env)
 
@@ -309,19 +342,24 @@ def main() -> int:
 
         def demo_instances() -> list[dict]:
             rows = api.get("/api/v1/instances/", params={"page_size": 500}).json()["results"]
-            return [r for r in rows if node_names.get(r["node"]) in AGENT_PORTS]
+            return [r for r in rows if node_names.get(r["node"]) in agent_ports]
 
-        # An operator may have drained or stopped one in an earlier run: the demo needs all three.
+        # An operator may have drained or stopped one in an earlier run: the demo needs them all.
         for row in demo_instances():
             if row["desired_state"] != "running":
                 say(f"starting {row['role']} #{row['id']} (it was {row['desired_state']})")
                 api.post(f"/api/v1/instances/{row['id']}/start/").raise_for_status()
 
         def demo_pending() -> list[str]:
-            return pending_instances(demo_instances(), node_names, AGENT_PORTS)
+            return pending_instances(demo_instances(), node_names, agent_ports)
 
         wait_until(demo_pending, args.wait_s, "the demo fleet's P, RLD and MD instances to run")
         say("fleet is up: P and RLD in dc-a, MD in dc-b, WAN 60 Mbit/s / 30 ms (scaled)")
+        if not args.no_emulated:
+            say(
+                "emulated fleet is up (EMULATED: model profile paper-dsv4, no weights): 4 P and "
+                "2 RLD on gpu-a in emu-a, 3 MD on gpu-b in emu-b, WAN 1 Gbit/s / 30 ms"
+            )
         print(
             f"\n  Dashboard:  {url}/  (user demo, password demo-operator)\n"
             f"  API docs:   {url}/api/docs/\n"
@@ -343,20 +381,63 @@ def main() -> int:
         children.stop()
 
 
+def seed_prices(api: httpx.Client) -> None:
+    """List prices for the demo's served models, unless the price book has some already."""
+    models = {m["name"]: m["id"] for m in api.get("/api/v1/models/").json()["results"]}
+    priced = {p["model_name"] for p in api.get("/api/v1/model-prices/").json()["results"]}
+    for name, (inp, cached, out) in MODEL_PRICES.items():
+        if name in models and name not in priced:
+            api.post(
+                "/api/v1/model-prices/",
+                json={
+                    "served_model": models[name],
+                    "input_per_mtok": inp,
+                    "cached_input_per_mtok": cached,
+                    "output_per_mtok": out,
+                    "currency": "USD",
+                    "effective_from": "2026-01-01T00:00:00Z",
+                },
+            ).raise_for_status()
+
+
 async def run_traffic(url: str, api_key: str, args, procs) -> int:
-    from bench.traffic import TrafficStats, demo_workload, replay
+    from bench.traffic import TrafficStats, demo_workload, paper_workload, replay
 
     stop = asyncio.Event()
     stats = TrafficStats()
     spec = demo_workload(rps=args.rps, duration_s=args.duration_s, seed=args.seed)
     say(f"sending agentic traffic (~{args.rps} req/s, multi-turn sessions sharing prefixes)")
-    task = asyncio.create_task(
-        replay(base_url=url, api_key=api_key, model="baton-tiny", spec=spec, stop=stop, stats=stats)
-    )
+    tasks = [
+        asyncio.create_task(
+            replay(
+                base_url=url, api_key=api_key, model="baton-tiny", spec=spec, stop=stop,
+                stats=stats,
+            )
+        )
+    ]  # fmt: skip
+    emulated = TrafficStats()
+    if not args.no_emulated:
+        paper = paper_workload(rps=args.emulated_rps, duration_s=args.duration_s, seed=args.seed)
+        say(
+            f"sending paper-like traffic to the emulated fleet (~{args.emulated_rps} req/s, "
+            "~40K-token openings, contexts up to 128K, outputs of hundreds of tokens)"
+        )
+        tasks.append(
+            asyncio.create_task(
+                replay(
+                    base_url=url, api_key=api_key, model=EMULATED_MODEL, spec=paper, stop=stop,
+                    stats=emulated, max_in_flight=32,
+                    max_context=paper.context.max_context_tokens if paper.context else 131_072,
+                    system_tokens=paper.context.shared_prefix_tokens - 28 if paper.context else 60,
+                )
+            )
+        )  # fmt: skip
     try:
-        while not task.done():
+        while not all(t.done() for t in tasks):
             await asyncio.sleep(10)
-            say(stats.line())
+            say(f"baton-tiny: {stats.line()}")
+            if not args.no_emulated:
+                say(f"{EMULATED_MODEL} (emulated): {emulated.line()}")
             dead = [p for p in procs if p.poll() is not None]
             if dead:
                 say(f"a process exited (code {dead[0].returncode}); logs in var/demo-logs")
@@ -365,7 +446,7 @@ async def run_traffic(url: str, api_key: str, args, procs) -> int:
     finally:
         stop.set()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 5)
+            await asyncio.wait_for(asyncio.gather(*tasks), 5)
     return 0
 
 

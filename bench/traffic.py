@@ -44,6 +44,27 @@ def demo_workload(*, rps: float, duration_s: float, seed: int) -> WorkloadSpec:
     )
 
 
+def paper_workload(*, rps: float, duration_s: float, seed: int) -> WorkloadSpec:
+    """The published agentic shape for the emulated paper model (docs/emulation.md): openings of
+    median 40K tokens sharing a 4K-token system prompt, small appends, contexts up to 128K,
+    outputs of a few hundred tokens (docs/pdd.md: ~30% under 100, ~40% up to 500)."""
+    return WorkloadSpec(
+        rps=rps,
+        duration_s=duration_s,
+        seed=seed,
+        mean_turns=8.0,
+        turn_gap_s=10.0,
+        output_tokens=LengthDist(median=150, sigma=0.9, min=8, max=1000),
+        hit_rate=HitRateDist(kind="session"),
+        context=ContextGrowth(
+            first_prompt=LengthDist(median=40_000, sigma=0.6, min=1024, max=100_000),
+            append=LengthDist(median=300, sigma=1.2, min=1, max=16_384),
+            shared_prefix_tokens=4000,
+            max_context_tokens=131_072,
+        ),
+    )
+
+
 def filler(rng: random.Random, n: int) -> str:
     out: list[str] = []
     size = 0
@@ -80,22 +101,28 @@ async def replay(
     stop: asyncio.Event,
     stats: TrafficStats,
     max_in_flight: int = 8,
+    max_context: int = 1500,
+    system_tokens: int = 60,
 ) -> None:
-    """Send the trace's requests at their arrival times until it ends or `stop` is set."""
+    """Send the trace's requests at their arrival times until it ends or `stop` is set. A
+    session's context is compacted (a fresh one) past `max_context` tokens (1,500 fits
+    baton-tiny's 2K positions); every session opens with the same system prompt of about
+    `system_tokens` tokens."""
     trace = generate(spec)
     rng = random.Random(spec.seed)
-    system = "You are Baton's demo agent. " + filler(rng, 60)
+    limit = max_context
+    system = "You are Baton's demo agent. " + filler(rng, system_tokens)
     sessions: dict[int, list[dict]] = {}
     gate = asyncio.Semaphore(max_in_flight)
     started = time.monotonic()
     async with httpx.AsyncClient(
-        base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=120
+        base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=600
     ) as http:
 
         async def one(session: int, input_tokens: int, output_tokens: int) -> None:
             history = sessions.setdefault(session, [{"role": "system", "content": system}])
             used = sum(len(m["content"]) + 16 for m in history)
-            if used >= input_tokens or used > 1500:
+            if used >= input_tokens or used > limit:
                 # A compaction (or the opening): a fresh context of the requested size.
                 history[:] = [{"role": "system", "content": system + filler(rng, 40)}]
                 used = sum(len(m["content"]) + 16 for m in history)

@@ -36,6 +36,30 @@ def test_seed_demo_loads_two_datacenters_and_three_roles():
     assert md.node.datacenter.name == "dc-b"
 
 
+def test_seed_demo_emulated_adds_a_two_datacenter_fleet_of_the_paper_model():
+    call_command("seed_demo", stdout=StringIO())
+    before = _counts()
+    call_command("seed_demo", "--emulated", stdout=StringIO())
+    after = _counts()
+    assert after["Datacenter"] == before["Datacenter"] + 2
+    assert after["Node"] == before["Node"] + 9
+    model = ServedModel.objects.get(name="paper-dsv4")
+    assert model.emulated and not ServedModel.objects.get(name="baton-tiny").emulated
+    emulated = Instance.objects.filter(served_model=model)
+    by_role = {
+        r: emulated.filter(role=r).count() for r in ("prefill", "relay_decode", "main_decode")
+    }
+    assert by_role == {"prefill": 4, "relay_decode": 2, "main_decode": 3}
+    assert {i.node.gpu_type.model for i in emulated.filter(role="main_decode")} == {"gpu-b"}
+    assert {i.node.datacenter.name for i in emulated.filter(role="prefill")} == {"emu-a"}
+    assert WANLink.objects.filter(
+        from_datacenter__name="emu-a", to_datacenter__name="emu-b"
+    ).exists()
+    out = StringIO()
+    call_command("seed_demo", "--emulated", stdout=out)
+    assert _counts() == after and "nothing to do" in out.getvalue()
+
+
 def test_seed_demo_twice_changes_nothing():
     call_command("seed_demo", stdout=StringIO())
     before = _counts()
