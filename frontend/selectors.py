@@ -49,6 +49,9 @@ def request_log(*, filters: dict) -> QuerySet[RequestRecord]:
 DC_W, DC_GAP, DC_X0, DC_Y0 = 520, 180, 20, 20
 HEAD_H, GROUP_H, GROUP_GAP, MIN_GROUPS = 40, 60, 8, 2
 LINK_SPREAD = 64  # links between the same two datacenters, this far apart vertically
+# Datacenters are drawn this many to a row (rows wrap), linked ones side by side where they can
+# be: a fleet of two-datacenter pairs reads as one pair per row.
+DC_PER_ROW, ROW_GAP = 2, 56
 
 
 def _segments(group, x: float, width: float) -> list[dict]:
@@ -92,16 +95,23 @@ def topology_layout(groups: list | None = None) -> dict:
 
     if groups is None:
         groups = groups_of(fleet_rows())
-    dcs = list(Datacenter.objects.all())
+    all_links = list(WANLink.objects.select_related("from_datacenter", "to_datacenter"))
+    dcs = _linked_order(list(Datacenter.objects.all()), all_links)
     by_dc: dict[str, list] = {dc.name: [] for dc in dcs}
     for group in groups:
         by_dc.setdefault(group.datacenter, []).append(group)
-    rows = max([len(v) for v in by_dc.values()] + [MIN_GROUPS])
-    box_h = HEAD_H + rows * (GROUP_H + GROUP_GAP)
+    # Each row of boxes is as tall as its fullest datacenter.
+    row_heights: list[float] = []
+    for start in range(0, len(dcs), DC_PER_ROW):
+        in_row = dcs[start : start + DC_PER_ROW]
+        rows = max([len(by_dc.get(dc.name, [])) for dc in in_row] + [MIN_GROUPS])
+        row_heights.append(HEAD_H + rows * (GROUP_H + GROUP_GAP))
+    row_tops = [DC_Y0 + sum(row_heights[:r]) + r * ROW_GAP for r in range(len(row_heights))]
     boxes = []
-    centre: dict[int, tuple[float, float]] = {}
+    place: dict[int, tuple[float, float, float]] = {}  # dc pk -> (left x, top y, height)
     for i, dc in enumerate(dcs):
-        x = DC_X0 + i * (DC_W + DC_GAP)
+        row, col = divmod(i, DC_PER_ROW)
+        x, y, box_h = DC_X0 + col * (DC_W + DC_GAP), row_tops[row], row_heights[row]
         items = by_dc.get(dc.name, [])
         gx, gw = x + 12, DC_W - 24
         nodes: set[int] = set()
@@ -111,48 +121,71 @@ def topology_layout(groups: list | None = None) -> dict:
             {
                 "dc": dc,
                 "x": x,
-                "y": DC_Y0,
+                "y": y,
                 "w": DC_W,
                 "h": box_h,
                 "right": x + DC_W - 12,
                 "instances": sum(g.instances for g in items),
                 "nodes": len(nodes),
                 "groups": [
-                    _group_box(group, gx, DC_Y0 + HEAD_H + j * (GROUP_H + GROUP_GAP), gw)
+                    _group_box(group, gx, y + HEAD_H + j * (GROUP_H + GROUP_GAP), gw)
                     for j, group in enumerate(items)
                 ],
             }
         )
-        centre[dc.pk] = (x + DC_W / 2, DC_Y0 + box_h / 2)
+        place[dc.pk] = (x, y, box_h)
     links = []
-    all_links = list(WANLink.objects.select_related("from_datacenter", "to_datacenter"))
-    # links between the same two datacenters (either way) are spread vertically
+    # links between the same two datacenters (either way) are spread apart
     pairs: dict[frozenset, list] = {}
     for link in all_links:
         pairs.setdefault(frozenset((link.from_datacenter_id, link.to_datacenter_id)), []).append(
             link
         )
     for link in all_links:
-        a, b = centre.get(link.from_datacenter_id), centre.get(link.to_datacenter_id)
+        a, b = place.get(link.from_datacenter_id), place.get(link.to_datacenter_id)
         if a is None or b is None:
             continue
-        # the line runs between the facing edges
-        left, right = (a, b) if a[0] <= b[0] else (b, a)
         same = pairs[frozenset((link.from_datacenter_id, link.to_datacenter_id))]
-        dy = (same.index(link) - (len(same) - 1) / 2) * LINK_SPREAD
+        d = (same.index(link) - (len(same) - 1) / 2) * LINK_SPREAD
+        if a[1] == b[1]:  # one row: between the facing edges, at the boxes' middle height
+            left, right = (a, b) if a[0] <= b[0] else (b, a)
+            x1, x2 = left[0] + DC_W, right[0]
+            y1 = y2 = left[1] + left[2] / 2 + d
+        else:  # rows apart: from the upper box's bottom to the lower box's top
+            upper, lower = (a, b) if a[1] < b[1] else (b, a)
+            x1, y1 = upper[0] + DC_W / 2 + d, upper[1] + upper[2]
+            x2, y2 = lower[0] + DC_W / 2 + d, lower[1]
+        lx, my = (x1 + x2) / 2, (y1 + y2) / 2
         links.append(
             {
                 "obj": link,
                 "name": f"{link.from_datacenter.name}->{link.to_datacenter.name}",
-                "x1": left[0] + DC_W / 2,
-                "y1": left[1] + dy,
-                "x2": right[0] - DC_W / 2,
-                "y2": right[1] + dy,
-                "lx": (left[0] + right[0]) / 2,
-                "ny": left[1] + dy - 24,  # the link's name
-                "ly": left[1] + dy - 9,  # bandwidth and RTT
-                "uy": left[1] + dy + 19,  # status and utilisation
+                "x1": x1,
+                "y1": y1,
+                "x2": x2,
+                "y2": y2,
+                "lx": lx,
+                "ny": my - 24,  # the link's name
+                "ly": my - 9,  # bandwidth and RTT
+                "uy": my + 19,  # status and utilisation
             }
         )
-    width = DC_X0 * 2 + max(1, len(dcs)) * DC_W + max(0, len(dcs) - 1) * DC_GAP
-    return {"boxes": boxes, "links": links, "width": width, "height": DC_Y0 * 2 + box_h}
+    cols = max(1, min(len(dcs), DC_PER_ROW))
+    width = DC_X0 * 2 + cols * DC_W + (cols - 1) * DC_GAP
+    height = DC_Y0 * 2 + sum(row_heights) + max(0, len(row_heights) - 1) * ROW_GAP
+    if not row_heights:
+        height = DC_Y0 * 2 + HEAD_H + MIN_GROUPS * (GROUP_H + GROUP_GAP)
+    return {"boxes": boxes, "links": links, "width": width, "height": height}
+
+
+def _linked_order(dcs: list, links: list) -> list:
+    """Datacenters in drawing order: each link's two ends next to each other (the from end
+    first), in link order, then the unlinked ones in their own order."""
+    by_pk = {dc.pk: dc for dc in dcs}
+    order: list = []
+    for link in links:
+        for pk in (link.from_datacenter_id, link.to_datacenter_id):
+            dc = by_pk.get(pk)
+            if dc is not None and dc not in order:
+                order.append(dc)
+    return order + [dc for dc in dcs if dc not in order]

@@ -19,7 +19,7 @@ from django.views.generic import TemplateView
 
 from controlplane.permissions import user_is_operator
 from fleet.choices import PlanRunStatus
-from fleet.models import FleetEvent, Instance, WANLink
+from fleet.models import FleetEvent, Instance, ServedModel, WANLink
 from frontend.fleet_groups import (
     ROLE_SHORT,
     STATES,
@@ -34,6 +34,7 @@ from frontend.selectors import RequestLogFilter, request_log, topology_layout
 from frontend.telemetry.fleet import engine_kind, link_name
 from frontend.telemetry.histogram import RESOLUTION
 from frontend.telemetry.snapshot import build_history, build_snapshot
+from pdd.profiles import PROFILE_PREFIX
 from plans.models import PlanRun
 from plans.services import (
     DEFAULT_SCENARIO,
@@ -58,6 +59,13 @@ class LogoutView(auth_views.LogoutView):
     next_page = LOGIN_URL_NAME
 
 
+def emulated_model_names() -> frozenset[str]:
+    """Names of the served models whose source is a model profile (the emulated engine)."""
+    return frozenset(
+        ServedModel.objects.filter(source__startswith=PROFILE_PREFIX).values_list("name", flat=True)
+    )
+
+
 class PageView(LoginRequiredMixin, TemplateView):
     """A logged-in page; templates get ``is_operator`` and the active nav section."""
 
@@ -68,6 +76,8 @@ class PageView(LoginRequiredMixin, TemplateView):
         ctx = super().get_context_data(**kwargs)
         ctx["is_operator"] = user_is_operator(self.request.user)
         ctx["section"] = self.section
+        # Served models run by the emulated engine: every page labels their requests so.
+        ctx["emulated_models"] = emulated_model_names()
         return ctx
 
 

@@ -405,3 +405,22 @@ def test_an_empty_fleet_and_an_empty_datacenter(client, operator, db):
     page = parse(client.get("/fleet/"))
     box = page.find("g", data_dc="dc-z")
     assert "no instances" in box.text() and "0 instances · 0 nodes" in box.text()
+
+
+def test_four_datacenters_draw_as_two_linked_pairs_one_pair_a_row(db):
+    from fleet.models import Datacenter, WANLink
+    from frontend.selectors import topology_layout
+
+    dcs = {n: Datacenter.objects.create(name=n, region=n) for n in ("a", "b", "c", "d")}
+    WANLink.objects.create(
+        from_datacenter=dcs["c"], to_datacenter=dcs["d"], bandwidth_gbps=1, rtt_ms=1
+    )
+    WANLink.objects.create(
+        from_datacenter=dcs["a"], to_datacenter=dcs["b"], bandwidth_gbps=1, rtt_ms=1
+    )
+    layout = topology_layout([])
+    where = {b["dc"].name: (b["x"], b["y"]) for b in layout["boxes"]}
+    assert where["c"][1] == where["d"][1] and where["a"][1] == where["b"][1]
+    assert where["c"][1] != where["a"][1]
+    assert where["c"][0] < where["d"][0] and where["a"][0] < where["b"][0]
+    assert all(link["y1"] == link["y2"] for link in layout["links"])  # each link within its row

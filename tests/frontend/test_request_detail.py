@@ -163,3 +163,23 @@ def test_link_bandwidth_keeps_its_precision(client, viewer, fleet):
     client.force_login(viewer)
     assert "0.06 Gbit/s" in client.get("/fleet/").content.decode()
     assert "0.06 Gbit/s" in client.get(f"/fleet/links/{link.pk}/").content.decode()
+
+
+def test_an_emulated_models_requests_are_labelled_emulated(client, viewer, relayed):
+    from fleet.models import ServedModel
+    from routing.models import RequestRecord
+
+    ServedModel.objects.create(
+        name="paper-dsv4", source="profile:paper-dsv4", num_layers=61, kv_bytes_per_token=4400
+    )
+    RequestRecord.objects.filter(pk=relayed.pk).update(model="paper-dsv4")
+    client.force_login(viewer)
+    listing = client.get("/requests/").content.decode()
+    assert 'class="badge emulated"' in listing
+    detail = client.get(f"/requests/{relayed.request_id}/").content.decode()
+    assert "paper-dsv4" in detail and 'class="badge emulated"' in detail
+
+
+def test_a_real_models_requests_are_not_labelled_emulated(client, viewer, relayed):
+    client.force_login(viewer)
+    assert 'class="badge emulated"' not in client.get("/requests/").content.decode()
