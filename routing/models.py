@@ -47,6 +47,13 @@ class RequestRecord(models.Model):
         help_text="Who sent it.",
     )
     model = models.CharField(max_length=128, help_text="Served model name.")
+    emulated = models.BooleanField(
+        default=False,
+        help_text=(
+            "Served by the emulated engine (a model profile on modelled GPUs, not a real model), "
+            "as the served model's source said when the request was recorded."
+        ),
+    )
     endpoint = models.CharField(max_length=32, help_text="chat.completions or completions.")
     stream = models.BooleanField(default=False)
     status = models.CharField(max_length=16, choices=RequestStatus.choices)

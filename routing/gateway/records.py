@@ -25,6 +25,8 @@ from billing.models import ApiKey
 from billing.services import usage_record, usage_records
 from fleet.agent_client import tls_context
 from fleet.endpoints import check_agent_endpoint
+from fleet.models import ServedModel
+from routing.gateway.caches import served_models
 from routing.gateway.journal import Journal, recover
 from routing.gateway.runner import data_plane_headers
 from routing.gateway.workers import record_writer
@@ -63,6 +65,12 @@ class Outcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def is_emulated(model: str) -> bool:
+    """Whether a served model runs on the emulated engine (its source is a model profile)."""
+    row = served_models.get(model, lambda: ServedModel.objects.filter(name=model).first())
+    return row is not None and row.emulated
+
+
 def _record_row(
     *,
     request_id: str,
@@ -81,6 +89,7 @@ def _record_row(
         client_request_id=client_request_id,
         tenant=api_key.tenant,
         model=model,
+        emulated=is_emulated(model),
         endpoint=endpoint,
         stream=stream,
         status=outcome.status,

@@ -115,3 +115,21 @@ def test_the_gateways_writer_runs_records_in_batches(key):
     assert [f.result(0).request_id for f in futures] == ["w0", "w1", "w0", "w1"]
     assert not Admission.objects.exists()
     assert UsageEntry.objects.count() == 2
+
+
+def test_a_record_says_whether_its_model_is_emulated(key):
+    from fleet.models import ServedModel
+    from routing.gateway.caches import served_models
+
+    ServedModel.objects.create(
+        name="paper-dsv4", source="profile:paper-dsv4", num_layers=61, kv_bytes_per_token=4400
+    )
+    ServedModel.objects.create(
+        name="baton-tiny", source="baton-tiny", num_layers=4, kv_bytes_per_token=4096
+    )
+    served_models.clear()
+    emulated = {**_write(key, "e1"), "model": "paper-dsv4"}
+    records.record_requests([emulated, _write(key, "t1")])
+    records.record_request(**{**_write(key, "e2"), "model": "paper-dsv4"})
+    got = dict(RequestRecord.objects.values_list("request_id", "emulated"))
+    assert got == {"e1": True, "t1": False, "e2": True}
