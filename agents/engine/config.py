@@ -3,39 +3,57 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-# The dtype names an engine accepts (EngineConfig.dtype), in that order.
-DTYPE_NAMES: tuple[str, ...] = tuple(_DTYPES)
+# The dtype names an engine accepts (EngineConfig.dtype), in that order. torch is imported only
+# where a torch dtype or device is made (parse_dtype, parse_device), so an agent that runs only
+# emulated engines never loads it.
+DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+_DEVICE = re.compile(r"(cpu|cuda)(:\d+)?")
+
+
+def _torch_dtypes() -> dict[str, Any]:
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_dtype_name(name: str) -> str:
+    """`name` if it is one of DTYPE_NAMES; ValueError otherwise (torch-free)."""
+    if not isinstance(name, str) or name not in DTYPE_NAMES:
+        raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(DTYPE_NAMES)}")
+    return name
+
+
+def check_device_name(name: str) -> str:
+    """`name` if it is cpu, cuda or cuda:N (torch-free; no check that it exists)."""
+    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+        raise ValueError(f"EngineConfig.device must be cpu, cuda or cuda:N, got {name!r}")
+    return name
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     """Return the torch dtype for "float32" / "bfloat16" / "float16" (or a dtype itself)."""
+    import torch
+
+    dtypes = _torch_dtypes()
     if isinstance(name, torch.dtype):
-        if name not in _DTYPES.values():
-            raise ValueError(f"unsupported dtype {name}; use one of {sorted(_DTYPES)}")
+        if name not in dtypes.values():
+            raise ValueError(f"unsupported dtype {name}; use one of {sorted(dtypes)}")
         return name
-    if name not in _DTYPES:
-        raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(_DTYPES)}")
-    return _DTYPES[name]
+    return dtypes[check_dtype_name(name)]
 
 
 def parse_device(name: str) -> torch.device:
     """Return the torch device for "cpu", "cuda" or "cuda:N" (no check that it exists)."""
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"EngineConfig.device must be cpu, cuda or cuda:N, got {name!r}")
-    return device
+    import torch
+
+    return torch.device(check_device_name(name))
 
 
 @dataclass(slots=True)
@@ -127,7 +145,7 @@ class EngineConfig:
     device: str = field(default_factory=lambda: os.environ.get("BATON_ENGINE_DEVICE", "cpu"))
 
     def __post_init__(self) -> None:
-        parse_device(self.device)
+        check_device_name(self.device)
         if self.block_size < 1:
             raise ValueError(f"EngineConfig.block_size must be >= 1, got {self.block_size}")
         if self.num_blocks < 1:
@@ -140,19 +158,19 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.max_batch_tokens must be >= 1, got {self.max_batch_tokens}"
             )
-        parse_dtype(self.dtype)
+        check_dtype_name(self.dtype)
         if self.decode_weights not in (None, "int8", "packed", "stream"):
             raise ValueError(
                 "EngineConfig.decode_weights must be None, 'int8', 'packed' or 'stream', "
                 f"got {self.decode_weights!r}"
             )
-        if self.decode_weights is not None and parse_device(self.device).type != "cpu":
+        if self.decode_weights is not None and self.device.partition(":")[0] != "cpu":
             raise ValueError(
                 f"EngineConfig.decode_weights={self.decode_weights!r} is implemented for the "
                 "CPU only"
             )
         if self.decode_compile and (
-            self.decode_weights is not None or parse_device(self.device).type != "cpu"
+            self.decode_weights is not None or self.device.partition(":")[0] != "cpu"
         ):
             raise ValueError(
                 "EngineConfig.decode_compile is implemented for the CPU, without decode_weights"

@@ -1,6 +1,6 @@
-"""The emulated engine: the torch engine's scheduler, KV pool and radix prefix cache as
-accounting (blocks, no tensors), step times from the hardware model (pdd/hardware.py) for the
-instance's GPU unit, and greedy tokens that are a function of the whole context.
+"""The emulated engine: the engine core's scheduler, KV pool and radix prefix cache as
+accounting (blocks, no tensors, no torch), step times from the hardware model (pdd/hardware.py)
+for the instance's GPU unit, and greedy tokens that are a function of the whole context.
 
 It runs the real engine's code for everything but the forward pass (continuous batching,
 decode slots, chunked prefill, preemption, the prefix cache at the unit's real memory
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from agents.engine.config import EngineConfig
-from agents.engine.engine import Engine
+from agents.engine.core import EngineCore
 from agents.engine.interface import EMULATED
 from agents.engine.kv_pool import KVHeader, KVPool, OutOfBlocks, kv_header, read_kv_header
 from agents.engine.outputs import ImportResult, TokenLogprob, TokenOutput
@@ -199,7 +199,7 @@ class EmulationSettings:
             raise ValueError(f"speedup: must be a number > 0, got {self.speedup!r}")
 
 
-class EmulatedEngine(Engine):
+class EmulatedEngine(EngineCore):
     """An engine instance of a model profile on one GPU unit, with modelled step times."""
 
     kind = EMULATED
@@ -215,7 +215,7 @@ class EmulatedEngine(Engine):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        # Not Engine.__init__: no model, no tensors. The rest of Engine runs unchanged.
+        # No model, no tensors, no torch: the engine core runs unchanged over block accounting.
         base = config or EngineConfig()
         self.profile = profile
         self.gpu = gpu
@@ -236,13 +236,9 @@ class EmulatedEngine(Engine):
             seed=base.seed,
             device="cpu",
         )
-        self.tokenizer = None
-        # The torch engine's attributes, with emulated stand-ins (no model, no tensors).
-        self.model_config = EmulatedModel(  # type: ignore[assignment]
-            profile.name, profile.vocab_size, profile.max_position
-        )
+        self.model_config = EmulatedModel(profile.name, profile.vocab_size, profile.max_position)
         wire = max(1, round(profile.model.kv_bytes_per_token / kv_scale))
-        self.pool = BlockPool(num_blocks, base.block_size, wire)  # type: ignore[assignment]
+        self.pool = BlockPool(num_blocks, base.block_size, wire)
         self.cache = RadixCache(base.block_size)
         self.scheduler = Scheduler(self.config, self.pool, self.cache)
         self.pacer = Pacer(speedup, clock, sleep)

@@ -1,38 +1,32 @@
-"""The synchronous engine one agent thread drives: continuous batching via `step()`, plus the
-prefill / export / import / extend calls the PDD pipelines are built from. Not thread-safe."""
+"""The PyTorch engine one agent thread drives: a real model over a paged KV pool of tensors.
+Continuous batching and the prefill / export / import / extend calls the PDD pipelines are built
+from are the engine core's (agents/engine/core.py); the model, its forward pass and sampling are
+here. Not thread-safe."""
 
 from __future__ import annotations
 
-import itertools
 import logging
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from agents.engine import skinny
 from agents.engine.config import EngineConfig
+from agents.engine.core import EngineCore
 from agents.engine.decode import fuse_projections
-from agents.engine.errors import EngineFull, PrefixMissing
 from agents.engine.interface import TORCH
-from agents.engine.kv_pool import PagedKVPool, read_kv_header
+from agents.engine.kv_pool import PagedKVPool
 from agents.engine.loader import LoadedModel, load_model
 from agents.engine.model import CausalLM
 from agents.engine.model_runner import ModelRunner
 from agents.engine.outputs import (
-    EngineStats,
-    GenerateResult,
-    ImportResult,
-    PrefillResult,
     TokenLogprob,
     TokenOutput,
 )
 from agents.engine.radix_cache import RadixCache
 from agents.engine.request import (
     AfterForward,
-    FinishReason,
     Request,
-    RequestStatus,
     SamplingParams,
 )
 from agents.engine.sampler import sample_tokens, token_logprobs
@@ -41,7 +35,7 @@ from agents.engine.scheduler import Scheduler
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(EngineCore):
     """One model, one paged KV pool, one radix prefix cache (agents/engine/interface.py)."""
 
     kind = TORCH
@@ -95,257 +89,11 @@ class Engine:
         self._undelivered: list[TokenOutput] = []
         self._init_counters()
 
-    def _init_counters(self) -> None:
-        self._arrivals = itertools.count()
-        self._generate_ids = itertools.count()
-        self._tokens_computed = self._tokens_generated = self._forwards = 0
-
     @classmethod
     def from_spec(cls, spec: str, config: EngineConfig | None = None) -> Engine:
         """Engine over "baton-tiny" or a Hugging Face checkpoint folder."""
         config = config or EngineConfig()
         return cls(load_model(spec, config.torch_dtype, config.seed), config)
-
-    # -- continuous batching -------------------------------------------------------------------
-
-    def add_request(
-        self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams | None = None
-    ) -> None:
-        """Queue a request; its tokens arrive through `step()`. Raises EngineFull when full."""
-        req = self._new_request(request_id, prompt_ids, sampling or SamplingParams())
-        self.scheduler.submit(req)
-        self.requests[request_id] = req
-
-    def step(self) -> list[TokenOutput]:
-        """Run one scheduler iteration; returns the new tokens (and finishes) per request.
-
-        Returns [] when nothing could run, e.g. the queue head waits for KV blocks that held
-        requests own; the caller should then wait for a release instead of spinning."""
-        out, self._undelivered = self._undelivered, []
-        return out + (self._step_once() or [])
-
-    def has_work(self) -> bool:
-        return bool(self._undelivered) or self.scheduler.has_work()
-
-    def abort(self, request_id: str) -> bool:
-        """Stop a request wherever it is; its computed KV stays in the prefix cache."""
-        return self._stop(request_id, FinishReason.ABORT)
-
-    def release(self, request_id: str) -> bool:
-        """Stop a request because its KV / decoding moved elsewhere (P after export, RLD after
-        the handoff); its computed KV stays in the prefix cache."""
-        return self._stop(request_id, FinishReason.RELEASED)
-
-    # -- pipeline building blocks --------------------------------------------------------------
-
-    def prefill(
-        self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams | None = None
-    ) -> PrefillResult:
-        """Compute the prompt's KV (reusing the cached prefix) and its first token, then hold
-        the request so its KV can be exported; `release` it when done."""
-        req = self._new_request(request_id, prompt_ids, sampling or SamplingParams())
-        req.after_forward = AfterForward.SAMPLE_THEN_HOLD
-        self.scheduler.submit(req)
-        self.requests[request_id] = req
-        (first,) = self._drive(req, lambda outs: bool(outs))
-        return PrefillResult(
-            first.token_ids[0],
-            list(req.block_table),
-            req.prompt_matched_tokens,
-            first.finished,
-            first.finish_reason,
-            first.logprobs[0] if first.logprobs else None,
-        )
-
-    def export_kv(self, request_id: str, start_token: int, end_token: int) -> bytes:
-        """KV of positions [start_token, end_token) of a request, in the kv_pool wire format."""
-        req = self._get(request_id)
-        if not 0 <= start_token <= end_token <= req.cached_len:
-            raise ValueError(
-                f"{request_id}: cannot export [{start_token}, {end_token}); KV covers "
-                f"[0, {req.cached_len})"
-            )
-        return self.pool.export_kv(req.block_table, start_token, end_token)
-
-    def import_prefix(
-        self,
-        request_id: str,
-        prompt_ids: Sequence[int],
-        start_token: int,
-        payload: bytes,
-        *,
-        recompute_missing: bool = False,
-    ) -> ImportResult:
-        """Build a held request whose prompt KV is the local cached prefix [0, start_token)
-        plus the received KV [start_token, len(prompt)); the received whole blocks join the
-        prefix cache (the DRC). Follow with `start_decode`.
-
-        When the cache holds less than [0, start_token) (the sender counted on KV that never
-        arrived), raise `PrefixMissing`, or with `recompute_missing` compute the missing
-        positions here first, from the prompt's token ids (one prefill of the prefix that
-        reuses whatever part is cached): slower, but the request is served."""
-        prompt = list(prompt_ids)
-        header = read_kv_header(payload)
-        if (header.start_token, header.end_token) != (start_token, len(prompt)):
-            raise ValueError(
-                f"{request_id}: payload covers [{header.start_token}, {header.end_token}), "
-                f"expected [{start_token}, {len(prompt)})"
-            )
-        if start_token % self.config.block_size:
-            raise ValueError(f"start_token {start_token} is not a multiple of the block size")
-        match = self.cache.match_prefix(prompt[:start_token])
-        recomputed = 0
-        if match.matched_tokens < start_token and recompute_missing:
-            recomputed = start_token - match.matched_tokens
-            self._fill_prefix(request_id, prompt[:start_token])
-            match = self.cache.match_prefix(prompt[:start_token])
-        if match.matched_tokens < start_token:
-            raise PrefixMissing(
-                f"{request_id}: payload starts at token {start_token} but this engine holds "
-                f"only {match.matched_tokens} tokens of that prefix"
-                + (" even after recomputing it" if recomputed else "")
-            )
-        req = self._new_request(request_id, prompt, SamplingParams())
-        self.cache.lock(match.node)
-        req.cache_node, req.block_table = match.node, list(match.blocks)
-        req.cached_len = req.shared_len = start_token
-        try:
-            need = self.pool.blocks_for(header.num_tokens)
-            if not self.scheduler.reserve(need):
-                raise EngineFull(f"{request_id}: no room for {need} KV blocks")
-            blocks = self.pool.allocate(need)
-            req.block_table.extend(blocks)
-            self.pool.import_kv(payload, blocks)
-        except Exception:
-            self.scheduler.release(req, keep_in_cache=False)
-            raise
-        req.cached_len = len(prompt)
-        cached_before = self.cache.stats().cached_blocks
-        self.scheduler.share_computed(req)
-        self.cache.record_lookup(len(prompt), start_token)
-        req.prompt_matched_tokens = start_token
-        req.status = RequestStatus.HELD
-        self.requests[request_id] = req
-        return ImportResult(
-            list(req.block_table),
-            start_token,
-            header.num_tokens,
-            self.cache.stats().cached_blocks - cached_before,
-            recomputed,
-        )
-
-    def _fill_prefix(self, request_id: str, prefix: list[int]) -> None:
-        """Compute the KV of `prefix` (whole blocks) into the prefix cache and drop the rest:
-        a prefill under a private id, released at once (its KV stays cached)."""
-        fill_id = f"{request_id}#recompute"
-        self.prefill(fill_id, prefix, SamplingParams(max_tokens=1))
-        self.release(fill_id)
-
-    def start_decode(
-        self,
-        request_id: str,
-        prompt_ids: Sequence[int],
-        first_token: int,
-        sampling: SamplingParams | None = None,
-        *,
-        hold: bool = False,
-    ) -> None:
-        """Decode a request whose first token came from P. With an imported prefix the KV is
-        used as is; without one, whatever the prefix cache lacks is recomputed. With `hold`
-        the request waits for `extend` (the handoff target) instead of decoding."""
-        sampling = sampling or SamplingParams()
-        self._check_ids([first_token])
-        req = self.requests.get(request_id)
-        if req is None:
-            # No imported KV: admission recomputes whatever the prefix cache lacks.
-            req = self._new_request(request_id, prompt_ids, sampling)
-            req.token_ids.append(first_token)
-            if hold:
-                req.status = RequestStatus.HELD
-            elif self._stop_reason(req) is None:
-                self.scheduler.submit(req)
-            self.requests[request_id] = req
-        elif req.status != RequestStatus.HELD or req.token_ids != list(prompt_ids):
-            raise ValueError(f"{request_id}: not a held request with this prompt")
-        else:
-            req.sampling = sampling
-            req.generator = self._generator(sampling, req.arrival)
-            req.token_ids.append(first_token)
-            if not hold and self._stop_reason(req) is None:
-                self.scheduler.resume(req)
-        reason = self._stop_reason(req)
-        if reason is not None:
-            self._finish(req, reason)
-            self._undelivered.append(TokenOutput(request_id, [], True, reason))
-
-    def extend(
-        self, request_id: str, token_ids: Sequence[int], *, resume: bool = True
-    ) -> TokenOutput | None:
-        """Append k tokens generated elsewhere to a held request and compute their KV in one
-        forward. With `resume`, sample the next token (returned) and keep decoding in `step()`;
-        without it, stay held for the next batch of a catch-up handoff and return None."""
-        req = self._get(request_id)
-        if req.status != RequestStatus.HELD:
-            raise ValueError(f"{request_id}: extend needs a held request, it is {req.status}")
-        self._check_ids(token_ids)
-        if req.num_output_tokens + len(token_ids) > req.sampling.max_tokens:
-            raise ValueError(f"{request_id}: extending past max_tokens")
-        req.token_ids.extend(token_ids)
-        if req.extend_len == 0:
-            raise ValueError(f"{request_id}: nothing to extend")
-        req.after_forward = AfterForward.SAMPLE if resume else AfterForward.HOLD
-        self.scheduler.resume(req)
-        if not resume:
-            self._drive(req, lambda _: req.status == RequestStatus.HELD)
-            return None
-        return self._drive(req, lambda outs: bool(outs))[0]
-
-    def cached_prefix_len(self, prompt_ids: Sequence[int]) -> int:
-        """Leading prompt tokens whose KV this engine's prefix cache holds (read-only)."""
-        return self.cache.match_prefix(list(prompt_ids)).matched_tokens
-
-    def generate(
-        self,
-        prompt_ids: Sequence[int],
-        sampling: SamplingParams | None = None,
-        request_id: str | None = None,
-    ) -> GenerateResult:
-        """Run one request to completion on this engine (the `single` pipeline)."""
-        request_id = request_id or f"generate-{next(self._generate_ids)}"
-        self.add_request(request_id, prompt_ids, sampling)
-        req = self.requests[request_id]
-        outs = self._drive(req, lambda _: req.status == RequestStatus.FINISHED)
-        logprobs = None
-        if req.sampling.logprobs is not None:
-            logprobs = [lp for out in outs for lp in out.logprobs or ()]
-        return GenerateResult(
-            req.output_ids, req.finish_reason, req.prompt_matched_tokens, logprobs
-        )
-
-    def has_decode_slot(self) -> bool:
-        """Whether one more request would start decoding without queueing: fewer requests
-        running or waiting than ``max_running`` (held requests take no slot until resumed)."""
-        return len(self.scheduler.running) + len(self.scheduler.waiting) < self.config.max_running
-
-    def stats(self) -> EngineStats:
-        cache = self.cache.stats()
-        held = sum(r.status == RequestStatus.HELD for r in self.requests.values())
-        return EngineStats(
-            running=len(self.scheduler.running),
-            queued=len(self.scheduler.waiting),
-            held=held,
-            kv_blocks_used=self.pool.num_used_blocks,
-            kv_blocks_total=self.pool.num_blocks,
-            cached_blocks=cache.cached_blocks,
-            cache_lookups=cache.lookups,
-            cache_hits=cache.hits,
-            cache_queried_tokens=cache.queried_tokens,
-            cache_matched_tokens=cache.matched_tokens,
-            tokens_computed=self._tokens_computed,
-            tokens_generated=self._tokens_generated,
-            forwards=self._forwards,
-            preemptions=self.scheduler.num_preemptions,
-        )
 
     def represented_bytes(self, payload: bytes) -> int:
         """The KV bytes a payload stands for: all of it (agents/engine/interface.py)."""
@@ -355,7 +103,7 @@ class Engine:
         """What this engine is, for the agent's state document."""
         return {"kind": TORCH, "dtype": self.config.dtype, "device": self.config.device}
 
-    # -- internals -----------------------------------------------------------------------------
+    # -- the forward pass ----------------------------------------------------------------------
 
     def _step_once(self) -> list[TokenOutput] | None:
         batch = self.scheduler.schedule()
@@ -409,45 +157,6 @@ class Engine:
                 self._finish(req, reason)
         return outputs
 
-    def _drive(self, req: Request, done: Callable[[list[TokenOutput]], bool]) -> list[TokenOutput]:
-        """Step until `done(outputs of req so far)`; other requests' outputs wait for `step()`."""
-        mine: list[TokenOutput] = []
-        try:
-            while not done(mine):
-                outputs = self._step_once()
-                if outputs is None:
-                    raise EngineFull(
-                        f"{req.request_id}: cannot be scheduled; KV blocks are held elsewhere"
-                    )
-                for out in outputs:
-                    (mine if out.request_id == req.request_id else self._undelivered).append(out)
-        except BaseException:
-            if req.status != RequestStatus.FINISHED:
-                self.abort(req.request_id)
-            raise
-        return mine
-
-    def _new_request(
-        self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams
-    ) -> Request:
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        prompt = list(prompt_ids)
-        if not prompt:
-            raise ValueError("prompt must have at least one token")
-        if len(prompt) >= self.model_config.max_position:
-            raise ValueError(f"prompt of {len(prompt)} tokens reaches the model's max_position")
-        self._check_ids(prompt)
-        arrival = next(self._arrivals)
-        return Request(
-            request_id,
-            prompt,
-            len(prompt),
-            sampling,
-            arrival,
-            generator=self._generator(sampling, arrival),
-        )
-
     def _generator(self, sampling: SamplingParams, arrival: int) -> torch.Generator | None:
         if sampling.greedy:
             return None
@@ -455,37 +164,3 @@ class Engine:
             sampling.seed if sampling.seed is not None else self.config.seed * 1_000_003 + arrival
         )
         return torch.Generator().manual_seed(seed)
-
-    def _check_ids(self, ids: Sequence[int]) -> None:
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in ids):
-            raise ValueError(f"token ids must be in [0, {vocab})")
-
-    def _stop_reason(self, req: Request) -> str | None:
-        last, params = req.token_ids[-1], req.sampling
-        if (not params.ignore_eos and last in self.model_config.eos_token_ids) or (
-            last in params.stop_token_ids
-        ):
-            return FinishReason.STOP
-        if req.num_output_tokens >= params.max_tokens:
-            return FinishReason.LENGTH
-        if req.device_len >= self.model_config.max_position:
-            return FinishReason.LENGTH
-        return None
-
-    def _get(self, request_id: str) -> Request:
-        req = self.requests.get(request_id)
-        if req is None:
-            raise KeyError(f"unknown request {request_id!r}")
-        return req
-
-    def _finish(self, req: Request, reason: str) -> None:
-        self.scheduler.finish(req, reason)
-        self.requests.pop(req.request_id, None)
-
-    def _stop(self, request_id: str, reason: str) -> bool:
-        req = self.requests.get(request_id)
-        if req is None:
-            return False
-        self._finish(req, reason)
-        return True

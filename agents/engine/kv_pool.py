@@ -1,5 +1,6 @@
 """Paged KV cache pool: fixed-size blocks of K/V for every layer, a free list, and the byte
-format in which a request's KV for a token range is shipped between engines."""
+format in which a request's KV for a token range is shipped between engines. The format and the
+pool interface load no torch (an emulated engine uses them); PagedKVPool imports it."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import struct
 import sys
 import warnings
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 # Wire format of export_kv / import_kv (all little-endian):
 #   header, 24 bytes, struct "<4sBBHHHIII":
@@ -24,8 +26,8 @@ KV_MAGIC = b"BKV1"
 KV_VERSION = 1
 _HEADER = struct.Struct("<4sBBHHHIII")
 KV_HEADER_BYTES = _HEADER.size
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
+# dtype code -> name (agents.engine.config.DTYPE_NAMES)
+_CODE_NAMES = {0: "float32", 1: "bfloat16", 2: "float16"}
 
 assert KV_HEADER_BYTES == 24, "header must stay 8-byte aligned for the body's elements"
 assert sys.byteorder == "little", "the KV wire format assumes a little-endian host"
@@ -35,8 +37,17 @@ class OutOfBlocks(RuntimeError):
     """The pool has fewer free blocks than requested."""
 
 
+def _dtype_code(dtype: torch.dtype) -> int:
+    import torch
+
+    codes = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+    if dtype not in codes:
+        raise ValueError(f"unsupported KV dtype {dtype}")
+    return codes[dtype]
+
+
 class KVHeader(NamedTuple):
-    dtype: torch.dtype
+    dtype_code: int
     num_layers: int
     num_kv_heads: int
     head_dim: int
@@ -47,6 +58,17 @@ class KVHeader(NamedTuple):
     def num_tokens(self) -> int:
         return self.end_token - self.start_token
 
+    @property
+    def dtype_name(self) -> str:
+        return _CODE_NAMES[self.dtype_code]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The body's torch dtype (imports torch)."""
+        from agents.engine.config import parse_dtype
+
+        return parse_dtype(self.dtype_name)
+
 
 def read_kv_header(payload: bytes | bytearray | memoryview) -> KVHeader:
     """Parse and check the header of a KV payload (does not read the body)."""
@@ -55,11 +77,11 @@ def read_kv_header(payload: bytes | bytearray | memoryview) -> KVHeader:
     magic, version, code, layers, heads, dim, start, end, _ = _HEADER.unpack_from(payload, 0)
     if magic != KV_MAGIC or version != KV_VERSION:
         raise ValueError(f"not a KV payload of version {KV_VERSION} (magic {magic!r}, v{version})")
-    if code not in _CODE_DTYPES:
+    if code not in _CODE_NAMES:
         raise ValueError(f"KV payload has unknown dtype code {code}")
     if end < start:
         raise ValueError(f"KV payload range is reversed: [{start}, {end})")
-    return KVHeader(_CODE_DTYPES[code], layers, heads, dim, start, end)
+    return KVHeader(code, layers, heads, dim, start, end)
 
 
 def kv_header(
@@ -136,11 +158,13 @@ class PagedKVPool(KVPool):
         head_dim: int,
         num_blocks: int,
         block_size: int,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,
         device: str | torch.device = "cpu",
     ) -> None:
-        if dtype not in _DTYPE_CODES:
-            raise ValueError(f"unsupported KV dtype {dtype}")
+        import torch
+
+        dtype = torch.float32 if dtype is None else dtype
+        _dtype_code(dtype)  # a supported dtype
         self.block_size = block_size
         self.num_blocks = num_blocks
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
@@ -174,6 +198,8 @@ class PagedKVPool(KVPool):
 
     def slots(self, block_table: list[int], start_token: int, end_token: int) -> torch.Tensor:
         """Flat slot index (block * block_size + offset) of each position in the range."""
+        import torch
+
         assert 0 <= start_token <= end_token, f"bad range [{start_token}, {end_token})"
         assert end_token <= len(block_table) * self.block_size, (
             f"range end {end_token} beyond {len(block_table)} blocks of {self.block_size}"
@@ -189,16 +215,20 @@ class PagedKVPool(KVPool):
         return self.k_cache.view(shape), self.v_cache.view(shape)
 
     def export_kv(self, block_table: list[int], start_token: int, end_token: int) -> bytes:
+        import torch
+
         layers, _, _, heads, dim = self.k_cache.shape
         slots = self.slots(block_table, start_token, end_token)
         k, v = self._flat()
         body = torch.stack((k[:, slots], v[:, slots])).contiguous()  # [2, L, n, KVH, D]
         header = kv_header(
-            _DTYPE_CODES[self.k_cache.dtype], layers, heads, dim, start_token, end_token
+            _dtype_code(self.k_cache.dtype), layers, heads, dim, start_token, end_token
         )
         return header + body.cpu().view(torch.uint8).numpy().tobytes()
 
     def import_kv(self, payload: bytes | bytearray | memoryview, blocks: list[int]) -> KVHeader:
+        import torch
+
         header = read_kv_header(payload)
         layers, _, bs, heads, dim = self.k_cache.shape
         if (header.num_layers, header.num_kv_heads, header.head_dim) != (layers, heads, dim):

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from agents.engine.radix_cache import TreeNode
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs bound)
 
@@ -83,7 +85,8 @@ class Request:
     block_table: list[int] = field(default_factory=list)
     cache_node: TreeNode | None = None  # pinned radix node covering the shared blocks
     finish_reason: str | None = None
-    generator: torch.Generator | None = None
+    # torch.Generator on the torch engine, random.Random on the emulated one; None: greedy.
+    generator: torch.Generator | Any | None = None
     prompt_matched_tokens: int = 0  # prefix-cache hit at first admission (for reporting)
 
     @property

@@ -9,21 +9,20 @@ import asyncio
 import dataclasses
 import logging
 import os
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import httpx
 import numpy as np
-import torch
 
-from agents.engine import Engine, EngineConfig, load_model
-from agents.engine.config import DTYPE_NAMES
+from agents.engine.config import DTYPE_NAMES, EngineConfig
+from agents.engine.core import EngineCore as Engine
 from agents.engine.emulated import EmulatedEngine
 from agents.engine.interface import EMULATED, TORCH
-from agents.engine.loader import LoadedModel
 from agents.node.inflight import block_prefix_len
 from agents.node.served import ServedLedger
 from agents.node.settings import ROLES, AgentSettings, split_host_port
@@ -39,6 +38,9 @@ from pdd.hardware import GpuType, unit_from_json
 from pdd.prefix import prefix_block_hashes, tree_block_hashes
 from pdd.profiles import is_profile_source, load_profile
 from pdd.vocab import InstanceStatus
+
+if TYPE_CHECKING:
+    from agents.engine.loader import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -382,6 +384,15 @@ class Agent:
                 kv_scale=s.kv_scale,
                 speedup=s.speedup,
             )
+        # The real engine: torch loads with the first one (an agent of emulated instances only
+        # never loads it), with the thread budget `python -m agents serve` resolved.
+        import torch
+
+        from agents.engine.engine import Engine as TorchEngine
+        from agents.engine.loader import load_model
+
+        if s.thread_plan is not None:
+            torch.set_num_threads(s.thread_plan.torch_threads)
         # One loaded checkpoint per (source, dtype): an engine casts its model in place
         # (Engine.__init__), so instances of one source in different dtypes must not share it.
         key = (inst.source, inst.dtype)
@@ -389,7 +400,7 @@ class Agent:
         if loaded is None:
             loaded = await asyncio.to_thread(load_model, inst.source, config.torch_dtype, s.seed)
             self._models[key] = loaded
-        return Engine(loaded, config)
+        return TorchEngine(loaded, config)
 
     async def drain_instance(self, instance_id: str) -> Instance:
         inst = self.instances.get(instance_id)
@@ -889,8 +900,14 @@ class Agent:
         # Not started by `python -m agents serve` (an agent built in process): what this
         # process runs with, set by whoever started it.
         policy = os.environ.get("OMP_WAIT_POLICY", "").strip().lower() or "default"
+        torch = sys.modules.get("torch")  # None until a real engine loaded it
+        if torch is not None:
+            threads = torch.get_num_threads()
+        else:  # what torch will take when it loads: OMP_NUM_THREADS, else every core
+            env_threads = os.environ.get("OMP_NUM_THREADS", "").strip()
+            threads = int(env_threads) if env_threads.isdigit() else (os.cpu_count() or 1)
         return {
-            "torch_threads": torch.get_num_threads(),
+            "torch_threads": threads,
             "omp_wait_policy": policy,
             "source": "not set by the agent (started in process)",
         }

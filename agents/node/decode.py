@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agents.engine import Engine, EngineFull, PrefixMissing, SamplingParams, TokenOutput
+from agents.engine import EngineFull, PrefixMissing, SamplingParams, TokenOutput
+from agents.engine.core import EngineCore as Engine
 from agents.node.agent import Agent, Incoming, Instance, Reservation, unlock_all
 from agents.node.inflight import as_tokens
 from agents.node.pipeline_common import (

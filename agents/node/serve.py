@@ -1,8 +1,9 @@
 """`python -m agents serve`: one agent process (HTTP API on uvicorn, KV fabric servers, engine
 threads), optional control-plane registration, and drain-then-exit on SIGTERM / SIGINT.
 
-Importing this module loads torch: agents/__main__.py sets OMP_NUM_THREADS / OMP_WAIT_POLICY
-(settings.apply_thread_plan) before it imports it."""
+It loads torch only with the first real (PyTorch) engine instance; agents/__main__.py sets
+OMP_NUM_THREADS / OMP_WAIT_POLICY (settings.apply_thread_plan) before anything can, so OpenMP
+reads them when it does. An agent of emulated instances only never loads torch."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import os
 import signal
 import socket
 
-import torch
 import uvicorn
 
 from agents.node.agent import Agent
@@ -58,7 +58,8 @@ async def serve(settings: AgentSettings) -> int:
         settings.thread_plan = apply_thread_plan(plan)  # too late for OpenMP if torch is loaded
         settings.threads = plan.torch_threads
         log.warning(settings.thread_plan.line())
-    torch.set_num_threads(settings.thread_plan.torch_threads)
+    # torch loads (and takes the plan's thread count) with the first real engine:
+    # Agent._make_engine. An agent of emulated instances only never loads it.
     agent = Agent(settings)
     await agent.start()
     host, port = split_host_port(settings.listen)

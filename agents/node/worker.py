@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from agents.engine import Engine, EngineStats, TokenOutput
+from agents.engine.core import EngineCore as Engine
+from agents.engine.outputs import EngineStats, TokenOutput
 
 log = logging.getLogger(__name__)
 

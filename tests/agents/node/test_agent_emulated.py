@@ -154,3 +154,22 @@ def test_a_bad_start_command_gets_a_400_naming_the_field(fleet, body, field):
     assert response.status_code == 400, response.text
     assert field in response.text
     assert [i["instance_id"] for i in get(fleet["p"], "/state").json()["instances"]] == ["0"]
+
+
+def test_an_agent_of_emulated_instances_never_loads_torch(fleet):
+    # Deterministic: torch's shared library is not mapped into the agent process.
+    pid = fleet["md"].proc.pid
+    with open(f"/proc/{pid}/maps") as maps:
+        assert "libtorch" not in maps.read()
+
+
+def test_the_agent_and_the_emulated_engine_import_without_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, agents.node.serve, agents.node.http_api, agents.engine.emulated; "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
