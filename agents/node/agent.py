@@ -164,6 +164,8 @@ class Agent:
         self.instances: dict[str, Instance] = {}
         self.counters = FabricCounters()
         self.links: dict[str, LinkShaper] = {}
+        # Set by the control-plane link (agents/node/control.py) when the agent has one.
+        self.heartbeat_stats: Any = None
         # Requests whose KV MD cached after RLD had finished them alone (DRC alignment).
         self.late_kv_cached = 0
         # (monotonic time, bytes granted) per link at the last report, for its utilisation.
@@ -888,6 +890,11 @@ class Agent:
             "links": {peer: self._link_json(s) for peer, s in self.links.items()},
             "threads": self.threads_json(),
             "engine_options": self.settings.engine_options(),
+            **(
+                {"control_plane": self.heartbeat_stats.to_json()}
+                if self.heartbeat_stats is not None
+                else {}
+            ),
         }
 
     def threads_json(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from typing import Any
 
 import httpx
@@ -21,6 +22,41 @@ from agents.node.settings import link_from_json
 from pdd.dataplane import check_data_token
 
 log = logging.getLogger(__name__)
+
+
+class HeartbeatStats:
+    """How this agent's heartbeats fared: answered, refused, timed out, unreachable, and the
+    round trip of the last WINDOW answered ones (the state document's ``control_plane``)."""
+
+    WINDOW = 256
+
+    def __init__(self) -> None:
+        self.answered = 0
+        self.refused = 0  # answered with a status other than 200
+        self.timeouts = 0
+        self.unreachable = 0
+        self._rtts: deque[float] = deque(maxlen=self.WINDOW)
+
+    def answered_in(self, seconds: float) -> None:
+        self.answered += 1
+        self._rtts.append(seconds)
+
+    def to_json(self) -> dict[str, Any]:
+        rtts = sorted(self._rtts)
+
+        def pct(q: float) -> float | None:
+            return round(rtts[min(len(rtts) - 1, int(q * len(rtts)))], 6) if rtts else None
+
+        return {
+            "heartbeats_answered": self.answered,
+            "heartbeats_refused": self.refused,
+            "heartbeat_timeouts": self.timeouts,
+            "unreachable": self.unreachable,
+            "rtt_p50_s": pct(0.5),
+            "rtt_p99_s": pct(0.99),
+            "rtt_max_s": round(rtts[-1], 6) if rtts else None,
+            "window": len(rtts),
+        }
 
 
 class ControlPlaneLink:
@@ -33,6 +69,7 @@ class ControlPlaneLink:
         self.headers = {"Authorization": f"AgentToken {agent.settings.token}"}
         self.registrations = 0
         self.heartbeats = 0
+        self.stats = agent.heartbeat_stats = HeartbeatStats()
 
     async def register(self, http: httpx.AsyncClient) -> bool:
         body = {**(await self.agent.report()), "endpoint": self.endpoint}
@@ -89,11 +126,14 @@ class ControlPlaneLink:
                     if not registered:
                         registered = await self.register(http)
                     else:
+                        body = await self.agent.report()
+                        sent = time.monotonic()
                         response = await http.post(
-                            f"{self.base}/api/v1/agent/heartbeat",
-                            json=await self.agent.report(),
-                            headers=self.headers,
+                            f"{self.base}/api/v1/agent/heartbeat", json=body, headers=self.headers
                         )
+                        rtt = time.monotonic() - sent
+                        if response.status_code != 200:
+                            self.stats.refused += 1
                         if response.status_code in (401, 404):
                             log.warning(
                                 "heartbeat answered %s: registering again", response.status_code
@@ -109,13 +149,16 @@ class ControlPlaneLink:
                             )
                         else:
                             self.heartbeats += 1
+                            self.stats.answered_in(rtt)
                 except asyncio.CancelledError:
                     raise
                 except httpx.TimeoutException as exc:
                     # Slow, not gone: a registered agent stays registered (registering again
                     # would change the command token under the control plane's feet).
+                    self.stats.timeouts += 1
                     log.warning("control plane slow to answer: %r", exc)
                 except Exception as exc:  # noqa: BLE001 - keep serving; register once reachable
+                    self.stats.unreachable += 1
                     log.warning("control plane unreachable: %r", exc)
                     registered = False
                 due = self.next_beat(due, time.monotonic())

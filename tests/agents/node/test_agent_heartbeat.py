@@ -191,6 +191,24 @@ def test_a_slow_control_plane_keeps_the_agent_registered(monkeypatch):
     assert link.heartbeats >= 2
     assert link.registrations == 1
     assert seen.count("/api/v1/agent/register") == 1
+    # The state document counts how the beats fared (the first timed out).
+    stats = link.agent.state()["control_plane"]
+    assert stats["heartbeat_timeouts"] == 1
+    assert stats["heartbeats_answered"] == link.heartbeats
+    assert stats["window"] == link.heartbeats and stats["rtt_p50_s"] >= 0
+
+
+def test_heartbeat_stats_summarise_the_round_trips():
+    from agents.node.control import HeartbeatStats
+
+    stats = HeartbeatStats()
+    assert stats.to_json()["rtt_p50_s"] is None
+    for ms in range(1, 101):
+        stats.answered_in(ms / 1000)
+    stats.refused += 2
+    doc = stats.to_json()
+    assert doc["heartbeats_answered"] == 100 and doc["heartbeats_refused"] == 2
+    assert doc["rtt_p50_s"] == 0.051 and doc["rtt_p99_s"] == 0.1 and doc["rtt_max_s"] == 0.1
 
 
 def test_the_engine_threads_busy_time_counts_its_commands_and_steps():
