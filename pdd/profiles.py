@@ -90,6 +90,28 @@ PAPER = {
 
 BUILT_IN: dict[str, Mapping[str, Any]] = {"paper-dsv4": PAPER}
 
+# The published experiment's two GPU types as a start command's "gpu" objects (per chip, units of
+# 8): GPU-A a flagship (8 x 989 TFLOPS, 80 GB, 3.35 TB/s), GPU-B at 81% of its compute and 2.1x
+# its bandwidth with 141 GB (docs/pdd.md's lopsidedness): the planner's GPU-A / GPU-B units.
+PAPER_GPUS: dict[str, dict[str, Any]] = {
+    "GPU-A": {
+        "name": "GPU-A",
+        "count": 8,
+        "peak_bf16_tflops": 989.0,
+        "memory_gib": 80 / 1.073741824,
+        "memory_bandwidth_gbps": 3350.0,
+        "interconnect_gbps": 50.0,
+    },
+    "GPU-B": {
+        "name": "GPU-B",
+        "count": 8,
+        "peak_bf16_tflops": 989.0 * 0.81,
+        "memory_gib": 141 / 1.073741824,
+        "memory_bandwidth_gbps": 3350.0 * 2.1,
+        "interconnect_gbps": 50.0,
+    },
+}
+
 
 def is_profile_source(source: str) -> bool:
     """Whether a served model's source names a profile (emulated) rather than weights."""

@@ -24,25 +24,10 @@ import httpx
 from agents.node.launch import AgentProcess
 from agents.node.loopback import make_prompt
 from pdd.hardware import decode_step_time, forward_time, unit_from_json
-from pdd.profiles import load_profile
+from pdd.profiles import PAPER_GPUS, load_profile
 
 PROFILE = "profile:paper-dsv4"
-CHIP_A = {
-    "name": "GPU-A",
-    "count": 8,
-    "peak_bf16_tflops": 989.0,
-    "memory_gib": 80 / 1.073741824,
-    "memory_bandwidth_gbps": 3350.0,
-    "interconnect_gbps": 50.0,
-}
-# GPU-B: 81% of GPU-A's compute, 2.1x its bandwidth (the published lopsidedness), 141 GB.
-CHIP_B = {
-    **CHIP_A,
-    "name": "GPU-B",
-    "peak_bf16_tflops": 989.0 * 0.81,
-    "memory_gib": 141 / 1.073741824,
-    "memory_bandwidth_gbps": 3350.0 * 2.1,
-}
+CHIP_A, CHIP_B = PAPER_GPUS["GPU-A"], PAPER_GPUS["GPU-B"]
 PREFILL_TOKENS = 16_384
 DECODE_PROMPT, DECODE_STEPS = 4096, 200
 

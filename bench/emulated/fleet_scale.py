@@ -36,15 +36,17 @@ from bench.pdd.fleet import ControlPlane, start_control_plane
 from bench.pdd.run import cpu_seconds
 from bench.testbed import ROOT
 from bench.traffic import TrafficStats, paper_workload, replay
+from pdd.profiles import PAPER_GPUS
 
 HERE = Path(__file__).resolve().parent
 PROFILE = "profile:paper-dsv4"
 KV_SCALE = 100
-# Per chip: the planner's GPU-A / GPU-B units divided by 8 (GPU-B: 81% of A's compute, 2.1x its
-# bandwidth, 141 GB).
+# Per chip: the planner's GPU-A / GPU-B units divided by 8 (pdd.profiles.PAPER_GPUS).
 GPUS = {
-    "paper-a": {"peak_bf16_tflops": 989.0, "memory_gib": 74.51, "memory_bandwidth_gbps": 3350.0},
-    "paper-b": {"peak_bf16_tflops": 801.1, "memory_gib": 131.32, "memory_bandwidth_gbps": 7035.0},
+    model: {
+        k: PAPER_GPUS[name][k] for k in ("peak_bf16_tflops", "memory_gib", "memory_bandwidth_gbps")
+    }
+    for model, name in (("paper-a", "GPU-A"), ("paper-b", "GPU-B"))
 }
 PRICES = {"paper-a": "2.00", "paper-b": "2.50"}
 FLEET = (("prefill", "pa", "paper-a", 40), ("relay_decode", "pa", "paper-a", 3),

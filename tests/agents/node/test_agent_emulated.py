@@ -12,26 +12,12 @@ from agent_node_helpers import agent_args, get, make_prompt, run_pdd, run_single
 
 from agents.node.launch import AgentProcess
 from pdd.hardware import decode_step_time
-from pdd.profiles import load_profile
+from pdd.profiles import PAPER_GPUS, load_profile
 
 pytestmark = pytest.mark.slow
 
 # Per chip, as the fleet's GPU type rows hold them; 8 chips a unit (the planner's GPU-A/B).
-GPU_A = {
-    "name": "GPU-A",
-    "count": 8,
-    "peak_bf16_tflops": 989.0,
-    "memory_gib": 80 / 1.073741824,
-    "memory_bandwidth_gbps": 3350.0,
-    "interconnect_gbps": 50.0,
-}
-GPU_B = {
-    **GPU_A,
-    "name": "GPU-B",
-    "peak_bf16_tflops": 989.0 * 0.81,
-    "memory_gib": 141 / 1.073741824,
-    "memory_bandwidth_gbps": 3350.0 * 2.1,
-}
+GPU_A, GPU_B = PAPER_GPUS["GPU-A"], PAPER_GPUS["GPU-B"]
 PROFILE = "profile:paper-dsv4"
 KV_SCALE = 100
 # 20 Gbit/s declared: the shaper runs at 20 / KV_SCALE.
