@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agents.engine.config import EngineConfig
@@ -20,6 +20,7 @@ from agents.engine.outputs import (
     GenerateResult,
     ImportResult,
     PrefillResult,
+    TokenLogprob,
     TokenOutput,
 )
 from agents.engine.radix_cache import RadixCache
@@ -312,6 +313,49 @@ class EngineCore(ABC):
         """What this engine is, for the agent's state document."""
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _deliver(
+        self,
+        complete: list[Request],
+        sampled: list[int],
+        tokens: list[int],
+        logprobs: Mapping[int, TokenLogprob],
+    ) -> list[TokenOutput]:
+        """After a forward: hold the requests whose forward was KV only; append each sampled
+        token (``tokens[j]`` for ``complete[sampled[j]]``, with ``logprobs`` by index into
+        ``complete``) and emit it; hold P's request after its first token, finish the ones
+        that stop."""
+        for req in complete:
+            if req.after_forward == AfterForward.HOLD:
+                self.scheduler.hold(req)
+        self._tokens_generated += len(tokens)
+        outputs = []
+        for i, token in zip(sampled, tokens, strict=True):
+            req = complete[i]
+            req.token_ids.append(token)
+            reason = self._stop_reason(req)
+            lp = logprobs.get(i)
+            outputs.append(
+                TokenOutput(
+                    req.request_id,
+                    [token],
+                    reason is not None,
+                    reason,
+                    None if lp is None else [lp],
+                )
+            )
+            if req.after_forward == AfterForward.SAMPLE_THEN_HOLD:
+                req.after_forward = AfterForward.SAMPLE
+                self.scheduler.hold(req)
+            elif reason is not None:
+                self._finish(req, reason)
+        return outputs
+
+    def _sampling_seed(self, sampling: SamplingParams, arrival: int) -> int:
+        """A sampled request's seed: its own, else derived from the engine's and its arrival."""
+        if sampling.seed is not None:
+            return sampling.seed
+        return self.config.seed * 1_000_003 + arrival
 
     def _drive(self, req: Request, done: Callable[[list[TokenOutput]], bool]) -> list[TokenOutput]:
         """Step until `done(outputs of req so far)`; other requests' outputs wait for `step()`."""

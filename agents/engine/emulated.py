@@ -21,17 +21,25 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from agents.engine.config import EngineConfig
 from agents.engine.core import EngineCore
 from agents.engine.interface import EMULATED
-from agents.engine.kv_pool import KVHeader, KVPool, OutOfBlocks, kv_header, read_kv_header
+from agents.engine.kv_pool import (
+    KV_HEADER_BYTES,
+    KVHeader,
+    KVPool,
+    OutOfBlocks,
+    kv_header,
+    read_kv_header,
+)
 from agents.engine.outputs import ImportResult, TokenLogprob, TokenOutput
 from agents.engine.radix_cache import RadixCache
 from agents.engine.request import AfterForward, Request, SamplingParams
 from agents.engine.scheduler import Scheduler
+from pdd.checks import check_number
 from pdd.hardware import GpuType, forward_time, transfer_time
 from pdd.profiles import ModelProfile
 
@@ -113,7 +121,7 @@ class BlockPool(KVPool):
         n = header.num_tokens
         if len(blocks) != self.blocks_for(n):
             raise ValueError(f"{n} tokens need {self.blocks_for(n)} blocks, got {len(blocks)}")
-        expected = len(kv_header(0, 0, 0, 0, 0, 0, 0)) + n * self.wire_bytes_per_token
+        expected = KV_HEADER_BYTES + n * self.wire_bytes_per_token
         if len(payload) != expected:
             raise ValueError(
                 f"KV payload is {len(payload)} bytes, expected {expected} (this engine sends "
@@ -145,9 +153,7 @@ class Pacer:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if not speedup > 0:
-            raise ValueError(f"speedup: must be > 0, got {speedup!r}")
-        self.speedup = speedup
+        self.speedup = check_number(speedup, "speedup", gt=0)
         self.clock = clock
         self.sleep = sleep
         self._until = 0.0
@@ -184,21 +190,6 @@ def _token_of(digest: bytes, seed: int | None) -> int:
     return FIRST_TOKEN + int.from_bytes(digest[:8], "little") % NUM_TOKENS
 
 
-@dataclass(slots=True)
-class EmulationSettings:
-    """How an emulated instance maps onto this host."""
-
-    kv_scale: float = 1.0  # KV bytes on the wire = real bytes / kv_scale (links shaped alike)
-    speedup: float = 1.0  # modelled seconds / wall seconds
-    steps: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.kv_scale, (int, float)) and self.kv_scale >= 1):
-            raise ValueError(f"kv_scale: must be a number >= 1, got {self.kv_scale!r}")
-        if not (isinstance(self.speedup, (int, float)) and self.speedup > 0):
-            raise ValueError(f"speedup: must be a number > 0, got {self.speedup!r}")
-
-
 class EmulatedEngine(EngineCore):
     """An engine instance of a model profile on one GPU unit, with modelled step times."""
 
@@ -219,7 +210,11 @@ class EmulatedEngine(EngineCore):
         base = config or EngineConfig()
         self.profile = profile
         self.gpu = gpu
-        self.emulation = EmulationSettings(kv_scale=kv_scale, speedup=speedup)
+        # KV bytes on the wire = real bytes / kv_scale (the agent shapes its links alike).
+        self.kv_scale = check_number(kv_scale, "kv_scale", ge=1)
+        self.pacer = Pacer(speedup, clock, sleep)
+        # The last STEP_HISTORY forwards with their modelled durations.
+        self.steps: deque[StepRecord] = deque(maxlen=STEP_HISTORY)
         capacity = profile.kv_capacity_tokens(gpu)
         num_blocks = capacity // base.block_size
         if num_blocks < 1:
@@ -237,11 +232,10 @@ class EmulatedEngine(EngineCore):
             device="cpu",
         )
         self.model_config = EmulatedModel(profile.name, profile.vocab_size, profile.max_position)
-        wire = max(1, round(profile.model.kv_bytes_per_token / kv_scale))
+        wire = max(1, round(profile.model.kv_bytes_per_token / self.kv_scale))
         self.pool = BlockPool(num_blocks, base.block_size, wire)
         self.cache = RadixCache(base.block_size)
         self.scheduler = Scheduler(self.config, self.pool, self.cache)
-        self.pacer = Pacer(speedup, clock, sleep)
         self.requests = {}
         self._undelivered = []
         self._contexts: dict[str, _Context] = {}
@@ -264,19 +258,14 @@ class EmulatedEngine(EngineCore):
             },
             "kv_capacity_tokens": self.pool.num_blocks * self.pool.block_size,
             "kv_bytes_per_token": self.profile.model.kv_bytes_per_token,
-            "kv_scale": self.emulation.kv_scale,
-            "speedup": self.emulation.speedup,
+            "kv_scale": self.kv_scale,
+            "speedup": self.pacer.speedup,
             "modelled_busy_s": round(self.pacer.charged_s, 6),
         }
 
     def represented_bytes(self, payload: bytes) -> int:
         """The real KV bytes a payload stands for (its tokens x the profile's bytes per token)."""
         return read_kv_header(payload).num_tokens * self.profile.model.kv_bytes_per_token
-
-    @property
-    def steps(self) -> deque[StepRecord]:
-        """The last STEP_HISTORY forwards with their modelled durations."""
-        return self.emulation.steps
 
     def step_time(self, new_tokens: list[int], context_tokens: list[int]) -> float:
         """Modelled seconds of one forward (pdd.hardware.forward_time on this unit)."""
@@ -309,7 +298,7 @@ class EmulatedEngine(EngineCore):
             return None
         contexts = [r.cached_len for r in batch.requests]
         seconds = self.step_time(list(batch.num_tokens), contexts)
-        self.emulation.steps.append(
+        self.steps.append(
             StepRecord(
                 "decode" if batch.is_decode else "extend",
                 len(batch.requests),
@@ -324,27 +313,15 @@ class EmulatedEngine(EngineCore):
         self._forwards += 1
         self._tokens_computed += sum(batch.num_tokens)
         complete = [r for r in batch.requests if r.extend_len == 0]
-        outputs = []
-        for req in complete:
-            if req.after_forward == AfterForward.HOLD:
-                self.scheduler.hold(req)
-                continue
-            token = self._next_token(req)
-            self._tokens_generated += 1
-            req.token_ids.append(token)
-            reason = self._stop_reason(req)
-            logprobs = None
-            if req.sampling.logprobs is not None:
-                # The emulated model is certain of its token: probability 1.
-                logprobs = [TokenLogprob(0.0, ((token, 0.0),) if req.sampling.logprobs else ())]
-            outputs.append(
-                TokenOutput(req.request_id, [token], reason is not None, reason, logprobs)
-            )
-            if req.after_forward == AfterForward.SAMPLE_THEN_HOLD:
-                req.after_forward = AfterForward.SAMPLE
-                self.scheduler.hold(req)
-            elif reason is not None:
-                self._finish(req, reason)
+        sampled = [i for i, r in enumerate(complete) if r.after_forward != AfterForward.HOLD]
+        tokens = [self._next_token(complete[i]) for i in sampled]
+        # The emulated model is certain of its token: probability 1.
+        logprobs = {
+            i: TokenLogprob(0.0, ((token, 0.0),) if complete[i].sampling.logprobs else ())
+            for i, token in zip(sampled, tokens, strict=True)
+            if complete[i].sampling.logprobs is not None
+        }
+        outputs = self._deliver(complete, sampled, tokens, logprobs)
         # Whether the next forward follows this one back to back (the pacer's catch-up).
         self._busy = self.scheduler.has_work()
         return outputs
@@ -364,10 +341,7 @@ class EmulatedEngine(EngineCore):
     def _generator(self, sampling: SamplingParams, arrival: int) -> Any:
         if sampling.greedy:
             return None
-        seed = (
-            sampling.seed if sampling.seed is not None else self.config.seed * 1_000_003 + arrival
-        )
-        return random.Random(seed)
+        return random.Random(self._sampling_seed(sampling, arrival))
 
     def _finish(self, req: Request, reason: str) -> None:
         super()._finish(req, reason)

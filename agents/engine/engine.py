@@ -120,7 +120,6 @@ class Engine(EngineCore):
             [complete[i].sampling for i in sampled],
             [complete[i].generator for i in sampled],
         )
-        self._tokens_generated += len(tokens)
         # Log-probabilities only for the requests that asked (SamplingParams.logprobs).
         asking = [j for j, i in enumerate(sampled) if complete[i].sampling.logprobs is not None]
         logprobs: dict[int, TokenLogprob] = {}
@@ -132,35 +131,9 @@ class Engine(EngineCore):
                 [complete[i].sampling.logprobs for i in rows],
             )
             logprobs = dict(zip(rows, found, strict=True))
-        outputs = []
-        for req in complete:
-            if req.after_forward == AfterForward.HOLD:
-                self.scheduler.hold(req)
-        for i, token in zip(sampled, tokens, strict=True):
-            req = complete[i]
-            req.token_ids.append(token)
-            reason = self._stop_reason(req)
-            lp = logprobs.get(i)
-            outputs.append(
-                TokenOutput(
-                    req.request_id,
-                    [token],
-                    reason is not None,
-                    reason,
-                    None if lp is None else [lp],
-                )
-            )
-            if req.after_forward == AfterForward.SAMPLE_THEN_HOLD:
-                req.after_forward = AfterForward.SAMPLE
-                self.scheduler.hold(req)
-            elif reason is not None:
-                self._finish(req, reason)
-        return outputs
+        return self._deliver(complete, sampled, tokens, logprobs)
 
     def _generator(self, sampling: SamplingParams, arrival: int) -> torch.Generator | None:
         if sampling.greedy:
             return None
-        seed = (
-            sampling.seed if sampling.seed is not None else self.config.seed * 1_000_003 + arrival
-        )
-        return torch.Generator().manual_seed(seed)
+        return torch.Generator().manual_seed(self._sampling_seed(sampling, arrival))
