@@ -71,13 +71,15 @@ class PageView(LoginRequiredMixin, TemplateView):
 
     login_url = LOGIN_URL
     section = ""
+    # Pages that list served models by name get ``emulated_models``, to badge them.
+    names_models = False
 
     def get_context_data(self, **kwargs):
         ctx = super().get_context_data(**kwargs)
         ctx["is_operator"] = user_is_operator(self.request.user)
         ctx["section"] = self.section
-        # Served models run by the emulated engine: every page labels their requests so.
-        ctx["emulated_models"] = emulated_model_names()
+        if self.names_models:
+            ctx["emulated_models"] = emulated_model_names()
         return ctx
 
 
@@ -165,6 +167,7 @@ class FleetView(PageView):
 class RequestsView(PageView):
     template_name = "frontend/requests.html"
     section = "requests"
+    names_models = True
     page_size = 50
 
     def get_context_data(self, **kwargs):
@@ -195,6 +198,7 @@ class RequestDetailView(PageView):
 
     template_name = "frontend/request_detail.html"
     section = "requests"
+    names_models = True
 
     def get_context_data(self, **kwargs):
         from billing.models import UsageEntry
@@ -332,6 +336,7 @@ class BillingView(PageView):
 
     template_name = "frontend/billing.html"
     section = "billing"
+    names_models = True
 
     def get_context_data(self, **kwargs):
         from billing import statements as billing_statements
