@@ -36,7 +36,7 @@ from agents.transfer.shaping import LinkSettings, LinkShaper
 from pdd.dataplane import bearer_headers
 from pdd.hardware import GpuType, unit_from_json
 from pdd.prefix import prefix_block_hashes, tree_block_hashes
-from pdd.profiles import is_profile_source, load_profile
+from pdd.profiles import ModelProfile, is_profile_source, load_profile
 from pdd.vocab import InstanceStatus
 
 if TYPE_CHECKING:
@@ -76,8 +76,9 @@ class Instance:
     tokens_emitted: int = 0  # output tokens this instance produced in its role
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     # The GPU unit the control plane's start command named (None: not named). An emulated
-    # instance (source "profile:...") takes its step times from it.
+    # instance (source "profile:...") takes its step times from it and from its model profile.
     gpu: GpuType | None = None
+    profile: ModelProfile | None = None
 
     @property
     def engine_kind(self) -> str:
@@ -299,13 +300,14 @@ class Agent:
         source "profile:..." starts an emulated engine, which needs the `gpu` unit it models."""
         if role not in ROLES:
             raise AgentError(400, f"role must be one of {list(ROLES)}, got {role!r}", "role")
+        profile = None
         if is_profile_source(source):
             if gpu is None:
                 raise AgentError(
                     400, f"gpu: required for an emulated instance (source {source!r})", "gpu"
                 )
             try:
-                load_profile(source)
+                profile = load_profile(source)
             except ValueError as exc:
                 raise AgentError(400, str(exc), "source") from None
         elif self.settings.kv_scale != 1:
@@ -340,7 +342,7 @@ class Agent:
             return current
         if self.draining:
             raise AgentError(503, "agent is draining; not starting instances")
-        inst = Instance(instance_id, role, model, source, dtype, gpu=gpu)
+        inst = Instance(instance_id, role, model, source, dtype, gpu=gpu, profile=profile)
         self.instances[instance_id] = inst
         task = asyncio.create_task(self._load(inst))
         await asyncio.wait({task}, timeout=wait_s)
@@ -378,9 +380,9 @@ class Agent:
     async def _make_engine(self, inst: Instance, config: EngineConfig) -> Engine:
         s = self.settings
         if inst.engine_kind == EMULATED:
-            assert inst.gpu is not None  # put_instance checked
+            assert inst.gpu is not None and inst.profile is not None  # put_instance checked
             return EmulatedEngine(
-                load_profile(inst.source),
+                inst.profile,
                 inst.gpu,
                 config,
                 kv_scale=s.kv_scale,

@@ -35,6 +35,7 @@ from agents.node.wire import (
     need_dict,
     parse_gpu,
     parse_sampling,
+    refused,
 )
 from pdd.metrics import CONTENT_TYPE as METRICS_TYPE
 from pdd.metrics import render as render_metrics
@@ -184,8 +185,7 @@ def build_app(agent: Agent) -> Starlette:
         try:
             link = link_from_json(body)
         except ValueError as exc:
-            field = str(exc).split(":")[0] if ":" in str(exc) else None
-            raise AgentError(400, str(exc), field) from None
+            raise refused(exc) from None
         applied = agent.set_link(request.path_params["peer"], link)
         return JSONResponse(link_json(applied))
 

@@ -239,11 +239,16 @@ def error_event(message: str) -> dict[str, Any]:
     return ErrorEvent(message).to_json()
 
 
+def refused(exc: ValueError) -> AgentError:
+    """A 400 for a checker's ``"<field>: <reason>"`` ValueError, naming the field."""
+    message = str(exc)
+    return AgentError(400, message, message.split(":")[0] if ":" in message else None)
+
+
 def parse_gpu(raw: Any) -> GpuType:
     """The GPU unit of a start command's ``gpu`` object (the fleet's per-chip numbers and the
     instance's chip count: pdd.hardware.unit_from_json); 400 naming the field."""
     try:
         return unit_from_json(raw)
     except ValueError as exc:
-        field = str(exc).split(":")[0]
-        raise AgentError(400, str(exc), field) from None
+        raise refused(exc) from None
