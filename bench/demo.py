@@ -414,7 +414,13 @@ def rate_usage(env: dict[str, str]) -> None:
 
 
 async def run_traffic(url: str, api_key: str, args, procs) -> int:
-    from bench.traffic import TrafficStats, demo_workload, paper_workload, replay
+    from bench.traffic import (
+        TrafficStats,
+        demo_workload,
+        paper_workload,
+        replay,
+        session_options,
+    )
 
     stop = asyncio.Event()
     stats = TrafficStats()
@@ -440,8 +446,7 @@ async def run_traffic(url: str, api_key: str, args, procs) -> int:
                 replay(
                     base_url=url, api_key=api_key, model=EMULATED_MODEL, spec=paper, stop=stop,
                     stats=emulated, max_in_flight=32,
-                    max_context=paper.context.max_context_tokens if paper.context else 131_072,
-                    system_tokens=paper.context.shared_prefix_tokens - 28 if paper.context else 60,
+                    **session_options(paper),
                 )
             )
         )  # fmt: skip

@@ -65,6 +65,20 @@ def paper_workload(*, rps: float, duration_s: float, seed: int) -> WorkloadSpec:
     )
 
 
+SYSTEM_HEAD = "You are Baton's demo agent. "
+
+
+def session_options(spec: WorkloadSpec) -> dict[str, int]:
+    """`replay`'s session options for a spec with a context model: compact at its max context,
+    open with a system prompt of its shared prefix's tokens."""
+    if spec.context is None:
+        raise ValueError("workload.context: required for session options")
+    return {
+        "max_context": spec.context.max_context_tokens,
+        "system_tokens": spec.context.shared_prefix_tokens - len(SYSTEM_HEAD),
+    }
+
+
 def filler(rng: random.Random, n: int) -> str:
     out: list[str] = []
     size = 0
@@ -106,12 +120,12 @@ async def replay(
 ) -> None:
     """Send the trace's requests at their arrival times until it ends or `stop` is set. A
     session's context is compacted (a fresh one) past `max_context` tokens (1,500 fits
-    baton-tiny's 2K positions); every session opens with the same system prompt of about
-    `system_tokens` tokens."""
+    baton-tiny's 2K positions); every session opens with the same system prompt, SYSTEM_HEAD
+    and `system_tokens` tokens of filler (`session_options` sizes both from a spec)."""
     trace = generate(spec)
     rng = random.Random(spec.seed)
     limit = max_context
-    system = "You are Baton's demo agent. " + filler(rng, system_tokens)
+    system = SYSTEM_HEAD + filler(rng, system_tokens)
     sessions: dict[int, list[dict]] = {}
     gate = asyncio.Semaphore(max_in_flight)
     started = time.monotonic()

@@ -35,7 +35,7 @@ from bench.demo import port_in_use
 from bench.pdd.fleet import ControlPlane, start_control_plane
 from bench.pdd.run import cpu_seconds
 from bench.testbed import ROOT
-from bench.traffic import TrafficStats, paper_workload, replay
+from bench.traffic import TrafficStats, paper_workload, replay, session_options
 from pdd.profiles import PAPER_GPUS
 
 HERE = Path(__file__).resolve().parent
@@ -234,7 +234,7 @@ def phase(cp: ControlPlane, agents: dict[str, AgentProcess], seconds: float, web
             task = asyncio.create_task(
                 replay(
                     base_url=cp.url, api_key=api_key, model="paper-dsv4", spec=spec, stop=stop,
-                    stats=stats, max_in_flight=64, max_context=131_072, system_tokens=3972,
+                    stats=stats, max_in_flight=64, **session_options(spec),
                 )
             )  # fmt: skip
             await asyncio.sleep(seconds)
