@@ -73,7 +73,7 @@ def _set_actual(instance: Instance, state: str, *, reason: str, actor: str) -> b
 @transaction.atomic
 def node_register(*, node: Node, endpoint: str, report: dict[str, Any]) -> dict[str, Any]:
     """Record the endpoint the agent serves on and hand it a fresh command token."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(of=("self",)).get(pk=node.pk)
     previous_endpoint = node.agent_endpoint
     node.agent_endpoint = endpoint
     node.command_token = secrets.token_urlsafe(32)
@@ -104,8 +104,13 @@ def node_register(*, node: Node, endpoint: str, report: dict[str, Any]) -> dict[
 
 @transaction.atomic
 def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
-    """Take an agent's state document: the node is alive, and its instances are as reported."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    """Take an agent's state document: the node is alive, and its instances are as reported.
+
+    Locks this node's row, then its instances' rows in id order, and no other row: a lock two
+    nodes' heartbeats share (their datacenter's row, which Instance's default ordering joins)
+    serialised a whole datacenter's heartbeats and deadlocked them (tests/fleet/test_postgres.py).
+    """
+    node = Node.objects.select_for_update(of=("self",)).get(pk=node.pk)
     node.last_heartbeat_at = timezone.now()
     fields = ["last_heartbeat_at", "last_report", "updated_at"]
     if node.status in (NodeStatus.PENDING, NodeStatus.OFFLINE):
@@ -120,7 +125,7 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
         )
     # Only this node's instances: a token never speaks for another node's, neither here nor
     # in the live view the gateways route on (which reads the report published below).
-    instances = list(Instance.objects.select_for_update().filter(node=node))
+    instances = list(_own_instances_locked(node))
     # What the agent runs, by id, as it says: its own instances, and any it should not run
     # (the reconcile below stops those on this agent; it never touches another node's).
     claimed = _reported_states(report)
@@ -162,6 +167,12 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
         state = REPORTED_STATES.get(str(item.get("state")), ActualState.FAILED)
         if not _set_actual(instance, state, reason="reported by the agent", actor="agent"):
             instance.save(update_fields=["last_report"])
+
+
+def _own_instances_locked(node: Node):
+    """The node's instances, locked in id order; FOR UPDATE OF the instance table only (the
+    default ordering's join would lock the datacenter's row as well)."""
+    return node.instances.select_for_update(of=("self",)).order_by("pk")
 
 
 def own_instances_only(
@@ -235,9 +246,9 @@ def nodes_mark_offline(*, now=None) -> list[int]:
     silence = timedelta(seconds=heartbeat_interval_s() * settings.BATON_HEARTBEAT_MISSES)
     went_offline: list[int] = []
     stale = Node.objects.filter(status=NodeStatus.ONLINE, last_heartbeat_at__lt=now - silence)
-    for node_id in stale.values_list("pk", flat=True):
+    for node_id in stale.order_by("pk").values_list("pk", flat=True):
         with transaction.atomic():
-            node = Node.objects.select_for_update().get(pk=node_id)
+            node = Node.objects.select_for_update(of=("self",)).get(pk=node_id)
             if node.status != NodeStatus.ONLINE or node.last_heartbeat_at >= now - silence:
                 continue  # a heartbeat raced in
             node.status = NodeStatus.OFFLINE
@@ -251,7 +262,7 @@ def nodes_mark_offline(*, now=None) -> list[int]:
                 node=node,
                 actor="health",
             )
-            for instance in node.instances.select_for_update().exclude(
+            for instance in _own_instances_locked(node).exclude(
                 actual_state__in=[ActualState.STOPPED, ActualState.PENDING]
             ):
                 _set_actual(
