@@ -33,6 +33,7 @@ from prometheus_client.core import (
     Metric,
 )
 
+from fleet.kv_index import prefix_index
 from fleet.live import read_reports
 from frontend import conf
 from frontend.telemetry import histogram
@@ -202,6 +203,7 @@ class TelemetryCollector:
         )
         yield from self._links(fleet, minute)
         yield from self._instances()
+        yield self._prefix_index()
         yield GaugeMetricFamily(
             "pdd_goodput_requests_per_second",
             "Requests per second counted as meeting their model's TTFT SLA, last minute.",
@@ -255,6 +257,20 @@ class TelemetryCollector:
         yield bandwidth
         yield throughput
         yield utilisation
+
+    def _prefix_index(self) -> Metric:
+        """Blocks the prefix index holds per decode instance (from KV cache events)."""
+        held = GaugeMetricFamily(
+            "baton_prefix_index_blocks",
+            "Prefix-cache blocks the control plane's prefix index holds per decode instance, "
+            "kept from the agents' KV cache events (this process's view).",
+            labels=["instance"],
+        )
+        index = prefix_index()
+        index.sync()
+        for instance, blocks in sorted(index.stats().items()):
+            held.add_metric([instance], blocks)
+        return held
 
     def _instances(self) -> Iterator[Metric]:
         """Per-instance and per-node figures from the nodes' fresh heartbeats (the same

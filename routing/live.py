@@ -21,9 +21,11 @@ from django.db.models.signals import post_delete, post_save
 from fleet import live as fleet_live
 from fleet.choices import DesiredState, InstanceRole, NodeStatus
 from fleet.choices import LinkStatus as FleetLinkStatus
+from fleet.kv_index import prefix_index
 from fleet.models import Datacenter, GPUType, Instance, Node, WANLink
 from routing.caching import TtlCache, shared_cache, versions
 from routing.policy import (
+    BlockSet,
     ClusterSnapshot,
     InstanceState,
     LinkStatus,
@@ -165,16 +167,14 @@ _TOPOLOGY_FIELDS = {
     Datacenter: None,
     GPUType: {"interconnect_gbps"},
 }
-# (node, instance, report time) -> the instance's cached blocks as a frozenset: a report's
-# thousands of hashes are turned into a set once, not on every build.
+# (node, instance, report time) -> the KV in flight to an MD as a frozenset: a report's
+# hashes are turned into a set once, not on every build.
 _block_sets: TtlCache[frozenset[str]] = TtlCache(max_age_s=3600.0, capacity=4096)
 
 
-def _held_blocks(item: dict[str, Any]) -> frozenset[str]:
-    """An MD's reported radix-cache blocks and those on their way to it, as one set."""
-    return frozenset(
-        (*(item.get("cached_prefix_blocks") or ()), *(item.get("incoming_prefix_blocks") or ()))
-    )
+def _incoming_blocks(item: dict[str, Any]) -> frozenset[str]:
+    """The prefix blocks of the KV on its way to an MD (reserved there, not imported yet)."""
+    return frozenset(item.get("incoming_prefix_blocks") or ())
 
 
 def _topology_changed(sender, update_fields=None, **_: object) -> None:
@@ -195,6 +195,8 @@ def build_live_view(model_name: str) -> LiveView:
     """Instances serving `model_name`, healthy only when the operator wants them running, the
     node is online and the agent's fresh report says running."""
     reports = instance_reports()
+    index = prefix_index()
+    index.sync()  # the Redis index's new events into this process's mirror
     rows, link_rows = topology.get(model_name, lambda: _load_topology(model_name))
     states: list[InstanceState] = []
     endpoints: dict[str, Endpoint] = {}
@@ -214,16 +216,15 @@ def build_live_view(model_name: str) -> LiveView:
         dc = inst.datacenter
         healthy = item is not None and item.get("state") == "running" and inst.wanted
         load, queued = _load(item) if item is not None else (0.0, 0)
-        # What MD holds: its radix cache and the KV in flight to it (reserved, on its way;
-        # the agent's ``incoming_prefix_blocks``), as its ``reserve`` counts it.
-        cached = (
-            _block_sets.get(
-                (inst.node_id, key, reported[key][0]),
-                functools.partial(_held_blocks, item),
+        # What MD holds: its radix cache (the prefix index, kept from its KV cache events)
+        # and the KV in flight to it (reserved, on its way; the heartbeat's
+        # ``incoming_prefix_blocks``), as its ``reserve`` counts it.
+        cached: BlockSet = frozenset()
+        if item is not None:
+            incoming = _block_sets.get(
+                (inst.node_id, key, reported[key][0]), functools.partial(_incoming_blocks, item)
             )
-            if item is not None
-            else frozenset()
-        )
+            cached = index.held(key, incoming)
         states.append(
             InstanceState(
                 id=key,

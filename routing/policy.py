@@ -8,9 +8,9 @@ says why in a human-readable reason.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol
 
 from pdd.checks import check_int, check_number
 from pdd.vocab import HandoffMode, LinkStatus, Pipeline, Role
@@ -166,6 +166,19 @@ def _check_int(obj: object, name: str, lo: int | None = None) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+class BlockSet(Protocol):
+    """Prefix-block hashes an instance holds, as the policy reads them: a frozenset, or the
+    prefix index's view of a main decoder's cache (fleet.kv_index.HeldBlocks)."""
+
+    def __contains__(self, item: object, /) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[str]: ...
+
+    def union(self, *others: Iterable[str]) -> BlockSet: ...
+
+
 @dataclass(slots=True)
 class InstanceState:
     """One engine instance as the policy sees it. Mutable so a simulator can update it in place.
@@ -182,7 +195,7 @@ class InstanceState:
     healthy: bool = True
     load: float = 0.0
     queue_depth: int = 0
-    cached_prefix_blocks: frozenset[str] = field(default_factory=frozenset)
+    cached_prefix_blocks: BlockSet = field(default_factory=frozenset)
     handoff_mode: str | None = None
 
 

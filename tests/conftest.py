@@ -118,3 +118,7 @@ def _fresh_gateway_caches():
     except Exception:  # noqa: BLE001 - Django not set up in this test run
         return
     versions.reset()
+    # The prefix index: a test's instance ids may be an earlier test's (rolled back).
+    from fleet import kv_index
+
+    kv_index._index = None

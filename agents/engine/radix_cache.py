@@ -9,11 +9,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from pdd.prefix import chain_hashes
+
 
 class TreeNode:
     """An edge of the tree: `key` is a whole number of blocks' worth of token ids."""
 
-    __slots__ = ("parent", "children", "key", "blocks", "lock_ref", "last_access")
+    __slots__ = ("parent", "children", "key", "blocks", "lock_ref", "last_access", "hashes")
 
     def __init__(
         self,
@@ -28,6 +30,9 @@ class TreeNode:
         self.blocks = blocks if blocks is not None else []
         self.lock_ref = 0
         self.last_access = 0
+        # The chain hash (pdd.prefix) of each block of the edge, when the cache publishes
+        # events (RadixCache.enable_events); empty otherwise.
+        self.hashes: list[bytes] = []
 
     @property
     def is_root(self) -> bool:
@@ -44,6 +49,20 @@ class InsertResult(NamedTuple):
     duplicates: list[int]  # given blocks whose tokens were already cached: the caller frees them
     new_blocks: int  # given blocks the cache took ownership of
     node: TreeNode  # node holding the last inserted block (root if none)
+
+
+class StoredEvent(NamedTuple):
+    """Blocks entered the cache: ``hashes`` (chain hashes, in prefix order) continue the chain
+    after ``parent`` (b"" at the start of a prompt)."""
+
+    parent: bytes
+    hashes: list[bytes]
+
+
+class RemovedEvent(NamedTuple):
+    """Blocks left the cache (evicted)."""
+
+    hashes: list[bytes]
 
 
 class CacheStats(NamedTuple):
@@ -106,6 +125,40 @@ class RadixCache(PrefixCache):
         self._cached_blocks = 0
         self._locked_blocks = 0
         self._lookups = self._hits = self._queried = self._matched = 0
+        # What entered and left the cache since the last drain_events(), when enabled.
+        self._events: list[StoredEvent | RemovedEvent] | None = None
+
+    # -- KV cache events ----------------------------------------------------------------------
+
+    def enable_events(self) -> None:
+        """Mutates: from now on, keep every block's chain hash and record what enters and leaves
+        the cache (drain_events). Blocks already cached are recorded as stored."""
+        if self._events is not None:
+            return
+        self._events = []
+        stack = [(child, b"") for child in self.root.children.values()]
+        while stack:
+            node, parent = stack.pop()
+            node.hashes = chain_hashes(parent, node.key, self.block_size)
+            self._events.append(StoredEvent(parent, list(node.hashes)))
+            stack.extend((child, node.hashes[-1]) for child in node.children.values())
+
+    def drain_events(self) -> list[StoredEvent | RemovedEvent]:
+        """Mutates: the events recorded since the last call, oldest first (empty when events are
+        not enabled)."""
+        events, self._events = self._events, ([] if self._events is not None else None)
+        return events or []
+
+    def held_hashes(self) -> list[tuple[bytes, list[bytes]]]:
+        """Read-only: every cached edge as (parent hash, its block hashes), parents before their
+        children: a full snapshot for a subscriber that lost track. Needs events enabled."""
+        out: list[tuple[bytes, list[bytes]]] = []
+        stack = [(child, b"") for child in self.root.children.values()]
+        while stack:
+            node, parent = stack.pop()
+            out.append((parent, list(node.hashes)))
+            stack.extend((child, node.hashes[-1]) for child in node.children.values())
+        return out
 
     def _first_block(self, tokens: Sequence[int], offset: int) -> tuple[int, ...]:
         return tuple(tokens[offset : offset + self.block_size])
@@ -165,6 +218,8 @@ class RadixCache(PrefixCache):
         child.parent = upper
         child.key = child.key[num_blocks * bs :]
         child.blocks = child.blocks[num_blocks:]
+        if child.hashes:
+            upper.hashes, child.hashes = child.hashes[:num_blocks], child.hashes[num_blocks:]
         upper.children[child.key[:bs]] = child
         return upper
 
@@ -182,6 +237,10 @@ class RadixCache(PrefixCache):
                 leaf = TreeNode(node, tuple(tokens[offset:]), rest)
                 leaf.last_access = now
                 node.children[leaf.key[:bs]] = leaf
+                if self._events is not None:
+                    parent = node.hashes[-1] if node.hashes else b""
+                    leaf.hashes = chain_hashes(parent, leaf.key, bs)
+                    self._events.append(StoredEvent(parent, list(leaf.hashes)))
                 self._cached_blocks += len(rest)
                 new_blocks += len(rest)
                 node = leaf
@@ -206,6 +265,8 @@ class RadixCache(PrefixCache):
         while leaves and len(released) < num_blocks:
             _, _, leaf = heapq.heappop(leaves)
             released.extend(leaf.blocks)
+            if self._events is not None:
+                self._events.append(RemovedEvent(leaf.hashes))
             self._cached_blocks -= len(leaf.blocks)
             parent = leaf.parent
             del parent.children[leaf.key[: self.block_size]]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -24,6 +25,7 @@ from agents.engine.core import EngineCore as Engine
 from agents.engine.emulated import EmulatedEngine
 from agents.engine.interface import EMULATED, TORCH
 from agents.node.inflight import block_prefix_len
+from agents.node.kv_events import KVEventLog
 from agents.node.served import ServedLedger
 from agents.node.settings import ROLES, AgentSettings, split_host_port
 from agents.node.worker import EngineWorker
@@ -35,7 +37,7 @@ from agents.transfer.server import FabricServer
 from agents.transfer.shaping import LinkSettings, LinkShaper
 from pdd.dataplane import bearer_headers
 from pdd.hardware import GpuType, unit_from_json
-from pdd.prefix import prefix_block_hashes, tree_block_hashes
+from pdd.prefix import prefix_block_hashes
 from pdd.profiles import ModelProfile, is_profile_source, load_profile
 from pdd.vocab import InstanceStatus
 
@@ -79,6 +81,9 @@ class Instance:
     # instance (source "profile:...") takes its step times from it and from its model profile.
     gpu: GpuType | None = None
     profile: ModelProfile | None = None
+    # A decode instance's prefix-cache changes, published to the control plane's prefix
+    # index (agents/node/kv_events.py); None for prefill.
+    kv_events: KVEventLog | None = None
 
     @property
     def engine_kind(self) -> str:
@@ -370,10 +375,16 @@ class Agent:
         else:
             if inst.state == InstanceStatus.STARTING:
                 loop = asyncio.get_running_loop()
-                # Decode instances report their prefix-cache blocks with every heartbeat: the
-                # engine thread keeps a copy fresh, so a report never waits behind engine work.
-                snapshot = self._cached_block_hashes if inst.role != "prefill" else None
-                inst.worker = EngineWorker(engine, loop, inst.instance_id, snapshot=snapshot)
+                # Decode instances publish their prefix cache's changes (KV cache events): the
+                # engine thread records them after every step and command.
+                snapshot = None
+                if inst.role != "prefill":
+                    engine.cache.enable_events()
+                    inst.kv_events = KVEventLog(inst.instance_id)
+                    snapshot = functools.partial(_record_kv_events, inst.kv_events)
+                inst.worker = EngineWorker(
+                    engine, loop, inst.instance_id, snapshot=snapshot, snapshot_every_s=0.0
+                )
                 inst.state = InstanceStatus.RUNNING
         inst.ready.set()
 
@@ -826,22 +837,15 @@ class Agent:
         }
 
     async def report(self, *, link_use: bool = True) -> dict[str, Any]:
-        """The state document plus what routing needs from heartbeats: the prefix blocks each
-        decode instance holds (its DRC, as chain hashes) and each WAN link's recent use.
-
-        Never calls into an engine thread: the blocks are the copy the engine thread takes
-        between steps (EngineWorker.snapshot: exact once the engine is idle; while it is busy
-        up to worker.SNAPSHOT_EVERY_S plus one step or command old), so a heartbeat or a
-        GET /state answers at once however long the engine's current step or queue is."""
+        """The state document plus what routing needs from heartbeats: where each decode
+        instance's KV cache events stand (``kv_events``: epoch, last batch, digest; the blocks
+        themselves go to the prefix index, kv_events.py), the KV in flight to each MD and each
+        WAN link's recent use. Never calls into an engine thread."""
         doc = self.state()
         for item in doc["instances"]:
             inst = self.instances.get(item["instance_id"])
-            if inst is None or inst.role == "prefill":
-                continue
-            worker = inst.worker
-            blocks = worker.snapshot if worker is not None else None
-            # A stopping instance (or one still loading) reports no blocks.
-            item["cached_prefix_blocks"] = list(blocks) if blocks else []
+            if inst is not None and inst.kv_events is not None:
+                item["kv_events"] = inst.kv_events.summary()
         self._add_incoming_blocks(doc)  # the KV in flight to each MD (incoming_prefix_blocks)
         now = time.monotonic()
         for peer, shaper in self.links.items() if link_use else ():
@@ -853,11 +857,6 @@ class Agent:
                 used = (granted - last[1]) / (now - last[0]) / rate if rate > 0 else 0.0
                 doc["links"][peer]["utilisation"] = round(min(1.0, max(0.0, used)), 4)
         return doc
-
-    def _cached_block_hashes(self, engine: Engine) -> tuple[str, ...]:
-        # Runs on the engine thread, the only one allowed to walk its radix tree (the worker's
-        # snapshot; a tuple, so the loop reads it while the engine thread replaces it).
-        return tuple(tree_block_hashes(engine.cache.root, self.settings.block_size))
 
     def state(self) -> dict[str, Any]:
         fabrics = {}
@@ -941,6 +940,13 @@ def pool_json(stats: PoolStats) -> dict[str, Any]:
         "background_acquisitions": stats.background_acquisitions,
         "total_wait_s": round(stats.total_wait_s, 6),
     }
+
+
+def _record_kv_events(kv_log: KVEventLog, engine: Engine) -> None:
+    """On the engine thread, after each step and command: the cache's changes into the log."""
+    events = engine.cache.drain_events()
+    if events:
+        kv_log.record(events)
 
 
 def _declared(shaper: LinkShaper, kv_scale: float) -> LinkSettings:

@@ -156,6 +156,25 @@ def build_app(agent: Agent) -> Starlette:
         # Link utilisation is measured between heartbeats; a /state call must not reset it.
         return JSONResponse(await agent.report(link_use=False))
 
+    async def instance_cache(request: Request) -> Response:
+        # What a decode instance's prefix cache holds, as the chain hashes its KV cache events
+        # name (taken on the engine thread: waits for the current step). For operators and
+        # tests checking the prefix index against the agent.
+        inst = agent.instances.get(request.path_params["instance_id"])
+        if inst is None:
+            raise AgentError(404, f"no instance {request.path_params['instance_id']}")
+        if inst.kv_events is None or inst.worker is None:
+            raise AgentError(409, f"instance {inst.instance_id} publishes no prefix cache")
+        edges = await inst.worker.call(lambda engine: engine.cache.held_hashes())
+        return JSONResponse(
+            {
+                "instance_id": inst.instance_id,
+                "block_size": agent.settings.block_size,
+                "blocks": [h.hex() for _, hashes in edges for h in hashes],
+                "kv_events": inst.kv_events.summary(),
+            }
+        )
+
     async def put_instance(request: Request) -> Response:
         body = await body_of(request)
         iid = request.path_params["instance_id"]
@@ -363,6 +382,7 @@ def build_app(agent: Agent) -> Starlette:
         Route("/instances/{instance_id}", command(put_instance), methods=["PUT"]),
         Route("/instances/{instance_id}", command(delete_instance), methods=["DELETE"]),
         Route("/instances/{instance_id}/drain", command(drain_instance), methods=["POST"]),
+        Route("/instances/{instance_id}/cache", command(instance_cache), methods=["GET"]),
         Route("/links/{peer}", command(put_link), methods=["PUT"]),
         Route("/v1/generate", data(generate), methods=["POST"]),
         Route("/v1/pdd/generate", data(pdd_generate), methods=["POST"]),

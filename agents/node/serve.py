@@ -19,6 +19,7 @@ import uvicorn
 from agents.node.agent import Agent
 from agents.node.control import ControlPlaneLink
 from agents.node.http_api import build_app
+from agents.node.kv_events import KVEventPublisher
 from agents.node.settings import (
     AgentSettings,
     apply_thread_plan,
@@ -90,9 +91,12 @@ async def serve(settings: AgentSettings) -> int:
         f"AGENT READY http={endpoint} kv={agent.intra_server.port} wan={agent.wan_server.port}",
         flush=True,
     )
-    control = None
+    control = kv_events = None
     if settings.control_plane:
-        control = asyncio.create_task(ControlPlaneLink(agent, endpoint).run())
+        link = ControlPlaneLink(agent, endpoint)
+        control = asyncio.create_task(link.run())
+        # The decode instances' prefix-cache changes, to the control plane's prefix index.
+        kv_events = asyncio.create_task(KVEventPublisher(agent, link.base, link.headers).run())
     stop_wait = asyncio.create_task(stopping.wait())
     await asyncio.wait({serve_task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
     clean = True
@@ -105,6 +109,10 @@ async def serve(settings: AgentSettings) -> int:
     with contextlib.suppress(Exception):
         await serve_task
     stop_wait.cancel()
+    if kv_events is not None:
+        kv_events.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await kv_events
     if control is not None:
         control.cancel()
         with contextlib.suppress(asyncio.CancelledError):

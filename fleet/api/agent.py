@@ -14,9 +14,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.schema import ErrorDetailSerializer
-from fleet import agent_services, services
+from fleet import agent_services, kv_index, services
 from fleet.endpoints import check_agent_address, check_agent_endpoint, check_agent_port
-from fleet.models import Node
+from fleet.models import Instance, Node
 
 
 class AgentPrincipal:
@@ -95,6 +95,29 @@ MAX_REPORTED_INSTANCES = 256
 MAX_REPORTED_BLOCKS = 200_000
 
 
+class BlockHashListField(serializers.Field):
+    """A list of block hashes (strings of at most 64 characters), checked in one pass: a
+    CharField per hash cost ~70% of a heartbeat's CPU with thousands of them."""
+
+    default_error_messages = {
+        "not_a_list": "Expected a list of block hashes.",
+        "too_long": f"At most {MAX_REPORTED_BLOCKS} block hashes.",
+        "bad_item": "Every block hash must be a string of 1-64 characters.",
+    }
+
+    def to_internal_value(self, data):
+        if not isinstance(data, list):
+            self.fail("not_a_list")
+        if len(data) > MAX_REPORTED_BLOCKS:
+            self.fail("too_long")
+        if not all(type(h) is str and 0 < len(h) <= 64 for h in data):
+            self.fail("bad_item")
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
 class InstanceReportSerializer(serializers.Serializer):
     instance_id = serializers.CharField(max_length=64)
     role = serializers.CharField(max_length=32, required=False)
@@ -105,14 +128,12 @@ class InstanceReportSerializer(serializers.Serializer):
     cache = serializers.DictField(required=False)
     tokens_generated = serializers.IntegerField(required=False, min_value=0)
     kv_endpoint = KVEndpointSerializer(required=False, allow_null=True)
-    # Prefix-block hashes held (radix cache) and on their way (reserved KV): bounded, as the
-    # whole report is (BATON_MAX_HEARTBEAT_BYTES).
-    cached_prefix_blocks = serializers.ListField(
-        child=serializers.CharField(max_length=64), max_length=MAX_REPORTED_BLOCKS, required=False
-    )
-    incoming_prefix_blocks = serializers.ListField(
-        child=serializers.CharField(max_length=64), max_length=MAX_REPORTED_BLOCKS, required=False
-    )
+    # Prefix-block hashes of the KV on its way to a main decoder (reserved, not imported yet):
+    # bounded, as the whole report is (BATON_MAX_HEARTBEAT_BYTES). What the cache holds is
+    # not in the heartbeat: it comes as KV cache events (AgentKVEventsView).
+    incoming_prefix_blocks = BlockHashListField(required=False)
+    # Where the instance's KV cache events stand (agents/node/kv_events.py summary()).
+    kv_events = serializers.DictField(required=False)
 
 
 class StateDocumentSerializer(serializers.Serializer):
@@ -141,6 +162,25 @@ class RegisterSerializer(StateDocumentSerializer):
             return check_agent_endpoint(value)
         except DjangoValidationError as exc:
             raise _policy_error(exc) from None
+
+
+def _without_cache_lists(report: dict) -> dict:
+    """The report without the whole-cache block lists agents before KV cache events sent
+    (``cached_prefix_blocks``): the prefix index comes from the events now, and the lists
+    would only be stored and parsed again."""
+    items = report.get("instances")
+    if not isinstance(items, list) or not any(
+        isinstance(i, dict) and "cached_prefix_blocks" in i for i in items
+    ):
+        return report
+    return report | {
+        "instances": [
+            {k: v for k, v in i.items() if k != "cached_prefix_blocks"}
+            if isinstance(i, dict)
+            else i
+            for i in items
+        ]
+    }
 
 
 class AgentView(APIView):
@@ -172,7 +212,7 @@ class AgentRegisterView(AgentView):
     def post(self, request):
         body = RegisterSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        report = {k: v for k, v in request.data.items() if k != "endpoint"}
+        report = {k: v for k, v in _without_cache_lists(request.data).items() if k != "endpoint"}
         return Response(
             agent_services.node_register(
                 node=request.user.node, endpoint=body.validated_data["endpoint"], report=report
@@ -199,8 +239,87 @@ class AgentHeartbeatView(AgentView):
         if node.registered_at is None:
             # Commands need the endpoint and command token that only registration hands out.
             return Response({"detail": "Register first."}, status=404)
-        agent_services.node_heartbeat(node=node, report=request.data)
+        agent_services.node_heartbeat(node=node, report=_without_cache_lists(request.data))
         return Response({"ok": True})
+
+
+class KVEventsInstanceSerializer(serializers.Serializer):
+    """One instance's batches (documented shape; the view checks the events in one pass)."""
+
+    instance_id = serializers.CharField(max_length=64)
+    epoch = serializers.CharField(max_length=64)
+    seq = serializers.IntegerField(min_value=0)
+    batches = serializers.ListField(child=serializers.DictField(), required=False)
+
+
+class KVEventsSerializer(serializers.Serializer):
+    instances = KVEventsInstanceSerializer(many=True, max_length=MAX_REPORTED_INSTANCES)
+
+
+class AgentKVEventsView(AgentView):
+    """An agent's KV cache events: what each of its decode instances' prefix caches stored and
+    removed, in numbered batches, for the prefix index the gateways route on
+    (fleet/kv_index.py; docs/PROTOCOL.md "KV cache events"). The answer, per instance: the
+    last batch the index holds (``acked``) and, when it cannot apply what came, ``resync``
+    with the reason: the agent then sends a snapshot of its cache."""
+
+    @extend_schema(
+        request=KVEventsSerializer,
+        responses={
+            200: inline_serializer(
+                "AgentKVEventsAck",
+                {"instances": serializers.DictField(child=serializers.DictField())},
+            ),
+            404: OpenApiResponse(
+                ErrorDetailSerializer, description="The node has not registered yet."
+            ),
+        },
+    )
+    def post(self, request):
+        node = request.user.node
+        if node.registered_at is None:
+            return Response({"detail": "Register first."}, status=404)
+        items = request.data.get("instances") if isinstance(request.data, dict) else None
+        if not isinstance(items, list):
+            raise serializers.ValidationError({"instances": ["Expected a list of instances."]})
+        if len(items) > MAX_REPORTED_INSTANCES:
+            raise serializers.ValidationError(
+                {"instances": [f"At most {MAX_REPORTED_INSTANCES} instances."]}
+            )
+        parsed = []
+        for i, item in enumerate(items):
+            where = f"instances[{i}]"
+            if not isinstance(item, dict):
+                raise serializers.ValidationError({where: ["Expected an object."]})
+            iid, epoch, seq = item.get("instance_id"), item.get("epoch"), item.get("seq")
+            if not isinstance(iid, str) or not iid or len(iid) > 64:
+                raise serializers.ValidationError({f"{where}.instance_id": ["Required string."]})
+            if not isinstance(epoch, str) or not epoch or len(epoch) > 64:
+                raise serializers.ValidationError({f"{where}.epoch": ["Required string."]})
+            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+                raise serializers.ValidationError({f"{where}.seq": ["An integer >= 0."]})
+            batches = item.get("batches") or []
+            if not isinstance(batches, list):
+                raise serializers.ValidationError({f"{where}.batches": ["Expected a list."]})
+            try:
+                parsed.append(
+                    (iid, epoch, seq, [
+                        kv_index.parse_batch(b, f"{where}.batches[{j}]")
+                        for j, b in enumerate(batches)
+                    ])
+                )  # fmt: skip
+            except kv_index.IndexError_ as exc:
+                field, _, reason = str(exc).partition(": ")
+                raise serializers.ValidationError({field: [reason]}) from None
+        own = {str(pk) for pk in Instance.objects.filter(node=node).values_list("pk", flat=True)}
+        index = kv_index.prefix_index()
+        answers = {}
+        for iid, epoch, seq, batches in parsed:
+            if iid not in own:
+                answers[iid] = {"acked": 0, "error": "not an instance of this node"}
+                continue
+            answers[iid] = index.apply(iid, epoch, seq, batches)
+        return Response({"instances": answers})
 
 
 class AgentTokenScheme(OpenApiAuthenticationExtension):

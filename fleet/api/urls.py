@@ -19,5 +19,6 @@ urlpatterns = [
     path("topology/", views.TopologyView.as_view(), name="topology"),
     path("agent/register", agent.AgentRegisterView.as_view(), name="agent-register"),
     path("agent/heartbeat", agent.AgentHeartbeatView.as_view(), name="agent-heartbeat"),
+    path("agent/kv-events", agent.AgentKVEventsView.as_view(), name="agent-kv-events"),
     *router.urls,
 ]

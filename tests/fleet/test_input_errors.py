@@ -184,7 +184,7 @@ def test_a_report_with_too_many_instances_or_blocks_is_400(node_a):
     assert response.status_code == 400
     assert "instances" in response.json()
     blocks = ["b"] * (MAX_REPORTED_BLOCKS + 1)
-    item = {"instance_id": "1", "state": "running", "cached_prefix_blocks": blocks}
+    item = {"instance_id": "1", "state": "running", "incoming_prefix_blocks": blocks}
     response = agent.post("/api/v1/agent/heartbeat", {"instances": [item]}, format="json")
     assert response.status_code == 400
 

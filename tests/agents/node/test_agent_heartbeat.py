@@ -66,11 +66,25 @@ async def hold_engine_thread(worker) -> tuple[threading.Event, asyncio.Future]:
     return release, held
 
 
-def test_an_idle_engines_snapshot_is_exact():
+def logged_blocks(inst) -> set[str]:
+    """The hashes the instance's KV event log holds as stored (pending, not yet posted)."""
+    held: set[str] = set()
+    for batch in inst.kv_events.take(10**9):
+        for event in batch["events"]:
+            if event["type"] == "stored":
+                held.update(event["blocks"])
+            elif event["type"] == "removed":
+                held.difference_update(event["blocks"])
+    return held
+
+
+def test_an_idle_engines_kv_events_are_complete():
     async def scenario(agent, inst):
         await inst.worker.call(lambda e: e.generate(PROMPT, SamplingParams(max_tokens=1)))
-        blocks = set((await agent.report())["instances"][0]["cached_prefix_blocks"])
-        assert set(prefix_block_hashes(PROMPT, BS)) <= blocks
+        assert set(prefix_block_hashes(PROMPT, BS)) <= logged_blocks(inst)
+        summary = (await agent.report())["instances"][0]["kv_events"]
+        assert summary["digest"]["blocks"] == inst.worker.stats.cached_blocks
+        assert "cached_prefix_blocks" not in (await agent.report())["instances"][0]
 
     run(scenario)
 
@@ -92,15 +106,15 @@ def test_the_heartbeat_report_and_get_state_answer_while_the_engine_thread_is_bl
             calls.restore()
             release.set()
             await held
-        assert wanted <= set(report["instances"][0]["cached_prefix_blocks"])
+        assert report["instances"][0]["kv_events"]["digest"]["blocks"] >= len(wanted)
         assert response.status_code == 200
-        assert wanted <= set(response.json()["instances"][0]["cached_prefix_blocks"])
+        assert wanted <= logged_blocks(inst)
         assert "threads" in response.json()
 
     run(scenario)
 
 
-def test_the_snapshot_is_taken_on_the_engine_thread_before_the_loop_hears_of_a_change():
+def test_kv_events_are_recorded_on_the_engine_thread_before_the_loop_hears_of_a_change():
     async def scenario(agent, inst):
         worker = inst.worker
         threads: list[str] = []
@@ -114,19 +128,19 @@ def test_the_snapshot_is_taken_on_the_engine_thread_before_the_loop_hears_of_a_c
         # The command's future resolves after the snapshot of what it changed was taken.
         await worker.call(lambda e: e.generate(PROMPT, SamplingParams(max_tokens=2)))
         assert threads and set(threads) == {"engine-0"}
-        assert set(prefix_block_hashes(PROMPT, BS)) <= set(worker.snapshot)
+        assert set(prefix_block_hashes(PROMPT, BS)) <= logged_blocks(inst)
 
     run(scenario)
 
 
-def test_a_prefill_instance_keeps_no_snapshot():
+def test_a_prefill_instance_publishes_no_kv_events():
     async def main():
         agent = Agent(AgentSettings(block_size=BS, num_blocks=64))
         try:
             inst = await agent.put_instance("0", "prefill", "baton-tiny", "baton-tiny", 120)
             await asyncio.wait_for(inst.ready.wait(), 120)
-            assert inst.worker.snapshot is None
-            assert "cached_prefix_blocks" not in (await agent.report())["instances"][0]
+            assert inst.worker.snapshot is None and inst.kv_events is None
+            assert "kv_events" not in (await agent.report())["instances"][0]
         finally:
             await agent.close()
 

@@ -48,7 +48,7 @@ def test_the_heartbeat_carries_the_blocks_of_the_kv_in_flight_to_md():
         item = _md_item(await agent.report(link_use=False))
         # The same chain hashes the gateway computes for the prompt (pdd/prefix.py).
         assert item["incoming_prefix_blocks"] == list(prefix_block_hashes(p1, BS))
-        assert item["cached_prefix_blocks"] == []  # nothing has landed yet
+        assert item["kv_events"]["digest"]["blocks"] == 0  # nothing has landed yet
         await reserve_prefix(agent, inst, "t2", p2)
         await reserve_prefix(agent, inst, "o", other)
         blocks = _md_item(await agent.report(link_use=False))["incoming_prefix_blocks"]

@@ -294,15 +294,22 @@ def test_rld_only_finishes_on_the_relay_with_no_wan_transfer(cluster):
     )
 
 
-def test_decode_agents_report_their_cached_prefix_blocks_as_gateway_hashes(cluster):
-    """The heartbeat names MD's DRC blocks with the same chain hashes the gateway computes."""
+def md_cache(agent) -> set[str]:
+    state = get(agent, "/state").json()
+    iid = state["instances"][0]["instance_id"]
+    return set(get(agent, f"/instances/{iid}/cache").json()["blocks"])
+
+
+def test_decode_agents_name_their_cached_prefix_blocks_as_gateway_hashes(cluster):
+    """MD's KV cache events (and its cache endpoint) name its DRC blocks with the same chain
+    hashes the gateway computes."""
     from pdd.prefix import prefix_block_hashes
 
     prompt = make_prompt(70, 32)
     warm(cluster["md"], prompt)
-    report = get(cluster["md"], "/state").json()
-    blocks = set(report["instances"][0]["cached_prefix_blocks"])
-    assert set(prefix_block_hashes(prompt, 16)[:4]) <= blocks
+    assert set(prefix_block_hashes(prompt, 16)[:4]) <= md_cache(cluster["md"])
+    summary = get(cluster["md"], "/state").json()["instances"][0]["kv_events"]
+    assert summary["digest"]["blocks"] == len(md_cache(cluster["md"]))
 
 
 def test_md_keeps_the_kv_when_rld_finishes_before_the_handoff(cluster):
@@ -324,13 +331,13 @@ def test_md_keeps_the_kv_when_rld_finishes_before_the_handoff(cluster):
     while time.monotonic() < deadline:
         state = get(cluster["md"], "/state").json()
         md_state = state["instances"][0]
-        if wanted <= set(md_state["cached_prefix_blocks"]) and md_state["load"]["held"] == 0:
+        if wanted <= md_cache(cluster["md"]) and md_state["load"]["held"] == 0:
             break
         time.sleep(0.2)
     # MD let the request go (a held request nobody hands off to would keep a decode slot and
     # its blocks for good) and kept its KV.
     assert md_state["load"]["held"] == 0, md_state["load"]
-    assert wanted <= set(md_state["cached_prefix_blocks"]), (
+    assert wanted <= md_cache(cluster["md"]), (
         result["stats"],
         md_state["load"],
         md_state["kv"],

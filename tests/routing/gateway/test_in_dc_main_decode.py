@@ -50,7 +50,6 @@ def in_dc_fleet(transactional_db, settings):
                         "role": role,
                         "state": "running",
                         "load": {"running": 0, "queued": 0, "max_running": 32},
-                        "cached_prefix_blocks": [],
                     }
                 ]
             },

@@ -32,7 +32,6 @@ def _publish(node: Node, inst: Instance) -> None:
                     "role": inst.role,
                     "state": "running",
                     "load": {"running": 0, "queued": 0, "max_running": 32},
-                    "cached_prefix_blocks": [],
                 }
             ]
         },

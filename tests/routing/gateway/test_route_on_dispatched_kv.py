@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 
 from billing import services as billing
 from billing.models import Tenant
+from fleet import kv_index
 from fleet import live as fleet_live
 from fleet.choices import InstanceRole, NodeStatus
 from fleet.models import Datacenter, GPUType, Instance, Node, ServedModel, WANLink
@@ -86,8 +87,7 @@ def fake_fleet(transactional_db, settings, monkeypatch):
             "load": {"running": 0, "queued": 0, "max_running": 32},
             "kv_endpoint": {"host": "127.0.0.1", "port": 9000 + inst.pk, "wan_port": 9500},
         }
-        if role != InstanceRole.PREFILL:
-            item["cached_prefix_blocks"] = []  # MD's cache is cold: the session is new
+        # MD's cache is cold: the session is new (the prefix index holds nothing for it).
         _publish(node, item)
         items[role] = item
     sent: list[dict] = []  # the bodies P received
@@ -211,12 +211,15 @@ def test_md_s_heartbeat_reporting_the_kv_in_flight_keeps_the_hit(fake_fleet):
     fake_fleet["report_md"](incoming_prefix_blocks=incoming)
     view = routes.live_views.get("baton-tiny")
     (md,) = view.snapshot.main_decode
-    assert md.id == str(main.pk) and md.cached_prefix_blocks == frozenset(incoming)
+    assert md.id == str(main.pk) and set(md.cached_prefix_blocks) == set(incoming)
     second = _send(client, TURN_2)
     assert second.pipeline == "p-md"
     assert (second.decision.cached_tokens, second.cached_tokens) == (800, 800)
     assert "dispatched_blocks" not in second.decision.inputs
-    # Its radix cache and the KV in flight both count (a union).
-    fake_fleet["report_md"](cached_prefix_blocks=incoming[:10], incoming_prefix_blocks=incoming[5:])
+    # Its radix cache (the prefix index, from its KV cache events) and the KV in flight both
+    # count (a union).
+    held = {int(h, 16) for h in incoming[:10]}
+    kv_index.prefix_index().local.replace(str(main.pk), "epoch", 1, held)
+    fake_fleet["report_md"](incoming_prefix_blocks=incoming[5:])
     (md,) = routes.live_views.get("baton-tiny").snapshot.main_decode
-    assert md.cached_prefix_blocks == frozenset(incoming)
+    assert set(md.cached_prefix_blocks) == set(incoming)
