@@ -292,6 +292,29 @@ class EmulatedEngine(EngineCore):
         self.pacer.charge(transfer_time(real, self.gpu))
         return result
 
+    def warm_prefix(self, token_ids: Sequence[int]) -> int:
+        """Benchmarks only: put ``token_ids``'s whole blocks in the prefix cache at no modelled
+        cost, as if an earlier request had left them there (a long-running fleet's cache at
+        the start of a measured run). Evicts least-recently-used blocks if needed; returns the
+        blocks newly cached (0 when the pool cannot make room)."""
+        bs = self.cache.block_size
+        whole = len(token_ids) // bs
+        match = self.cache.match_prefix(token_ids[: whole * bs])
+        have = len(match.blocks)
+        need = whole - have
+        if need <= 0:
+            return 0
+        self.cache.lock(match.node)  # what is already cached stays while room is made
+        try:
+            if not self.scheduler.reserve(need):
+                return 0
+            blocks = match.blocks + self.pool.allocate(need)
+        finally:
+            self.cache.unlock(match.node)
+        result = self.cache.insert(token_ids[: whole * bs], blocks)
+        self.pool.free(result.duplicates)
+        return result.new_blocks
+
     def _step_once(self) -> list[TokenOutput] | None:
         batch = self.scheduler.schedule()
         if batch is None:

@@ -509,9 +509,15 @@ class Agent:
     def set_link(self, peer: str, link: LinkSettings) -> LinkSettings:
         """Shape the WAN link towards `peer` as declared; returns the declared settings. With
         kv_scale > 1 the shaper runs at bandwidth / kv_scale (emulated KV carries 1/kv_scale of
-        the real bytes, so transfers take the declared link's time)."""
-        scale = self.settings.kv_scale
-        shaped = dataclasses.replace(link, bandwidth_gbps=link.bandwidth_gbps / scale)
+        the real bytes, so transfers take the declared link's time); with speedup != 1 the
+        link runs at bandwidth x speedup and RTT / speedup, as the engines' modelled steps do
+        (slow motion when speedup < 1)."""
+        scale, speed = self.settings.kv_scale, self.settings.speedup
+        shaped = dataclasses.replace(
+            link,
+            bandwidth_gbps=link.bandwidth_gbps * speed / scale,
+            rtt_ms=link.rtt_ms / speed,
+        )
         shaper = self.links.get(peer)
         if shaper is None:
             shaper = LinkShaper(shaped)
@@ -521,9 +527,9 @@ class Agent:
             self.wan_clients[peer] = client
         else:
             shaper.update(
-                bandwidth_gbps=shaped.bandwidth_gbps, rtt_ms=link.rtt_ms, pool_size=link.pool_size
+                bandwidth_gbps=shaped.bandwidth_gbps, rtt_ms=shaped.rtt_ms, pool_size=link.pool_size
             )
-        return _declared(shaper, scale)
+        return _declared(shaper, scale, speed)
 
     def handoff_ack_timeout_s(self, peer_datacenter: str | None) -> float:
         """How long RLD waits for MD's acknowledgement of the final handoff over the link to
@@ -820,11 +826,14 @@ class Agent:
         return doc
 
     def _link_json(self, shaper: LinkShaper) -> dict[str, Any]:
-        scale = self.settings.kv_scale
-        doc = link_json(_declared(shaper, scale)) | {"connections": pool_json(shaper.pool.stats())}
-        if scale != 1:
+        scale, speed = self.settings.kv_scale, self.settings.speedup
+        declared = _declared(shaper, scale, speed)
+        doc = link_json(declared) | {"connections": pool_json(shaper.pool.stats())}
+        if scale != 1 or speed != 1:
             doc["wire_bandwidth_gbps"] = shaper.settings.bandwidth_gbps
             doc["kv_scale"] = scale
+        if speed != 1:
+            doc["speedup"] = speed
         return doc
 
     def kv_endpoint(self) -> dict[str, Any] | None:
@@ -949,10 +958,13 @@ def _record_kv_events(kv_log: KVEventLog, engine: Engine) -> None:
         kv_log.record(events)
 
 
-def _declared(shaper: LinkShaper, kv_scale: float) -> LinkSettings:
-    """The link as declared: the shaper runs at bandwidth / kv_scale (Agent.set_link)."""
+def _declared(shaper: LinkShaper, kv_scale: float, speedup: float = 1.0) -> LinkSettings:
+    """The link as declared: the shaper runs at bandwidth x speedup / kv_scale and RTT /
+    speedup (Agent.set_link)."""
     return dataclasses.replace(
-        shaper.settings, bandwidth_gbps=shaper.settings.bandwidth_gbps * kv_scale
+        shaper.settings,
+        bandwidth_gbps=shaper.settings.bandwidth_gbps * kv_scale / speedup,
+        rtt_ms=shaper.settings.rtt_ms * speedup,
     )
 
 

@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from agents.engine import EngineFull
 from agents.engine.config import DTYPE_NAMES
+from agents.engine.interface import EMULATED
 from agents.node import pipelines
 from agents.node.agent import Agent, AgentError, Instance, link_json
 from agents.node.settings import link_from_json
@@ -174,6 +175,28 @@ def build_app(agent: Agent) -> Starlette:
                 "kv_events": inst.kv_events.summary(),
             }
         )
+
+    async def warm_instance(request: Request) -> Response:
+        # Benchmarks only, emulated instances only: put prompts' blocks in the prefix cache at
+        # no modelled cost (the cache of a fleet that has been serving for a while).
+        inst = agent.instances.get(request.path_params["instance_id"])
+        if inst is None:
+            raise AgentError(404, f"no instance {request.path_params['instance_id']}")
+        if inst.engine_kind != EMULATED or inst.worker is None:
+            raise AgentError(409, f"instance {inst.instance_id} is not a running emulated one")
+        body = await body_of(request)
+        prompts = body.get("token_ids")
+        if not isinstance(prompts, list) or not all(
+            isinstance(p, list) and all(type(t) is int and 0 <= t < 2**31 for t in p)
+            for p in prompts
+        ):
+            raise bad("token_ids", "must be a list of lists of token ids")
+
+        def warm(engine: Any) -> int:
+            return sum(engine.warm_prefix(p) for p in prompts)
+
+        added = await inst.worker.call(warm)
+        return JSONResponse({"instance_id": inst.instance_id, "blocks_added": added})
 
     async def put_instance(request: Request) -> Response:
         body = await body_of(request)
@@ -383,6 +406,7 @@ def build_app(agent: Agent) -> Starlette:
         Route("/instances/{instance_id}", command(delete_instance), methods=["DELETE"]),
         Route("/instances/{instance_id}/drain", command(drain_instance), methods=["POST"]),
         Route("/instances/{instance_id}/cache", command(instance_cache), methods=["GET"]),
+        Route("/instances/{instance_id}/warm", command(warm_instance), methods=["POST"]),
         Route("/links/{peer}", command(put_link), methods=["PUT"]),
         Route("/v1/generate", data(generate), methods=["POST"]),
         Route("/v1/pdd/generate", data(pdd_generate), methods=["POST"]),

@@ -317,3 +317,15 @@ def test_the_pacer_does_not_count_idle_time_as_lateness():
 def test_forward_time_checks_its_arguments():
     with pytest.raises(ValueError, match="one entry per request"):
         forward_time([1, 1], [3], PROFILE.model, GPU_A, PROFILE.engine)
+
+
+def test_warm_prefix_caches_a_prompt_at_no_modelled_cost():
+    engine = emulated()
+    bs = engine.cache.block_size
+    prompt = list(range(3, 3 + bs * 5 + 7))  # 5 whole blocks
+    assert engine.warm_prefix(prompt) == 5
+    assert engine.pacer.charged_s == 0.0
+    assert engine.cache.match_prefix(prompt).matched_tokens == 5 * bs
+    assert engine.warm_prefix(prompt) == 0  # already there
+    longer = prompt[: 5 * bs] + list(range(500, 500 + 2 * bs))
+    assert engine.warm_prefix(longer) == 2  # only the new blocks

@@ -159,3 +159,28 @@ def test_the_agent_and_the_emulated_engine_import_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_slow_motion_slows_the_wan_link_as_it_slows_the_engines():
+    """--speedup F: the shaper runs at bandwidth x F / kv_scale and RTT / F; the state
+    document still declares the link as given."""
+    import asyncio
+
+    from agents.node.agent import Agent
+    from agents.node.settings import AgentSettings
+    from agents.transfer.shaping import LinkSettings
+
+    async def main():
+        agent = Agent(AgentSettings(kv_scale=100, speedup=0.125))
+        try:
+            declared = agent.set_link("dc-b", LinkSettings(2.5, 20.0, 10))
+            shaped = agent.links["dc-b"].settings
+            assert shaped.bandwidth_gbps == pytest.approx(2.5 * 0.125 / 100)
+            assert shaped.rtt_ms == pytest.approx(160.0)
+            assert (declared.bandwidth_gbps, declared.rtt_ms) == pytest.approx((2.5, 20.0))
+            doc = agent.state()["links"]["dc-b"]
+            assert doc["speedup"] == 0.125 and doc["bandwidth_gbps"] == pytest.approx(2.5)
+        finally:
+            await agent.close()
+
+    asyncio.run(main())
