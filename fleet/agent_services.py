@@ -70,7 +70,9 @@ def _set_actual(instance: Instance, state: str, *, reason: str, actor: str) -> b
     return True
 
 
-@transaction.atomic
+# savepoint=False: called inside the request's transaction (ATOMIC_REQUESTS), where a failure
+# fails the whole request anyway; a savepoint would add two round trips to every beat.
+@transaction.atomic(savepoint=False)
 def node_register(*, node: Node, endpoint: str, report: dict[str, Any]) -> dict[str, Any]:
     """Record the endpoint the agent serves on and hand it a fresh command token."""
     node = Node.objects.select_for_update(of=("self",)).get(pk=node.pk)
@@ -102,17 +104,26 @@ def node_register(*, node: Node, endpoint: str, report: dict[str, Any]) -> dict[
     } | ({"data_token": settings.BATON_DATA_TOKEN} if settings.BATON_DATA_TOKEN else {})
 
 
-@transaction.atomic
+# Left out of the node's stored report: the agent's account of its own heartbeats, new at
+# every beat (answered count, round trips); the live view (fleet.live) keeps the whole document.
+UNSTORED_REPORT_KEYS = frozenset({"control_plane"})
+
+
+@transaction.atomic(savepoint=False)
 def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
     """Take an agent's state document: the node is alive, and its instances are as reported.
 
     Locks this node's row, then its instances' rows in id order, and no other row: a lock two
     nodes' heartbeats share (their datacenter's row, which Instance's default ordering joins)
     serialised a whole datacenter's heartbeats and deadlocked them (tests/fleet/test_postgres.py).
+
+    Writes only what changed: a beat that changes nothing the database holds (state, reports;
+    the agent's heartbeat stats aside) is one UPDATE of the node's last_heartbeat_at. The live
+    view gets every document whole.
     """
-    node = Node.objects.select_for_update(of=("self",)).get(pk=node.pk)
-    node.last_heartbeat_at = timezone.now()
-    fields = ["last_heartbeat_at", "last_report", "updated_at"]
+    now = timezone.now()
+    node = Node.objects.select_for_update(of=("self",)).select_related("datacenter").get(pk=node.pk)
+    fields: list[str] = []
     if node.status in (NodeStatus.PENDING, NodeStatus.OFFLINE):
         previous = node.status
         node.status = NodeStatus.ONLINE
@@ -132,8 +143,17 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
     report, foreign = own_instances_only(report, {i.pk for i in instances})
     if foreign:
         _record_foreign_claims(node, foreign)
-    node.last_report = report
-    node.save(update_fields=fields)
+    stored = {k: v for k, v in report.items() if k not in UNSTORED_REPORT_KEYS}
+    if stored != node.last_report:
+        node.last_report = stored
+        fields.append("last_report")
+    node.last_heartbeat_at = now
+    if fields:
+        node.save(update_fields=[*fields, "last_heartbeat_at", "updated_at"])
+    else:
+        # Nothing but the time: one column of one row, and no save signals (no page, cache or
+        # websocket shows anything that changed).
+        Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now)
     hostname, datacenter, endpoint = node.hostname, node.datacenter.name, node.agent_endpoint
     transaction.on_commit(
         lambda: live.publish_report(
@@ -154,19 +174,29 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
     for instance in instances:
         item = reported.get(instance.pk)
         if item is None:
-            instance.last_report = {}
             state = (
                 ActualState.STOPPED
                 if instance.actual_state != ActualState.PENDING
                 else ActualState.PENDING
             )
-            if not _set_actual(instance, state, reason="not running on the agent", actor="agent"):
-                instance.save(update_fields=["last_report"])
+            _take_report(instance, {}, state, reason="not running on the agent")
             continue
-        instance.last_report = {k: v for k, v in item.items() if k != "instance_id"}
-        state = REPORTED_STATES.get(str(item.get("state")), ActualState.FAILED)
-        if not _set_actual(instance, state, reason="reported by the agent", actor="agent"):
-            instance.save(update_fields=["last_report"])
+        _take_report(
+            instance,
+            {k: v for k, v in item.items() if k != "instance_id"},
+            REPORTED_STATES.get(str(item.get("state")), ActualState.FAILED),
+            reason="reported by the agent",
+        )
+
+
+def _take_report(instance: Instance, report: dict[str, Any], state: str, *, reason: str) -> None:
+    """An instance's part of a heartbeat: saved when its state or its report changed, else
+    nothing is written."""
+    if report == instance.last_report and state == instance.actual_state:
+        return
+    instance.last_report = report
+    if not _set_actual(instance, state, reason=reason, actor="agent"):
+        instance.save(update_fields=["last_report"])
 
 
 def _own_instances_locked(node: Node):
