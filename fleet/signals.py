@@ -21,8 +21,23 @@ def _push_after_commit(payload: dict[str, Any]) -> None:
     transaction.on_commit(lambda: fleet_changed.send(sender=None, payload=payload))
 
 
+# Fields a heartbeat writes that no payload carries (an agent's reports, the time of its last
+# beat): a save of only these changes nothing a push would tell, so none is sent. Under traffic
+# every beat changes an instance's load; each such save pushed to every dashboard.
+_REPORT_FIELDS = {
+    Instance: frozenset({"last_report", "updated_at"}),
+    Node: frozenset({"last_report", "last_heartbeat_at", "updated_at"}),
+}
+
+
+def _reports_only(model, update_fields) -> bool:
+    return update_fields is not None and frozenset(update_fields) <= _REPORT_FIELDS[model]
+
+
 @receiver(post_save, sender=Instance)
-def instance_saved(sender, instance: Instance, created: bool, **kwargs) -> None:
+def instance_saved(sender, instance: Instance, created: bool, update_fields=None, **kwargs) -> None:
+    if not created and _reports_only(Instance, update_fields):
+        return
     _push_after_commit(
         {
             "type": "instance",
@@ -58,7 +73,9 @@ def link_saved(sender, instance: WANLink, created: bool, **kwargs) -> None:
 
 
 @receiver(post_save, sender=Node)
-def node_saved(sender, instance: Node, created: bool, **kwargs) -> None:
+def node_saved(sender, instance: Node, created: bool, update_fields=None, **kwargs) -> None:
+    if not created and _reports_only(Node, update_fields):
+        return
     _push_after_commit(
         {
             "type": "node",

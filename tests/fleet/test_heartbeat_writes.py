@@ -131,12 +131,18 @@ def test_only_what_changed_is_saved(
         ("Instance", decode_a.pk, frozenset({"last_report"})),
         ("Node", node_a.pk, frozenset({"last_report", "last_heartbeat_at", "updated_at"})),
     ]
+    # Nothing a websocket push carries changed (state, desired state, status): none is sent.
+    assert [s for s in saves if s[0] == "push"] == []
     decode_a.refresh_from_db()
     assert decode_a.last_report["load"]["running"] == 5
 
-    # A state change is saved with its event, once: the same report again writes nothing.
+    # A state change is saved with its event and pushed, once: the same report again writes
+    # nothing.
     draining = doc(node_a, item(prefill_a), item(decode_a, "draining", running=5))
-    agent_services.node_heartbeat(node=node_a, report=draining)
+    saves.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        agent_services.node_heartbeat(node=node_a, report=draining)
+    assert [s for s in saves if s[0] == "push"] == [("push", "instance", decode_a.pk)]
     decode_a.refresh_from_db()
     assert decode_a.actual_state == ActualState.DRAINING
     changes = FleetEvent.objects.filter(instance=decode_a, kind="instance.state")
