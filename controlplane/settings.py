@@ -129,8 +129,31 @@ TEMPLATES = [
 
 # Database: PostgreSQL (psycopg 3) in production, a SQLite file by default.
 DATABASE_URL = env_str("DATABASE_URL", "")
+# PostgreSQL connections come from a bounded pool per process (psycopg's pool, Django's
+# OPTIONS["pool"]): a burst of requests waits up to BATON_DB_POOL_TIMEOUT_S for one of
+# BATON_DB_POOL_MAX connections instead of opening one per thread until the server refuses
+# ("too many clients already": 100 by default, shared by every web and worker process).
+# BATON_DB_POOL_MIN stay open while idle (1: a Celery worker's child runs one task at a time).
+# BATON_DB_POOL_MAX=0 turns the pool off (a persistent connection per thread, as before).
+BATON_DB_POOL_MAX = env_int("BATON_DB_POOL_MAX", 20)
+BATON_DB_POOL_MIN = env_int("BATON_DB_POOL_MIN", 1)
+BATON_DB_POOL_TIMEOUT_S = env_float("BATON_DB_POOL_TIMEOUT_S", 10.0, minimum=0.1)
+if BATON_DB_POOL_MAX < 0 or BATON_DB_POOL_MIN < 0 or 0 < BATON_DB_POOL_MAX < BATON_DB_POOL_MIN:
+    raise ImproperlyConfigured(
+        f"BATON_DB_POOL_MIN={BATON_DB_POOL_MIN} / BATON_DB_POOL_MAX={BATON_DB_POOL_MAX}: "
+        "use 0 <= BATON_DB_POOL_MIN <= BATON_DB_POOL_MAX (BATON_DB_POOL_MAX=0: no pool)"
+    )
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    if BATON_DB_POOL_MAX and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # A pooled connection goes back to the pool when Django closes it, at the end of each
+        # request: a pool needs CONN_MAX_AGE = 0 (Django refuses anything else).
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": BATON_DB_POOL_MIN,
+            "max_size": BATON_DB_POOL_MAX,
+            "timeout": BATON_DB_POOL_TIMEOUT_S,
+        }
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {

@@ -18,6 +18,8 @@ from django.conf import settings
 django.setup()
 print(json.dumps({
     "engine": settings.DATABASES["default"]["ENGINE"],
+    "pool": settings.DATABASES["default"].get("OPTIONS", {}).get("pool"),
+    "conn_max_age": settings.DATABASES["default"]["CONN_MAX_AGE"],
     "name": str(settings.DATABASES["default"]["NAME"]),
     "atomic": settings.DATABASES["default"]["ATOMIC_REQUESTS"],
     "layer": settings.CHANNEL_LAYERS["default"]["BACKEND"],
@@ -34,6 +36,7 @@ def _settings_with(env: dict[str, str], tmp_path: Path) -> dict:
         k: v
         for k, v in os.environ.items()
         if k not in {"DATABASE_URL", "REDIS_URL", "DEBUG", "ALLOWED_HOSTS"}
+        and not k.startswith("BATON_DB_POOL_")
     }
     base.update({"DJANGO_SETTINGS_MODULE": "controlplane.settings", "BATON_VAR_DIR": str(tmp_path)})
     base.update(env)
@@ -76,6 +79,25 @@ def test_database_and_redis_urls_switch_to_real_services(tmp_path):
     assert got["eager"] is False
     assert got["debug"] is True
     assert got["hosts"] == ["baton.example", "api.example"]
+    # Connections from a bounded pool, which needs CONN_MAX_AGE = 0.
+    assert got["pool"] == {"min_size": 1, "max_size": 20, "timeout": 10.0}
+    assert got["conn_max_age"] == 0
+
+
+def test_the_connection_pool_is_sized_from_the_environment_or_turned_off(tmp_path):
+    url = {"DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/test"}
+    got = _settings_with(
+        url
+        | {"BATON_DB_POOL_MAX": "8", "BATON_DB_POOL_MIN": "0", "BATON_DB_POOL_TIMEOUT_S": "2.5"},
+        tmp_path,
+    )
+    assert got["pool"] == {"min_size": 0, "max_size": 8, "timeout": 2.5}
+    got = _settings_with(url | {"BATON_DB_POOL_MAX": "0"}, tmp_path)
+    assert got["pool"] is None and got["conn_max_age"] == 60
+    assert _settings_with({}, tmp_path)["pool"] is None  # SQLite: no pool
+    with pytest.raises(subprocess.CalledProcessError) as err:
+        _settings_with(url | {"BATON_DB_POOL_MAX": "4", "BATON_DB_POOL_MIN": "5"}, tmp_path)
+    assert "BATON_DB_POOL_MIN=5 / BATON_DB_POOL_MAX=4" in err.value.stderr
 
 
 def test_a_bad_boolean_is_a_one_line_configuration_error(tmp_path):
