@@ -387,6 +387,18 @@ def _least_loaded(candidates: Iterable[InstanceState], saturated: float) -> Inst
     return _first_in_order(candidates, saturated)
 
 
+def _choose_prefill(
+    request: RequestInfo, snapshot: ClusterSnapshot, settings: PolicySettings
+) -> InstanceState | None:
+    """Cache-aware P choice where P's prefix caches are known (the prefix index): the longest
+    cached prefix among unsaturated Ps, load breaks ties, so a session's turns return to the P
+    that holds its context and P computes only the new tokens; least loaded otherwise."""
+    if not any(inst.cached_prefix_blocks for inst in snapshot.prefill if inst.healthy):
+        return _least_loaded(snapshot.prefill, settings.saturated_load)
+    hits = {inst.id: prefix_hit_tokens(request, inst) for inst in snapshot.prefill if inst.healthy}
+    return _first_in_order(snapshot.prefill, settings.saturated_load, hits)
+
+
 def _choose_main_decode(
     request: RequestInfo, snapshot: ClusterSnapshot, settings: PolicySettings
 ) -> tuple[InstanceState | None, int, WanLinkState | None]:
@@ -427,7 +439,7 @@ def decide(request: RequestInfo, snapshot: ClusterSnapshot, settings: PolicySett
     Never returns ``Pipeline.P_RLD``. Raises :class:`NoHealthyPath` when no P is healthy, when
     neither an RLD nor an MD path is, or when a fallback the settings reject would be needed.
     """
-    prefill = _least_loaded(snapshot.prefill, settings.saturated_load)
+    prefill = _choose_prefill(request, snapshot, settings)
     if prefill is None:
         raise NoHealthyPath("no healthy prefill instance")
     relay = _least_loaded(snapshot.relay_decode, settings.saturated_load)

@@ -158,10 +158,15 @@ class Pacer:
         self.sleep = sleep
         self._until = 0.0
         self.charged_s = 0.0  # modelled seconds charged so far (before speedup)
+        # Wall seconds a busy engine fell behind its model beyond the catch-up (a host too
+        # loaded to keep the modelled rate): 0 when the emulation is faithful.
+        self.lost_s = 0.0
 
     def charge(self, seconds: float, *, continuous: bool = False) -> None:
         self.charged_s += seconds
         now = self.clock()
+        if continuous and now - self.CATCH_UP_S > self._until:
+            self.lost_s += now - self.CATCH_UP_S - self._until
         start = max(self._until, now - self.CATCH_UP_S) if continuous else now
         self._until = max(start, self._until) + seconds / self.speedup
         wait = self._until - now
@@ -261,6 +266,7 @@ class EmulatedEngine(EngineCore):
             "kv_scale": self.kv_scale,
             "speedup": self.pacer.speedup,
             "modelled_busy_s": round(self.pacer.charged_s, 6),
+            "behind_s": round(self.pacer.lost_s, 6),
         }
 
     def represented_bytes(self, payload: bytes) -> int:

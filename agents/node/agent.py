@@ -81,8 +81,8 @@ class Instance:
     # instance (source "profile:...") takes its step times from it and from its model profile.
     gpu: GpuType | None = None
     profile: ModelProfile | None = None
-    # A decode instance's prefix-cache changes, published to the control plane's prefix
-    # index (agents/node/kv_events.py); None for prefill.
+    # The instance's prefix-cache changes, published to the control plane's prefix index
+    # (agents/node/kv_events.py); None until its engine runs.
     kv_events: KVEventLog | None = None
 
     @property
@@ -375,13 +375,12 @@ class Agent:
         else:
             if inst.state == InstanceStatus.STARTING:
                 loop = asyncio.get_running_loop()
-                # Decode instances publish their prefix cache's changes (KV cache events): the
-                # engine thread records them after every step and command.
-                snapshot = None
-                if inst.role != "prefill":
-                    engine.cache.enable_events()
-                    inst.kv_events = KVEventLog(inst.instance_id)
-                    snapshot = functools.partial(_record_kv_events, inst.kv_events)
+                # Every instance publishes its prefix cache's changes (KV cache events): the
+                # engine thread records them after every step and command. The gateway routes
+                # on P's and MD's.
+                engine.cache.enable_events()
+                inst.kv_events = KVEventLog(inst.instance_id)
+                snapshot = functools.partial(_record_kv_events, inst.kv_events)
                 inst.worker = EngineWorker(
                     engine, loop, inst.instance_id, snapshot=snapshot, snapshot_every_s=0.0
                 )

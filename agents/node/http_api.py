@@ -185,12 +185,19 @@ def build_app(agent: Agent) -> Starlette:
         if inst.engine_kind != EMULATED or inst.worker is None:
             raise AgentError(409, f"instance {inst.instance_id} is not a running emulated one")
         body = await body_of(request)
-        prompts = body.get("token_ids")
-        if not isinstance(prompts, list) or not all(
-            isinstance(p, list) and all(type(t) is int and 0 <= t < 2**31 for t in p)
-            for p in prompts
-        ):
-            raise bad("token_ids", "must be a list of lists of token ids")
+        if "texts" in body:
+            # Emulated profiles speak the byte tokenizer: a text's UTF-8 bytes are its ids.
+            texts = body["texts"]
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise bad("texts", "must be a list of strings")
+            prompts = [list(t.encode("utf-8")) for t in texts]
+        else:
+            prompts = body.get("token_ids")
+            if not isinstance(prompts, list) or not all(
+                isinstance(p, list) and all(type(t) is int and 0 <= t < 2**31 for t in p)
+                for p in prompts
+            ):
+                raise bad("token_ids", "must be a list of lists of token ids")
 
         def warm(engine: Any) -> int:
             return sum(engine.warm_prefix(p) for p in prompts)

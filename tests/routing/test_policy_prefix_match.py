@@ -43,3 +43,29 @@ def test_hit_tokens_count_whole_blocks_within_the_prompt():
     assert prefix_hit_tokens(request, md) == 128
     short = RequestInfo(prompt_tokens=100, max_tokens=8, prefix_block_hashes=("h0", "h1"))
     assert prefix_hit_tokens(short, md) == 100
+
+
+def test_prefill_goes_to_the_p_holding_the_prompts_prefix_unless_it_is_saturated():
+    from routing.policy import ClusterSnapshot, PolicySettings, WanLinkState, decide
+
+    hashes = tuple(f"{i:016x}" for i in range(1, 9))
+    request = RequestInfo(
+        prompt_tokens=128, max_tokens=8, prefix_block_hashes=hashes, block_tokens=16
+    )
+
+    def snapshot(p2_load: float) -> ClusterSnapshot:
+        return ClusterSnapshot(
+            prefill=(
+                InstanceState("p1", "prefill", "A", load=0.1),
+                InstanceState(
+                    "p2", "prefill", "A", load=p2_load, cached_prefix_blocks=frozenset(hashes)
+                ),
+            ),
+            relay_decode=(InstanceState("r1", "relay_decode", "A"),),
+            main_decode=(InstanceState("m1", "main_decode", "A"),),
+            wan_links={"A": WanLinkState(bandwidth_gbps=100.0, rtt_ms=0.1)},
+        )
+
+    settings = PolicySettings()
+    assert decide(request, snapshot(0.5), settings).prefill_id == "p2"  # busier, but holds it
+    assert decide(request, snapshot(1.0), settings).prefill_id == "p1"  # saturated: balance

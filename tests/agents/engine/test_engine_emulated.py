@@ -329,3 +329,15 @@ def test_warm_prefix_caches_a_prompt_at_no_modelled_cost():
     assert engine.warm_prefix(prompt) == 0  # already there
     longer = prompt[: 5 * bs] + list(range(500, 500 + 2 * bs))
     assert engine.warm_prefix(longer) == 2  # only the new blocks
+
+
+def test_the_pacer_counts_the_time_a_loaded_host_loses():
+    from agents.engine.emulated import Pacer
+
+    clock = FakeClock()
+    pacer = Pacer(clock=clock, sleep=clock.sleep)
+    pacer.charge(0.1, continuous=True)
+    assert pacer.lost_s == 0.0
+    clock.now += 1.0  # the host was busy elsewhere for a second mid-run
+    pacer.charge(0.1, continuous=True)
+    assert pacer.lost_s == pytest.approx(1.0 - Pacer.CATCH_UP_S)

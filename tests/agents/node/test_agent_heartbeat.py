@@ -133,14 +133,18 @@ def test_kv_events_are_recorded_on_the_engine_thread_before_the_loop_hears_of_a_
     run(scenario)
 
 
-def test_a_prefill_instance_publishes_no_kv_events():
+def test_a_prefill_instance_publishes_its_cache_too():
+    """P's prefix cache is in the index as well: the gateway sends a session's turn back to
+    the P that holds its context."""
+
     async def main():
         agent = Agent(AgentSettings(block_size=BS, num_blocks=64))
         try:
             inst = await agent.put_instance("0", "prefill", "baton-tiny", "baton-tiny", 120)
             await asyncio.wait_for(inst.ready.wait(), 120)
-            assert inst.worker.snapshot is None and inst.kv_events is None
-            assert "kv_events" not in (await agent.report())["instances"][0]
+            await inst.worker.call(lambda e: e.generate(PROMPT, SamplingParams(max_tokens=1)))
+            assert set(prefix_block_hashes(PROMPT, BS)) <= logged_blocks(inst)
+            assert "kv_events" in (await agent.report())["instances"][0]
         finally:
             await agent.close()
 

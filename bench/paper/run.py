@@ -1,0 +1,630 @@
+"""`make bench-paper`: the paper's experiment on the live system (see bench/paper/scale.py for
+the scaling, fixed before the first run, and bench/paper/REPORT.md for the results).
+
+IDC-PD, CDC-PD and PDD in turn, each an emulated fleet of the paper model (profile
+paper-dsv4) on GPU-A / GPU-B units, declared over the REST API on one control plane, its
+agents started, its prefix caches warmed with the sessions' context so far, then the agentic
+trace replayed through the gateway, in slow motion. The planner simulates the same scaled
+fleet on the same trace for its prediction.
+
+    python -m bench.paper                 # all three systems (~25 min), writes bench/paper/
+    python -m bench.paper --systems pdd --window-s 20   # a development run (not written)
+
+Raw results under var/bench-paper/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import platform
+import random
+import sys
+import threading
+import time
+import traceback
+from array import array
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from agents.node.launch import AgentProcess
+from bench.demo import port_in_use
+from bench.emulated.fleet_scale import machine_busy
+from bench.paper import report, scale
+from bench.pdd.fleet import ControlPlane, start_control_plane
+from bench.pdd.run import cpu_seconds
+from bench.testbed import ROOT
+from pdd.profiles import PAPER_GPUS
+from pdd.tokenizer import apply_chat_template
+from planner.api import make_trace, run_fleet
+from planner.fleet import fleet_from_dict
+from planner.metrics import Sla
+
+HERE = Path(__file__).resolve().parent
+BASE_PORT = 23000
+WORDS = (
+    "agent tool result file diff test build deploy cache prefix relay decode prefill token "
+    "request latency bandwidth datacenter router policy handoff batch kernel memory"
+).split()
+SYSTEM_HEAD = "You are Baton's paper-benchmark agent. "
+
+
+def say(message: str) -> None:
+    print(f"\r\033[K[paper] {message}" if sys.stderr.isatty() else f"[paper] {message}",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
+class Bar:
+    """One status line: the system, the phase, requests sent / first token / done, time."""
+
+    def __init__(self, total_systems: int) -> None:
+        self.total = total_systems
+        self.index = 0
+        self.label = ""
+        self.phase = ""
+        self.sent = self.first = self.done = self.failed = self.planned = 0
+        self.t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._tty = sys.stderr.isatty()
+        self._last = 0.0
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def line(self) -> str:
+        width = 24
+        fill = int(width * self.sent / self.planned) if self.planned else 0
+        el = time.monotonic() - self.t0
+        return (
+            f"[paper] {self.index}/{self.total} {self.label} [{'#' * fill}{'-' * (width - fill)}] "
+            f"{self.sent}/{self.planned} sent, {self.first} first token, {self.done} done, "
+            f"{self.failed} failed | {self.phase} | {int(el // 60)}:{int(el % 60):02d}"
+        )
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            if self._tty:
+                sys.stderr.write("\r\033[K" + self.line()[:170])
+                sys.stderr.flush()
+            elif time.monotonic() - self._last > 20:
+                self._last = time.monotonic()
+                sys.stderr.write(self.line() + "\n")
+                sys.stderr.flush()
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+# -- the fleet ----------------------------------------------------------------------------------
+
+
+def declare_common(cp: ControlPlane) -> None:
+    """GPU types of the paper's units (per chip; 8 per node) and the datacenters."""
+    for name, key in (("paper-a", "GPU-A"), ("paper-b", "GPU-B")):
+        spec = {k: PAPER_GPUS[key][k] for k in ("peak_bf16_tflops", "memory_gib",
+                                                 "memory_bandwidth_gbps")}  # fmt: skip
+        cp.gpu_types[key] = cp.post(
+            "gpu-types", {"vendor": "bench", "model": name, **spec, "interconnect_gbps": 400}
+        )["id"]
+
+
+def declare(cp: ControlPlane, system: scale.System, ports) -> list[dict]:
+    """One system's datacenters, link, prices, model, nodes and instances over REST."""
+    dcs = {
+        dc: cp.post(
+            "datacenters",
+            {"name": f"{system.key}-{dc.lower()}", "region": f"city-{dc.lower()}",
+             "rdma_domain": f"{system.key}-{dc.lower()}"},
+        )["id"]
+        for dc in system.datacenters
+    }  # fmt: skip
+    if len(dcs) > 1:
+        cp.post(
+            "wan-links",
+            {"from_datacenter": dcs["A"], "to_datacenter": dcs["B"], **scale.link(system),
+             "monthly_cost": "0"},
+        )  # fmt: skip
+    for gpu, dc in {(p.gpu, p.datacenter) for p in system.pools}:
+        cp.post(
+            "unit-prices",
+            {"gpu_type": cp.gpu_types[gpu], "datacenter": dcs[dc],
+             # USD 2.00 / 2.50 per GPU-hour: the planner's 1.0 / 1.25 per node-hour ratio.
+             "price_per_gpu_hour": f"{2.0 * scale.PRICES[gpu]:.2f}", "currency": "USD",
+             "effective_from": "2026-01-01T00:00:00Z"},
+        )  # fmt: skip
+    model = cp.post(
+        "models",
+        {"name": system.model, "source": scale.PROFILE, "num_layers": 61,
+         "kv_bytes_per_token": 4400, "max_context_tokens": 262_144, "kv_block_size": 16},
+    )["id"]  # fmt: skip
+    nodes = []
+    for pool in system.pools:
+        for i in range(1, pool.count + 1):
+            port = next(ports)
+            host = f"{system.key}-{pool.role.replace('_', '-')}-{i}"
+            row = cp.post(
+                "nodes",
+                {"hostname": host, "datacenter": dcs[pool.datacenter],
+                 "gpu_type": cp.gpu_types[pool.gpu], "gpu_count": 8,
+                 "agent_endpoint": f"http://127.0.0.1:{port}"},
+            )  # fmt: skip
+            nodes.append({**row, "role": pool.role, "dc": f"{system.key}-{pool.datacenter.lower()}",
+                          "port": port})  # fmt: skip
+    for node in sorted(nodes, key=lambda n: n["role"] != "prefill"):
+        inst = cp.post(
+            "instances",
+            {"role": node["role"], "node": node["id"], "served_model": model, "gpu_count": 8},
+        )
+        node["instance_id"] = str(inst["id"])
+    return nodes
+
+
+def start_agents(cp: ControlPlane, nodes: list[dict], log_dir: Path) -> dict[str, AgentProcess]:
+    agents: dict[str, AgentProcess] = {}
+    errors: list[BaseException] = []
+    gate = threading.Semaphore(4)
+
+    def start(node: dict) -> None:
+        proc = AgentProcess(
+            ["--node", node["hostname"], "--datacenter", node["dc"],
+             "--listen", f"127.0.0.1:{node['port']}", "--kv-listen", "127.0.0.1:0",
+             "--wan-port", "0", "--control-plane", cp.url, "--threads", "1",
+             "--kv-scale", str(scale.KV_SCALE), "--speedup", str(scale.SPEEDUP),
+             "--log-level", "WARNING"],
+            node["hostname"],
+            agents_per_host=len(nodes),
+        )  # fmt: skip
+        agents[node["hostname"]] = proc
+        with gate:
+            try:
+                proc.start(timeout_s=300, env={"BATON_AGENT_TOKEN": node["agent_token"]})
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(n,)) for n in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for proc in agents.values():
+            proc.kill()
+        raise errors[0]
+    return agents
+
+
+def command_tokens(cp: ControlPlane) -> dict[str, str]:
+    code = (
+        "import json; from fleet.models import Node; "
+        "print(json.dumps(dict(Node.objects.values_list('hostname', 'command_token'))))"
+    )
+    return json.loads(cp.cluster.shell(code).strip().splitlines()[-1])
+
+
+# -- the sessions -------------------------------------------------------------------------------
+
+
+def filler(rng: random.Random, n: int) -> str:
+    out, size = [], 0
+    while size < n:
+        word = rng.choice(WORDS)
+        out.append(word)
+        size += len(word) + 1
+    return " ".join(out)[:n].ljust(n, ".")
+
+
+def system_message(shared_tokens: int) -> dict:
+    frame = len(apply_chat_template([{"role": "system", "content": ""}], False))
+    rng = random.Random(12345)
+    body = SYSTEM_HEAD + filler(rng, shared_tokens - frame - len(SYSTEM_HEAD))
+    return {"role": "system", "content": body}
+
+
+def tokens_of(messages: list[dict], generation: bool) -> int:
+    return len(apply_chat_template(messages, generation).encode("utf-8"))
+
+
+USER_FRAME = len("<|user|>\n") + 1
+ASSISTANT_FRAME = len("<|assistant|>\n") + 1
+
+
+def history_for(session: int, context: int, system: dict, tag: str) -> list[dict]:
+    """A mid-life session's conversation so far, ``context`` tokens long: the shared system
+    prompt, what the user and the tools said, and the assistant's last answer."""
+    rng = random.Random(f"{tag}-history-{session}")
+    msgs = [system]
+    rest = context - tokens_of(msgs, False) - USER_FRAME - ASSISTANT_FRAME
+    answer = min(400, max(rest // 10, 1))
+    head = f"[s{session}] "
+    msgs.append({"role": "user", "content": head + filler(rng, max(rest - answer - len(head), 1))})
+    msgs.append({"role": "assistant", "content": filler(rng, answer)})
+    return msgs
+
+
+# -- one request --------------------------------------------------------------------------------
+
+
+def emulated_answer(prompt_ids: list[int], n: int) -> list[int]:
+    """The tokens an emulated engine answers greedily (a function of the context: blake2b of
+    every token so far; agents/engine/emulated.py)."""
+    from agents.engine.emulated import _token_of
+
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(array("I", prompt_ids).tobytes())
+    out = []
+    for _ in range(n):
+        token = _token_of(digest.digest(), None)
+        out.append(token)
+        digest.update(array("I", [token]).tobytes())
+    return out
+
+
+async def stream_one(http: httpx.AsyncClient, url: str, key: str, model: str,
+                     messages: list[dict], max_tokens: int, res: dict,
+                     on_first=lambda: None) -> str:  # fmt: skip
+    """Stream one chat completion; fill ``res`` (wall seconds); the answer text."""
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}, "temperature": 0}  # fmt: skip
+    t0 = time.monotonic()
+    pieces: list[str] = []
+    try:
+        async with http.stream(
+            "POST", f"{url}/v1/chat/completions", json=body,
+            headers={"Authorization": f"Bearer {key}"},
+        ) as r:  # fmt: skip
+            res["status"] = r.status_code
+            if r.status_code != 200:
+                res["error"] = (await r.aread()).decode("utf-8", "replace")[:300]
+                return ""
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                res["id"] = res.get("id") or chunk.get("id")
+                if chunk.get("usage"):
+                    res["completion_tokens"] = chunk["usage"].get("completion_tokens", 0)
+                    details = chunk["usage"].get("prompt_tokens_details") or {}
+                    res["cached_tokens"] = details.get("cached_tokens", 0)
+                for choice in chunk.get("choices") or ():
+                    text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        if "ttft_wall" not in res:
+                            res["ttft_wall"] = time.monotonic() - t0
+                            on_first()
+                        pieces.append(text)
+                    if choice.get("finish_reason"):
+                        res["finish_reason"] = choice["finish_reason"]
+                    if "error" in chunk:
+                        res["error"] = str(chunk["error"])[:300]
+        res["completed"] = bool(res.get("finish_reason")) and res.get("completion_tokens", 0) > 0
+    except asyncio.CancelledError:
+        res["cut"] = True
+        raise
+    except Exception as exc:  # noqa: BLE001 - every failure is a measured outcome
+        res["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        res["e2e_wall"] = time.monotonic() - t0
+    return "".join(pieces)
+
+
+# -- one system ---------------------------------------------------------------------------------
+
+
+def fetch_state(agents: dict[str, AgentProcess], tokens: dict[str, str]) -> dict[str, dict]:
+    out = {}
+    with httpx.Client(timeout=30) as http:
+        for host, proc in agents.items():
+            try:
+                doc = http.get(
+                    f"{proc.http}/state", headers={"Authorization": f"Bearer {tokens[host]}"}
+                ).json()
+            except (httpx.HTTPError, ValueError):
+                continue
+            out[host] = doc
+    return out
+
+
+def role_tokens(states: dict[str, dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for doc in states.values():
+        for inst in doc.get("instances", []):
+            out[inst["role"]] = out.get(inst["role"], 0) + int(inst.get("tokens_generated", 0))
+    return out
+
+
+def kv_settled(states: dict[str, dict]) -> bool:
+    """Every instance's KV cache events acknowledged by the prefix index."""
+    for doc in states.values():
+        for inst in doc.get("instances", []):
+            ev = inst.get("kv_events")
+            if ev is None or ev["acked"] < ev["seq"] or ev["pending_batches"] > 0:
+                return False
+    return True
+
+
+def run_system(cp: ControlPlane, system: scale.System, nodes: list[dict], out: Path,
+               bar: Bar, window_s: float) -> dict:  # fmt: skip
+    config = system.config
+    trace = make_trace(config | {"workload": config["workload"] | {"duration_s": window_s}})
+    n = len(trace)
+    shared = int(config["workload"]["context"]["shared_prefix_tokens"])
+    arrival = (trace.arrival_s / scale.SPEEDUP).tolist()  # wall seconds
+    sessions = trace.session_id.tolist()
+    inputs, cached = trace.input_tokens.tolist(), trace.cached_tokens.tolist()
+    outputs = trace.output_tokens.tolist()
+    prev = trace.previous_turn().tolist()
+    system_msg = system_message(shared)
+    tag = system.key
+    log_dir = out / system.key
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    bar.phase = "agents"
+    agents = start_agents(cp, nodes, log_dir)
+    result: dict[str, Any] = {"system": system.key, "requests": n}
+    try:
+        cp.cluster.wait_for(
+            lambda: all(r["actual_state"] == "running" for r in cp.get_all("instances")
+                        if r["node"] in {x["id"] for x in nodes}),
+            300, "every instance to run",
+        )  # fmt: skip
+        tokens = command_tokens(cp)
+        by_role: dict[str, list[dict]] = {}
+        for node in nodes:
+            by_role.setdefault(node["role"], []).append(node)
+
+        # -- warm: every session's context so far in one P's and one MD's cache ------------
+        bar.phase = "warming caches"
+        t_warm = time.monotonic()
+        history: dict[int, list[dict]] = {}
+        warm_texts: dict[str, list[str]] = {}
+        sys_text = apply_chat_template([system_msg], False)
+        for role in ("prefill", "main_decode"):
+            for node in by_role.get(role, []):
+                warm_texts.setdefault(node["hostname"], []).append(sys_text)
+        for i in range(n):
+            if prev[i] >= 0 or cached[i] <= shared:
+                continue
+            s = sessions[i]
+            history[s] = history_for(s, cached[i], system_msg, tag)
+            text = apply_chat_template(history[s], False)
+            for role in ("prefill", "main_decode"):
+                pool = by_role[role]
+                node = pool[int(hashlib.blake2b(f"{tag}{s}".encode(), digest_size=4).hexdigest(),
+                                16) % len(pool)]  # fmt: skip
+                warm_texts.setdefault(node["hostname"], []).append(text)
+        warm_tokens = 0
+        with httpx.Client(timeout=600) as http:
+            for node in nodes:
+                texts = warm_texts.get(node["hostname"], [])
+                for k in range(0, len(texts), 16):
+                    part = texts[k : k + 16]
+                    r = http.post(
+                        f"http://127.0.0.1:{node['port']}/instances/{node['instance_id']}/warm",
+                        json={"texts": part},
+                        headers={"Authorization": f"Bearer {tokens[node['hostname']]}"},
+                    )
+                    r.raise_for_status()
+                    warm_tokens += sum(len(t) for t in part)
+        deadline = time.monotonic() + 300
+        while not kv_settled(fetch_state(agents, tokens)) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        time.sleep(3.0)  # the gateways' live view: rebuilt every 0.25 s
+        result["warm"] = {"sessions": len(history), "tokens": warm_tokens,
+                          "wall_s": round(time.monotonic() - t_warm, 1)}  # fmt: skip
+
+        # -- the measured replay ------------------------------------------------------------
+        web_pid = cp.cluster.processes[0].pid
+        pids = {h: p.proc.pid for h, p in agents.items() if p.proc}
+        results: list[dict] = [
+            {"i": i, "session": sessions[i], "drawn_s": trace.arrival_s[i].item(),
+             "input_tokens": inputs[i], "max_tokens": int(outputs[i])}
+            for i in range(n)
+        ]  # fmt: skip
+        marks: dict[str, Any] = {}
+        bar.planned, bar.sent, bar.first, bar.done, bar.failed = n, 0, 0, 0, 0
+        bar.phase = "replay"
+
+        async def replay() -> None:
+            ended = [asyncio.Event() for _ in range(n)]
+            answers: list[str | None] = [None] * n
+            limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
+            async with httpx.AsyncClient(timeout=httpx.Timeout(3600, connect=30),
+                                         limits=limits) as http:  # fmt: skip
+                start = time.monotonic()
+                marks["start"] = start
+
+                async def warm_mark() -> None:
+                    await asyncio.sleep(scale.WARMUP_S / scale.SPEEDUP)
+                    marks["states_warm"] = await asyncio.to_thread(fetch_state, agents, tokens)
+                    marks["cpu_warm"] = {
+                        "web": cpu_seconds(web_pid),
+                        "machine": machine_busy(),
+                        **{h: cpu_seconds(p) for h, p in pids.items()},
+                    }
+                    marks["t_warm"] = time.monotonic()
+
+                async def turn(i: int) -> None:
+                    await asyncio.sleep(max(0.0, start + arrival[i] - time.monotonic()))
+                    j = prev[i]
+                    if j >= 0:
+                        await ended[j].wait()
+                    s = sessions[i]
+                    msgs = history.get(s)
+                    if msgs is None or cached[i] <= shared:
+                        msgs = [system_msg]
+                        size = (
+                            inputs[i] - tokens_of(msgs, False) - USER_FRAME - len("<|assistant|>\n")
+                        )
+                        rng = random.Random(f"{tag}-{i}")
+                        msgs = msgs + [{"role": "user", "content": f"[{tag}s{s}t{i}] "
+                                        + filler(rng, max(size - 16, 8))}]  # fmt: skip
+                    else:
+                        if j >= 0 and answers[j]:
+                            msgs = msgs + [{"role": "assistant", "content": answers[j]}]
+                        size = inputs[i] - tokens_of(msgs, True) - USER_FRAME
+                        rng = random.Random(f"{tag}-{i}")
+                        msgs = msgs + [{"role": "user", "content": filler(rng, max(size, 8))}]
+                    history[s] = msgs
+                    res = results[i]
+                    res["sent_wall"] = time.monotonic() - start
+                    res["prompt_ids_digest"] = len(apply_chat_template(msgs, True))
+                    bar.sent += 1
+
+                    def first() -> None:
+                        bar.first += 1
+
+                    text = await stream_one(http, cp.url, cp.api_key, system.model, msgs,
+                                            res["max_tokens"], res, first)  # fmt: skip
+                    answers[i] = text if res.get("completed") else None
+                    if res.get("completed"):
+                        bar.done += 1
+                        ids = list(apply_chat_template(msgs, True).encode("utf-8"))
+                        want = emulated_answer(ids, res.get("completion_tokens", 0))
+                        res["exact"] = bytes(want).decode("utf-8", "replace") == text
+                    else:
+                        bar.failed += "error" in res
+                    ended[i].set()
+
+                mark = asyncio.create_task(warm_mark())
+                tasks = [asyncio.create_task(turn(i)) for i in range(n)]
+                # Arrivals end with the window; the fleet keeps running (decoding included) until
+                # every measured request has its first token, at most DRAIN_S more.
+                await asyncio.sleep(max(0.0, start + window_s / scale.SPEEDUP - time.monotonic()))
+                bar.phase = "drain"
+                stop_at = start + (window_s + scale.DRAIN_S) / scale.SPEEDUP
+                measured = [r for r in results if r["drawn_s"] >= scale.WARMUP_S]
+                while time.monotonic() < stop_at and not all(
+                    "ttft_wall" in r or "error" in r or r.get("completed") for r in measured
+                ):
+                    await asyncio.sleep(1.0)
+                marks["states_end"] = await asyncio.to_thread(fetch_state, agents, tokens)
+                marks["cpu_end"] = {
+                    "web": cpu_seconds(web_pid),
+                    "machine": machine_busy(),
+                    "client": cpu_seconds(os.getpid()),
+                    **{h: cpu_seconds(p) for h, p in pids.items()},
+                }
+                marks["t_end"] = time.monotonic()
+                await mark
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run(replay())
+        bar.phase = "collecting"
+        time.sleep(3.0)  # records of the cut streams
+        records = [r for r in cp.get_all("requests") if r.get("model") == system.model]
+        result |= {
+            "results": results,
+            "records": records,
+            "marks": {
+                k: v for k, v in marks.items() if k.startswith(("states", "cpu", "t_", "start"))
+            },
+        }
+    finally:
+        for proc in agents.values():
+            proc.kill()
+            proc.cleanup()
+    return result
+
+
+def simulate(system: scale.System, window_s: float) -> dict:
+    config = system.config
+    config = config | {"workload": config["workload"] | {"duration_s": window_s}}
+    fleet = fleet_from_dict(config["fleet"])
+    trace = make_trace(config)
+    summary, _ = run_fleet(
+        fleet, trace, Sla(scale.SLA["ttft_p90_s"], scale.SLA["ttft_p99_s"]), scale.WARMUP_S
+    )
+    return {
+        "ttft_s": {k: summary["ttft_s"][k] for k in ("p50", "p90", "p99")},
+        "rld_share": summary["tokens"]["relay_share"],
+        "pipelines": summary["pipelines"],
+        "wan_utilisation": summary["wan_link_utilisation"],
+        "requests": summary["requests"],
+        "sla_met": summary["sla"]["met"],
+        "cost_per_hour": summary["cost_per_hour"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.paper")
+    parser.add_argument("--systems", default="idc-pd,cdc-pd,pdd")
+    parser.add_argument(
+        "--window-s",
+        type=float,
+        default=scale.WINDOW_S,
+        help="modelled seconds of arrivals (a shorter run is not written)",
+    )
+    parser.add_argument("--out", default=str(ROOT / "var" / "bench-paper"))
+    args = parser.parse_args(argv)
+    catalogue = scale.systems()
+    wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in catalogue]
+    if unknown or not wanted:
+        print(f"--systems: unknown {unknown} (known: {', '.join(catalogue)})", file=sys.stderr)
+        return 2
+    if args.window_s <= scale.WARMUP_S:
+        print(f"--window-s must be > the warm-up ({scale.WARMUP_S:g} s)", file=sys.stderr)
+        return 2
+    full = wanted == list(catalogue) and args.window_s == scale.WINDOW_S
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    began = time.monotonic()
+    bar = Bar(len(wanted))
+    say("starting the control plane")
+    cp = start_control_plane(out)
+    results: dict[str, Any] = {
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "window_s": args.window_s,
+        "systems": {},
+    }
+    try:
+        declare_common(cp)
+        ports = (p for p in range(BASE_PORT, BASE_PORT + 2000) if not port_in_use("127.0.0.1", p))
+        fleets = {key: declare(cp, catalogue[key], ports) for key in wanted}
+        for index, key in enumerate(wanted, 1):
+            system = catalogue[key]
+            bar.index, bar.label = index, system.label
+            say(f"{system.label}: {', '.join(f'{p.count} {p.role} {p.gpu}' for p in system.pools)}")
+            try:
+                live = run_system(cp, system, fleets[key], out, bar, args.window_s)
+            except Exception:  # noqa: BLE001 - reported, the other systems still run
+                live = {"error": traceback.format_exc()[-2000:]}
+                say(f"{system.label} failed: {live['error'][-300:]}")
+            (out / f"{key}.json").write_text(json.dumps(live, default=float) + "\n")
+            bar.phase = "simulating"
+            predicted = simulate(system, args.window_s)
+            results["systems"][key] = {
+                "live": report.summarise(live, system) if "error" not in live else live,
+                "predicted": predicted,
+                "cost_per_hour": system.cost_per_hour,
+                "pools": [p.__dict__ for p in system.pools],
+            }
+            say(f"{system.label}: {json.dumps(results['systems'][key]['live'])[:400]}")
+    finally:
+        bar.close()
+        cp.stop()
+    results["wall_s"] = round(time.monotonic() - began, 1)
+    (out / "summary.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
+    text = report.render(results)
+    (out / "REPORT.md").write_text(text)
+    if full:
+        (HERE / "summary.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
+        (HERE / "REPORT.md").write_text(text)
+    say(f"done in {results['wall_s'] / 60:.1f} min; report: {out / 'REPORT.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["main", "np"]

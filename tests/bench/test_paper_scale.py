@@ -1,0 +1,82 @@
+"""The paper experiment's scaling rule (bench/paper/scale.py) and its figures
+(bench/paper/report.py), checked without starting a process."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.paper import report, scale
+
+
+def test_one_factor_scales_fleet_link_and_rate():
+    systems = scale.systems()
+    counts = {k: {(p.role, p.gpu): p.count for p in s.pools} for k, s in systems.items()}
+    assert counts["pdd"] == {
+        ("prefill", "GPU-A"): 5,  # 40 / 8
+        ("relay_decode", "GPU-A"): 1,  # 3 / 8, rounded up: a pool needs one
+        ("main_decode", "GPU-B"): 4,  # 32 / 8
+    }
+    assert counts["cdc-pd"] == {("prefill", "GPU-A"): 5, ("main_decode", "GPU-B"): 4}
+    assert counts["idc-pd"] == {("prefill", "GPU-A"): 4, ("main_decode", "GPU-A"): 7}
+    for s in systems.values():
+        assert s.config["workload"]["rps"] == 80 / scale.FACTOR
+        assert s.config["workload"]["settle_s"] == 0.0
+        link = scale.link(s)
+        assert link["bandwidth_gbps"] == 20 / scale.FACTOR
+        assert link["connection_pool_size"] == math.ceil(76 / scale.FACTOR)
+        assert link["rtt_ms"] == 20  # latency is not scaled
+    assert systems["pdd"].config["fleet"]["system"] == "pdd"
+    assert systems["cdc-pd"].config["fleet"]["system"] == "cdc-pd"
+    assert systems["idc-pd"].config["fleet"]["system"] == "idc-pd"
+    # Every pool is datacenter A except PDD's and CDC-PD's main decoders.
+    assert {p.datacenter for p in systems["idc-pd"].pools} == {"A"}
+    assert systems["pdd"].cost_per_hour == pytest.approx(6 * 1.0 + 4 * 1.25)
+
+
+def live_run(ttfts_wall: list[float | None]) -> dict:
+    results = []
+    for i, t in enumerate(ttfts_wall):
+        r = {"i": i, "drawn_s": scale.WARMUP_S + i, "sent_wall": 1.0, "id": f"r{i}",
+             "completed": t is not None, "exact": True}  # fmt: skip
+        if t is not None:
+            r["ttft_wall"] = t
+        results.append(r)
+    states = lambda rld, md: {  # noqa: E731
+        "h": {"instances": [{"role": "relay_decode", "tokens_generated": rld},
+                            {"role": "main_decode", "tokens_generated": md}]}
+    }  # fmt: skip
+    return {
+        "results": results,
+        "records": [{"request_id": f"r{i}", "pipeline": "p-md"} for i in range(len(results))],
+        "marks": {"states_warm": states(10, 100), "states_end": states(72, 1100), "start": 0.0,
+                  "t_warm": 80.0, "t_end": 400.0},
+    }  # fmt: skip
+
+
+def test_ttft_is_modelled_time_and_a_missing_first_token_counts_as_worst():
+    system = scale.systems()["pdd"]
+    # Wall seconds: 8 x the modelled ones.
+    out = report.summarise(live_run([8.0, 16.0, 24.0, 32.0, None]), system)
+    assert out["ttft_s"]["p50"] == pytest.approx(3.0)
+    assert out["ttft_s"]["p90"] is None  # the rank falls on the request with no first token
+    assert out["rld_share"] == pytest.approx(62 / (62 + 1000))
+    assert out["completed"] == 4 and out["tokens_differ"] == 0
+    assert out["completed_without_record"] == 0
+    assert out["sla_met"] is False
+
+
+def test_the_report_names_every_goal():
+    system = scale.systems()["pdd"]
+    live = report.summarise(live_run([8.0] * 10), system)
+    results = {
+        "started": "now", "machine": {"cpus": 2}, "wall_s": 60.0, "window_s": 45.0,
+        "systems": {"pdd": {"live": live, "predicted": {"ttft_s": {"p50": 1, "p90": 1.1,
+                    "p99": 2}, "rld_share": 0.05, "wan_utilisation": 0.2, "sla_met": True},
+                    "cost_per_hour": 11.0, "pools": [p.__dict__ for p in system.pools]}},
+    }  # fmt: skip
+    text = report.render(results)
+    for needle in ("-46%", "6.2%", "+37.5%", "within 10%", "TTFT P90 live", "RLD token share"):
+        assert needle in text
+    assert "| simulator vs live P90 TTFT, pdd | within 10% | 1.00 s | 1.10 s | 10.0% off" in text
