@@ -104,6 +104,31 @@ class EngineCore(ABC):
             first.logprobs[0] if first.logprobs else None,
         )
 
+    def submit_prefill(
+        self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams | None = None
+    ) -> None:
+        """Queue a prefill that is batched with the other requests (chunked prefill, continuous
+        batching); its first token arrives through `step()` like any output, after which the
+        request is held for export (`prefill_result`, then `release`). Raises EngineFull when
+        the queue is full."""
+        req = self._new_request(request_id, prompt_ids, sampling or SamplingParams())
+        req.after_forward = AfterForward.SAMPLE_THEN_HOLD
+        self.scheduler.submit(req)
+        self.requests[request_id] = req
+
+    def prefill_result(self, request_id: str, first: TokenOutput) -> PrefillResult:
+        """What `prefill` returns, for a request queued by `submit_prefill` whose first output
+        (`first`) has arrived."""
+        req = self._get(request_id)
+        return PrefillResult(
+            first.token_ids[0],
+            list(req.block_table),
+            req.prompt_matched_tokens,
+            first.finished,
+            first.finish_reason,
+            first.logprobs[0] if first.logprobs else None,
+        )
+
     def export_kv(self, request_id: str, start_token: int, end_token: int) -> bytes:
         """KV of positions [start_token, end_token) of a request, in the kv_pool wire format."""
         req = self._get(request_id)

@@ -73,6 +73,16 @@ class InferenceEngine(Protocol):
     ) -> PrefillResult:
         """Mutates: compute the prompt's KV and first token, then hold it for export."""
 
+    def submit_prefill(
+        self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams | None = None
+    ) -> None:
+        """Mutates: queue a prefill batched with the other requests; its first token arrives
+        through `step()`, then it is held for export."""
+
+    def prefill_result(self, request_id: str, first: TokenOutput) -> PrefillResult:
+        """Read-only: `prefill`'s result for a request `submit_prefill` queued, once its first
+        output has arrived."""
+
     def export_kv(self, request_id: str, start_token: int, end_token: int) -> bytes:
         """Read-only: KV of positions [start_token, end_token) in this engine's wire format."""
 

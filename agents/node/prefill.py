@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.engine import SamplingParams, TokenLogprob
+from agents.engine.outputs import PrefillResult, TokenOutput
 from agents.node.agent import Agent, Instance
 from agents.node.pipeline_common import (
     Events,
@@ -25,6 +26,7 @@ from agents.node.pipeline_common import (
     transfer_id,
 )
 from agents.node.wire import HandoffPlan, Peer
+from agents.node.worker import EngineWorker
 from agents.transfer.records import KVChunk
 from pdd.vocab import Pipeline
 
@@ -69,6 +71,36 @@ async def reserve_remote(agent: Agent, main: Peer, request_id: str, prompt: list
     return int(response.json()["cached_tokens"])
 
 
+async def batched_prefill(
+    worker: EngineWorker, request_id: str, prompt: list[int], sampling: SamplingParams
+) -> PrefillResult:
+    """Prefill batched with the engine's other work: the request joins the scheduler (chunked
+    prefill with every other prompt waiting, not one prompt per engine command) and its first
+    token arrives as a step output. EngineFull / ValueError surface from the submission."""
+    loop = asyncio.get_running_loop()
+    first: asyncio.Future[TokenOutput] = loop.create_future()
+
+    def sink(out: TokenOutput | BaseException) -> None:
+        if first.done():
+            return
+        if isinstance(out, BaseException):
+            first.set_exception(out)
+        else:
+            first.set_result(out)
+
+    worker.add_sink(request_id, sink)
+    try:
+        await worker.call(lambda e: e.submit_prefill(request_id, prompt, sampling))
+        out = await first
+        return await worker.call(lambda e: e.prefill_result(request_id, out))
+    except BaseException:
+        # Not started, or abandoned while queued: nothing of it may stay in the engine.
+        await quiet(worker.call(lambda e: e.abort(request_id)))
+        raise
+    finally:
+        worker.remove_sink(request_id)
+
+
 async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefilled:
     """Prefill on P while MD pins its cached prefix; raises EngineFull / ValueError before any
     streaming starts, so the caller can answer 503 / 400."""
@@ -79,9 +111,8 @@ async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefil
         else None
     )
     try:
-        result = await inst.running_worker.call(
-            lambda e: e.prefill(req.request_id, req.prompt, req.sampling)
-        )
+        result = await batched_prefill(inst.running_worker, req.request_id, req.prompt,
+                                       req.sampling)  # fmt: skip
     except BaseException:
         if reserve is not None:
             reserve.cancel()
