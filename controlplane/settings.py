@@ -325,6 +325,13 @@ BATON_GATEWAY_STALL_S = env_float("BATON_GATEWAY_STALL_S", 1.6, minimum=0.05)
 BATON_GATEWAY_FIRST_TOKEN_TIMEOUT_S = env_float(
     "BATON_GATEWAY_FIRST_TOKEN_TIMEOUT_S", 60.0, minimum=0.1
 )
+# Overload (docs/gateway.md "Overload"): a request an engine has no room for now waits at the
+# gateway, routed again as capacity frees, up to this long; at most this many wait in a
+# process, and at most this many of one tenant (fair share). Past them: 503 / 429 with
+# Retry-After, as a status code when no token has been sent.
+BATON_GATEWAY_QUEUE_TIMEOUT_S = env_float("BATON_GATEWAY_QUEUE_TIMEOUT_S", 60.0, minimum=0.0)
+BATON_GATEWAY_QUEUE_MAX = env_int("BATON_GATEWAY_QUEUE_MAX", 512)
+BATON_GATEWAY_QUEUE_PER_TENANT = env_int("BATON_GATEWAY_QUEUE_PER_TENANT", 128)
 # Admission and routing on the event loop, without a worker-thread hop, when the whole hot
 # path is in memory (no REDIS_URL) and every read is a cache hit (routing/gateway/views.py).
 BATON_GATEWAY_INLINE = env_bool("BATON_GATEWAY_INLINE", default=True)

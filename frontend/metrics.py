@@ -41,6 +41,7 @@ from frontend.telemetry.aggregator import TOKEN_BUCKETS, summarize
 from frontend.telemetry.fleet import fleet_state
 from frontend.telemetry.service import ensure_rebuilt, get_aggregator, tail_new_records
 from pdd import metrics as agent_metrics
+from routing.gateway.overload import overload
 
 HISTOGRAMS = {
     "ttft": (
@@ -204,6 +205,7 @@ class TelemetryCollector:
         yield from self._links(fleet, minute)
         yield from self._instances()
         yield self._prefix_index()
+        yield from self._overload()
         yield GaugeMetricFamily(
             "pdd_goodput_requests_per_second",
             "Requests per second counted as meeting their model's TTFT SLA, last minute.",
@@ -257,6 +259,35 @@ class TelemetryCollector:
         yield bandwidth
         yield throughput
         yield utilisation
+
+    def _overload(self) -> Iterator[Metric]:
+        """The gateway's overload queue in this process (routing/gateway/overload.py)."""
+        stats = overload.stats
+        yield GaugeMetricFamily(
+            "baton_gateway_queue_waiting",
+            "Requests waiting in this gateway process for room on the fleet (engine full).",
+            value=stats.waiting,
+        )
+        yield CounterMetricFamily(
+            "baton_gateway_queue_requests",
+            "Requests that waited for room at least once.",
+            value=stats.queued_total,
+        )
+        yield CounterMetricFamily(
+            "baton_gateway_queue_wait_seconds",
+            "Seconds requests spent waiting for room, summed.",
+            value=stats.wait_seconds_total,
+        )
+        yield CounterMetricFamily(
+            "baton_gateway_queue_timeouts",
+            "Requests answered 503 after waiting BATON_GATEWAY_QUEUE_TIMEOUT_S for room.",
+            value=stats.timed_out_total,
+        )
+        yield CounterMetricFamily(
+            "baton_gateway_queue_refused",
+            "Requests refused because the queue (or the tenant's share of it) was full.",
+            value=stats.refused_total,
+        )
 
     def _prefix_index(self) -> Metric:
         """Blocks the prefix index holds per decode instance (from KV cache events)."""

@@ -101,18 +101,29 @@ class DoneEvent:
         return self.finish_reason in ("length", "max_tokens")
 
 
+ENGINE_FULL = "engine_full"  # ErrorEvent.code and the agents' 503 body's "code"
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorEvent:
-    """The attempt failed further down the path (MD, RLD or the WAN)."""
+    """The attempt failed further down the path (MD, RLD or the WAN). ``code``
+    ``"engine_full"``: an engine had no room for the request now (capacity, not a fault: the
+    gateway queues and retries it, and blames no instance)."""
 
     message: str = "agent error"
+    code: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"type": "error", "message": self.message}
+        out = {"type": "error", "message": self.message}
+        if self.code:
+            out["code"] = self.code
+        return out
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> ErrorEvent:
-        return cls(message=str(raw.get("message") or "agent error"))
+        return cls(
+            message=str(raw.get("message") or "agent error"), code=str(raw.get("code") or "")
+        )
 
 
 @dataclass(frozen=True, slots=True)

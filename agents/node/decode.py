@@ -28,6 +28,7 @@ from agents.node.pipeline_common import (
 )
 from agents.node.wire import output_logprob
 from agents.node.worker import EngineWorker
+from pdd.events import ENGINE_FULL
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +263,10 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
         try:
             result = await import_kv(admission)
         except (EngineFull, PrefixMissing, ValueError, KeyError) as exc:
-            yield error_event(f"{rid}: cannot import KV: {type(exc).__name__}: {exc}{claim.note}")
+            yield error_event(
+                f"{rid}: cannot import KV: {type(exc).__name__}: {exc}{claim.note}",
+                ENGINE_FULL if isinstance(exc, EngineFull) else "",
+            )
             return
         imported = True
         index = 1  # index 0 is P's first token

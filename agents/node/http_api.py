@@ -38,6 +38,7 @@ from agents.node.wire import (
     parse_sampling,
     refused,
 )
+from pdd.events import ENGINE_FULL
 from pdd.metrics import CONTENT_TYPE as METRICS_TYPE
 from pdd.metrics import render as render_metrics
 from pdd.metrics import state_families
@@ -87,10 +88,14 @@ class EventStream(Response):
                 await self.on_close()
 
 
-def error(status: int, message: str, field: str | None = None) -> JSONResponse:
+def error(
+    status: int, message: str, field: str | None = None, code: str | None = None
+) -> JSONResponse:
     body: dict[str, Any] = {"error": message}
     if field:
         body["field"] = field
+    if code:
+        body["code"] = code
     return JSONResponse(body, status_code=status)
 
 
@@ -115,7 +120,7 @@ def build_app(agent: Agent) -> Starlette:
         try:
             return await handler(request)
         except AgentError as exc:
-            return error(exc.status, exc.message, exc.field)
+            return error(exc.status, exc.message, exc.field, exc.code)
 
     def data(handler):
         async def wrapped(request: Request) -> Response:
@@ -190,14 +195,15 @@ def build_app(agent: Agent) -> Starlette:
             texts = body["texts"]
             if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
                 raise bad("texts", "must be a list of strings")
-            prompts = [list(t.encode("utf-8")) for t in texts]
+            prompts: list[list[int]] = [list(t.encode("utf-8")) for t in texts]
         else:
-            prompts = body.get("token_ids")
-            if not isinstance(prompts, list) or not all(
+            given = body.get("token_ids")
+            if not isinstance(given, list) or not all(
                 isinstance(p, list) and all(type(t) is int and 0 <= t < 2**31 for t in p)
-                for p in prompts
+                for p in given
             ):
                 raise bad("token_ids", "must be a list of lists of token ids")
+            prompts = given
 
         def warm(engine: Any) -> int:
             return sum(engine.warm_prefix(p) for p in prompts)
@@ -267,7 +273,7 @@ def build_app(agent: Agent) -> Starlette:
             return await fn()
         except EngineFull as exc:
             agent.end(inst)
-            raise AgentError(503, f"engine full: {exc}") from None
+            raise AgentError(503, f"engine full: {exc}", code=ENGINE_FULL) from None
         except ValueError as exc:
             agent.end(inst)
             raise AgentError(400, f"prompt_ids: {exc}", "prompt_ids") from None

@@ -47,6 +47,7 @@ from agents.node.pipeline_common import (
 )
 from agents.node.wire import HandoffPlan, Peer, output_logprob, relayed_token
 from agents.transfer.records import TokenIds, Transfer, TransferStats
+from pdd.events import ENGINE_FULL
 from pdd.vocab import HandoffMode
 
 log = logging.getLogger(__name__)
@@ -256,8 +257,8 @@ class RelaySession:
         self.emit(event)
         self.to(Phase.DONE)
 
-    def fail(self, message: str) -> None:
-        self.finish(error_event(f"{self.rid}: {message}"))
+    def fail(self, message: str, code: str = "") -> None:
+        self.finish(error_event(f"{self.rid}: {message}", code))
 
     def done_event(self, reason: str | None) -> dict[str, Any]:
         return {
@@ -341,7 +342,10 @@ class RelaySession:
         try:
             await self.worker.call(admit)
         except (EngineFull, PrefixMissing, ValueError, KeyError) as exc:
-            self.fail(f"cannot import KV: {type(exc).__name__}: {exc}")
+            self.fail(
+                f"cannot import KV: {type(exc).__name__}: {exc}",
+                ENGINE_FULL if isinstance(exc, EngineFull) else "",
+            )
             return
         self.engine_live = True
         if not self.to(Phase.RELAY):

@@ -235,8 +235,10 @@ def relayed_token(index: int, event: dict[str, Any], role: str) -> dict[str, Any
     return relayed
 
 
-def error_event(message: str) -> dict[str, Any]:
-    return ErrorEvent(message).to_json()
+def error_event(message: str, code: str = "") -> dict[str, Any]:
+    """An error event; ``code`` ENGINE_FULL when an engine had no room (capacity, not a
+    fault: the gateway queues the request and retries it)."""
+    return ErrorEvent(message, code).to_json()
 
 
 def refused(exc: ValueError) -> AgentError:

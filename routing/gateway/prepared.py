@@ -46,3 +46,6 @@ class Prepared:
     retried: list[dict[str, Any]] = field(default_factory=list)
     continue_ids: list[int] | None = None  # a migration: the prompt plus the delivered tokens
     continue_max_tokens: int | None = None
+    # Overload: when an engine first had no room for this request, and how often since.
+    busy_since: float | None = None
+    busy_tries: int = 0

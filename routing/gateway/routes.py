@@ -185,15 +185,19 @@ def implicated(decision: Decision, exc: AgentRunError) -> list[str]:
     return [hop] if hop else []
 
 
-def reroute(p: Prepared, exc: AgentRunError, record: dict[str, Any]) -> tuple[list[str], str]:
-    """Mark the instances `exc` implicates suspect, note the attempt (`record` added to its
-    entry in the decision inputs) and route `p` again. Returns the implicated ids and, when no
-    path is left, why (else "")."""
+def reroute(
+    p: Prepared, exc: AgentRunError, record: dict[str, Any], *, blame: bool = True
+) -> tuple[list[str], str]:
+    """Mark the instances `exc` implicates suspect (unless ``blame`` is False: an engine that
+    was full is not failing), note the attempt (`record` added to its entry in the decision
+    inputs) and route `p` again. Returns the implicated ids and, when no path is left, why
+    (else "")."""
     d = p.decision
     if d is None:
         raise RuntimeError("reroute() of a request that was never routed")
     blamed = implicated(d, exc)
-    suspects.mark(blamed)
+    if blame:
+        suspects.mark(blamed)
     p.retried.append(
         {"pipeline": d.pipeline, "instances": blamed, "error": str(exc)[:300], **record}
     )
@@ -246,6 +250,14 @@ def migrate(p: Prepared, exc: AgentRunError, delivered: list[int], remaining: in
 
 def _pipeline(p: Prepared) -> str:
     return p.decision.pipeline if p.decision is not None else ""
+
+
+def retry_when_room(p: Prepared, exc: AgentRunError) -> bool:
+    """After an engine had no room for the request (before its first token): route it again,
+    blaming no instance (the caller waited in the overload queue first). False when no path
+    is left."""
+    _, no_path = reroute(p, exc, {"busy": True}, blame=False)
+    return not no_path
 
 
 def retry_elsewhere(p: Prepared, exc: AgentRunError) -> bool:

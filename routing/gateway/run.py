@@ -13,12 +13,12 @@ from collections.abc import Awaitable, Callable
 
 from django.conf import settings
 
-from pdd.events import DoneEvent, ErrorEvent, TokenEvent, parse_event
+from pdd.events import ENGINE_FULL, DoneEvent, ErrorEvent, TokenEvent, parse_event
 from pdd.stats import DoneStats
 from routing.gateway.openai_shapes import LogprobsCollector
 from routing.gateway.prepared import Prepared
 from routing.gateway.records import Outcome, admission_progress, record_request
-from routing.gateway.runner import AgentRunError, run_events
+from routing.gateway.runner import AgentBusy, AgentRunError, run_events
 from routing.gateway.stream import TextAssembler
 from routing.gateway.workers import pending_records, record_writer
 
@@ -216,6 +216,8 @@ class Run:
             self.stats = event.stats
             self.finish_reason = "length" if event.hit_length else "stop"
         elif isinstance(event, ErrorEvent):
+            if event.code == ENGINE_FULL and self.token_count == self.offset:
+                raise AgentBusy(event.message, at_prefill=False)
             raise AgentRunError(event.message, at_prefill=False)
         return False
 

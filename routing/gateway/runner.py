@@ -13,6 +13,7 @@ import httpx
 from django.conf import settings
 
 from pdd.dataplane import bearer_headers
+from pdd.events import ENGINE_FULL
 from routing.live import Endpoint, LiveView
 from routing.policy import Decision, Pipeline
 
@@ -43,6 +44,19 @@ class AgentRunError(Exception):
     def __init__(self, message: str, *, at_prefill: bool = True) -> None:
         super().__init__(message)
         self.at_prefill = at_prefill
+
+
+class AgentBusy(AgentRunError):
+    """An engine on the path had no room for the request now (``engine_full``): capacity, not
+    a fault. The gateway queues the request and routes it again; no instance is blamed."""
+
+
+def _busy_body(detail: str) -> bool:
+    try:
+        body = json.loads(detail)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("code") == ENGINE_FULL
 
 
 @dataclass(slots=True)
@@ -120,7 +134,10 @@ async def run_events(url: str, body: dict[str, Any]) -> AsyncIterator[list[dict[
         ) as response:
             if response.status_code != 200:
                 detail = (await response.aread()).decode(errors="replace")[:500]
-                raise AgentRunError(f"prefill agent answered HTTP {response.status_code}: {detail}")
+                message = f"prefill agent answered HTTP {response.status_code}: {detail}"
+                if response.status_code == 503 and _busy_body(detail):
+                    raise AgentBusy(message)
+                raise AgentRunError(message)
             rest = b""
             async for data in response.aiter_bytes():
                 *lines, rest = (rest + data).split(b"\n")

@@ -28,11 +28,12 @@ from django.views.decorators.csrf import csrf_exempt
 from fleet.models import ServedModel
 from routing.gateway import admission, openai_shapes, routes
 from routing.gateway.errors import GatewayError, notify_error
+from routing.gateway.overload import overload
 from routing.gateway.prepared import Prepared
 from routing.gateway.records import admission_journaled
 from routing.gateway.request_ids import with_request_id
 from routing.gateway.run import Run
-from routing.gateway.runner import AgentRunError
+from routing.gateway.runner import AgentBusy, AgentRunError
 from routing.gateway.timing import RECEIVED, Stopwatch
 from routing.gateway.workers import drain_pending_records, in_worker, pending_records
 
@@ -103,6 +104,13 @@ def _recoverer(p: Prepared):
     first token, a migration after it. True when a new attempt is ready."""
 
     async def recover(exc: AgentRunError, delivered: list[int], remaining: int) -> bool:
+        if isinstance(exc, AgentBusy) and not delivered:
+            # Capacity, not a fault: wait in the overload queue, then route again.
+            if p.busy_since is None:
+                p.busy_since = time.monotonic()
+            await overload.wait(p.key.tenant.name, p.busy_since, p.busy_tries)
+            p.busy_tries += 1
+            return await in_worker(routes.retry_when_room)(p, exc)
         if not delivered:
             return await in_worker(routes.retry_elsewhere)(p, exc)
         return await in_worker(routes.migrate)(p, exc, delivered, remaining)
@@ -114,8 +122,46 @@ def _usage(p: Prepared, run: Run) -> dict:
     return openai_shapes.usage(len(p.prompt_ids), run.token_count, run.outcome().cached_tokens)
 
 
-async def _stream(p: Prepared):
+async def _open_stream(p: Prepared):
+    """A stream's response once its first tokens are in: until then no byte has gone out, so a
+    request that cannot run (no room past the overload queue's limits, or a failure the
+    retries could not get around) is answered with a status code, not an error inside a 200."""
     run = Run(p)
+    deltas = run.deltas(_recoverer(p))
+    first: list | None
+    try:
+        first = await deltas.__anext__()
+    except StopAsyncIteration:
+        first = None
+    except GatewayError as exc:  # the overload queue's 503 / 429 with Retry-After
+        run.status, run.error = "rejected", exc.message
+        await run.record()
+        raise
+    except AgentRunError as exc:
+        run.status, run.error = "error", str(exc)
+        await run.record()
+        raise GatewayError(
+            502, f"The request failed on the agents: {exc}", type_="server_error"
+        ) from exc
+    except BaseException as exc:  # client went away while it waited
+        run.status, run.error = "cancelled", f"client disconnected ({type(exc).__name__})"
+        await run.record()
+        raise
+    return _stream(p, run, deltas, first)
+
+
+async def _stream_body(p: Prepared):
+    """The bytes a stream's response sends, opened as the view opens it (for callers that drive
+    a stream without a response, such as the tests)."""
+    inner = await _open_stream(p)
+    try:
+        async for chunk in inner:
+            yield chunk
+    finally:
+        await inner.aclose()
+
+
+async def _stream(p: Prepared, run: Run, deltas, first: list | None):
     created = int(time.time())
 
     def chunk(text, finish, **kw) -> bytes:
@@ -124,9 +170,13 @@ async def _stream(p: Prepared):
         )
 
     try:
+        head = b""
         if p.kind == "chat.completions":
-            yield openai_shapes.sse(openai_shapes.role_chunk(p.request_id, p.model.name, created))
-        async for pieces in run.deltas(_recoverer(p)):
+            head = openai_shapes.sse(openai_shapes.role_chunk(p.request_id, p.model.name, created))
+        if first:
+            head += b"".join(chunk(piece, None, logprobs=lp) for piece, lp in first)
+        yield head
+        async for pieces in deltas:
             # The tokens that arrived together leave together: one event each, one write.
             yield b"".join(chunk(piece, None, logprobs=lp) for piece, lp in pieces)
         # Every token is out: the request is complete. Start writing its record before the
@@ -144,7 +194,7 @@ async def _stream(p: Prepared):
         if p.greq.include_usage:
             tail += chunk(None, None, usage=usage)
         yield tail + openai_shapes.sse("[DONE]")
-    except AgentRunError as exc:
+    except (AgentRunError, GatewayError) as exc:
         run.status, run.error = "error", str(exc)
         notify_error(500, "agent_error", p.key.tenant.name, p.model.name)
         yield openai_shapes.sse(
@@ -166,6 +216,10 @@ async def _complete(p: Prepared) -> JsonResponse:
     try:
         async for batch in run.deltas(_recoverer(p)):
             pieces.extend(piece for piece, _ in batch)
+    except GatewayError as exc:  # the overload queue's 503 / 429 with Retry-After
+        run.status, run.error = "rejected", exc.message
+        await run.record()
+        raise
     except AgentRunError as exc:
         run.status, run.error = "error", str(exc)
         await run.record()
@@ -214,7 +268,9 @@ async def _handle(request: HttpRequest, kind: str):
             p = await in_worker(_prepare)(request, kind, watch)
             watch.lap("resume")  # back on the event loop
         if p.greq.stream:
-            response = StreamingHttpResponse(_stream(p), content_type="text/event-stream")
+            response = StreamingHttpResponse(
+                await _open_stream(p), content_type="text/event-stream"
+            )
             response["Cache-Control"] = "no-cache"
             response["X-Request-Id"] = p.request_id
             response["Server-Timing"] = watch.header()

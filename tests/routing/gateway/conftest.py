@@ -33,3 +33,29 @@ def fresh_gateway_state():
     routes.policies.clear()
     admission.api_keys.clear()
     admission.served_models.clear()
+
+
+def post_stream(client, path: str, body: dict) -> tuple[int, bytes]:
+    """POST a streaming request and read its body in one event loop, as the ASGI server does
+    (the view awaits the first tokens before it answers; the rest of the stream continues on
+    the same loop). ``client`` is an APIClient whose credentials are used."""
+    import json
+
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    headers = {
+        k[5:].replace("_", "-").title(): v
+        for k, v in getattr(client, "_credentials", {}).items()
+        if k.startswith("HTTP_")
+    }
+
+    async def go() -> tuple[int, bytes]:
+        response = await AsyncClient().post(
+            path, json.dumps(body), content_type="application/json", headers=headers
+        )
+        if not response.streaming:
+            return response.status_code, response.content
+        return response.status_code, b"".join([chunk async for chunk in response.streaming_content])
+
+    return async_to_sync(go)()

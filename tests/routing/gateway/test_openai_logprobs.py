@@ -10,7 +10,6 @@ import math
 
 import pytest
 import torch
-from asgiref.sync import async_to_sync
 from rest_framework.test import APIClient
 
 from agents.engine import Engine, EngineConfig, PagedKVPool, build_baton_tiny
@@ -22,6 +21,7 @@ from fleet import live as fleet_live
 from fleet.choices import InstanceRole
 from routing.gateway import run as gw_run
 from routing.gateway.openai_shapes import completion_logprobs
+from tests.routing.gateway.conftest import post_stream
 from tests.routing.gateway.test_route_around_the_dead import _one_dc_fleet
 
 torch.set_num_threads(1)
@@ -85,11 +85,10 @@ CHAT = {
 COMPLETION = {"model": "baton-tiny", "prompt": "tell me about decode", "max_tokens": 8}
 
 
-def _sse(response) -> list[dict]:
-    async def read() -> bytes:
-        return b"".join([chunk async for chunk in response.streaming_content])
-
-    lines = async_to_sync(read)().decode().splitlines()
+def _sse(client, path: str, body: dict) -> list[dict]:
+    status, raw = post_stream(client, path, body)
+    assert status == 200, raw[:300]
+    lines = raw.decode().splitlines()
     return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
 
 
@@ -130,9 +129,7 @@ def test_chat_logprobs_are_the_models_log_softmax(fleet, tiny, k):
 def test_chat_stream_carries_each_chunks_logprobs(fleet, tiny):
     client, plans = fleet
     body = CHAT | {"logprobs": True, "top_logprobs": 3, "stream": True}
-    response = client.post("/v1/chat/completions", body, format="json")
-    assert response.status_code == 200
-    chunks = _sse(response)
+    chunks = _sse(client, "/v1/chat/completions", body)
     assert chunks[0]["choices"][0]["logprobs"] is None  # the role chunk
     content, text = [], ""
     for chunk in chunks[1:]:
@@ -176,8 +173,7 @@ def test_completions_logprobs_in_the_legacy_shape(fleet, tiny):
 def test_completions_stream_carries_the_legacy_shape(fleet):
     client, _ = fleet
     body = COMPLETION | {"logprobs": 1, "stream": True}
-    response = client.post("/v1/completions", body, format="json")
-    chunks = [c for c in _sse(response) if c["choices"]]
+    chunks = [c for c in _sse(client, "/v1/completions", body) if c["choices"]]
     tokens, offsets, text = [], [], ""
     for chunk in chunks:
         choice = chunk["choices"][0]
@@ -192,10 +188,11 @@ def test_completions_stream_carries_the_legacy_shape(fleet):
 @pytest.mark.parametrize("stream", [False, True])
 def test_without_asking_there_are_no_logprobs(fleet, stream):
     client, plans = fleet
-    response = client.post("/v1/chat/completions", CHAT | {"stream": stream}, format="json")
     if stream:
-        assert all(c["choices"][0]["logprobs"] is None for c in _sse(response) if c["choices"])
+        chunks = _sse(client, "/v1/chat/completions", CHAT | {"stream": True})
+        assert all(c["choices"][0]["logprobs"] is None for c in chunks if c["choices"])
     else:
+        response = client.post("/v1/chat/completions", CHAT, format="json")
         assert response.json()["choices"][0]["logprobs"] is None
     assert "logprobs" not in plans[-1]["sampling"]  # the agents compute none
 

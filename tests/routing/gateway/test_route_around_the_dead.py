@@ -17,6 +17,7 @@ from routing.gateway import routes
 from routing.gateway import run as gw_run
 from routing.gateway.runner import AgentRunError
 from routing.models import RequestRecord
+from tests.routing.gateway.conftest import post_stream
 
 
 def _publish(node: Node, inst: Instance) -> None:
@@ -190,26 +191,20 @@ def test_a_decoder_dying_mid_stream_migrates_the_request_without_gap_or_duplicat
     two_decoders, stream
 ):
     client, made, plans = two_decoders
-    response = client.post(
-        "/v1/completions",
-        {"model": "baton-tiny", "prompt": "hello", "max_tokens": 8, "stream": stream},
-        format="json",
-    )
-    assert response.status_code == 200
+    body = {"model": "baton-tiny", "prompt": "hello", "max_tokens": 8, "stream": stream}
     if stream:
         import json
 
-        from asgiref.sync import async_to_sync
-
-        async def read() -> bytes:
-            return b"".join([chunk async for chunk in response.streaming_content])
-
+        status, raw = post_stream(client, "/v1/completions", body)
+        assert status == 200
         text = ""
-        for line in async_to_sync(read)().decode().splitlines():
+        for line in raw.decode().splitlines():
             if line.startswith("data: {"):
                 choices = json.loads(line[6:])["choices"]
                 text += choices[0]["text"] if choices else ""
     else:
+        response = client.post("/v1/completions", body, format="json")
+        assert response.status_code == 200
         text = response.json()["choices"][0]["text"]
     assert text == "abcdefgh"  # 3 tokens, then the rest from the new decoder: no gap, no repeat
     first, second = plans

@@ -64,7 +64,7 @@ def test_a_burst_of_tokens_is_one_write_of_one_event_per_token(prepared, monkeyp
     monkeypatch.setattr(gw_run, "run_events", events)
 
     async def client() -> list[bytes]:
-        chunks = [chunk async for chunk in views._stream(prepared("cmpl-burst"))]
+        chunks = [chunk async for chunk in views._stream_body(prepared("cmpl-burst"))]
         await views.drain_pending_records()
         return chunks
 
@@ -80,7 +80,7 @@ def test_a_burst_of_tokens_is_one_write_of_one_event_per_token(prepared, monkeyp
 def test_one_event_at_a_time_still_streams_one_write_each(prepared):  # noqa: F811
     # The fixture's agent yields single events (a batch of one each).
     async def client() -> list[bytes]:
-        chunks = [chunk async for chunk in views._stream(prepared("cmpl-single"))]
+        chunks = [chunk async for chunk in views._stream_body(prepared("cmpl-single"))]
         await views.drain_pending_records()
         return chunks
 
