@@ -13,7 +13,7 @@ SERVICE_TESTS ?= tests/controlplane tests/fleet tests/plans tests/billing tests/
 # Browser tests need no database server; they run once, in the embedded pass.
 SERVICE_MARKS ?= not browser
 
-.PHONY: setup browser demo bench test test-embedded test-services lint format clean vendor
+.PHONY: setup browser demo bench bench-paper test test-embedded test-services lint format clean vendor
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,12 @@ demo: setup
 # writes bench/pdd/REPORT.md, summary.json and the plots, raw results under var/bench-pdd/.
 bench: setup
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m bench.pdd $(BENCH_ARGS)
+
+# The paper's experiment on the live system: IDC-PD, CDC-PD and PDD as emulated fleets of the
+# paper model, scaled 1/8 and run in slow motion (<= 30 min); writes bench/paper/REPORT.md and
+# summary.json, raw results under var/bench-paper/.
+bench-paper: setup
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m bench.paper $(BENCH_ARGS)
 
 # Faults against a real local fleet (agent SIGKILL/SIGSTOP, web SIGTERM/SIGKILL; <= 15 min);
 # writes bench/chaos/REPORT.md and summary.json, raw per-trial JSON under var/chaos/.
