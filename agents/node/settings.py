@@ -429,7 +429,24 @@ def load_settings(config_path: str | None, overrides: dict[str, Any]) -> AgentSe
     flag_links = overrides.pop("links", None) or []
     links.update(_links(flag_links))
     values.update({k: v for k, v in overrides.items() if v is not None})
+    speedup = float(values.get("speedup", 1.0) or 1.0)
+    if 0 < speedup < 1:
+        # Slow motion: the protocol's timeouts are modelled seconds too, stretched as the
+        # engines and links are (a KV transfer 8x slower must not time out 8x sooner).
+        defaults = {f.name: f.default for f in fields(AgentSettings)}
+        for name in SLOW_MOTION_TIMEOUTS:
+            values[name] = float(values.get(name, defaults[name])) / speedup
     return AgentSettings(links=links, **values)
+
+
+# Timeouts that --speedup below 1 stretches by 1 / speedup (load_settings).
+SLOW_MOTION_TIMEOUTS = (
+    "kv_timeout_s",
+    "handoff_timeout_s",
+    "handoff_ack_floor_s",
+    "reserve_ttl_s",
+    "reserve_timeout_s",
+)
 
 
 def _links(raw: Any) -> dict[str, LinkSettings]:

@@ -579,7 +579,17 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     bar = Bar(len(wanted))
     say("starting the control plane")
-    cp = start_control_plane(out)
+    # The gateway's wall-clock limits stretched as the fleet is (slow motion): a first token
+    # 8x later is not a frozen P.
+    stretch = 1.0 / scale.SPEEDUP
+    cp = start_control_plane(
+        out,
+        {
+            "BATON_GATEWAY_FIRST_TOKEN_TIMEOUT_S": str(60.0 * stretch),
+            "BATON_GATEWAY_STALL_S": str(1.6 * stretch),
+            "BATON_GATEWAY_QUEUE_TIMEOUT_S": str(60.0 * stretch),
+        },
+    )
     results: dict[str, Any] = {
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},

@@ -144,8 +144,9 @@ class ControlPlane:
         self.cluster.stop()
 
 
-def start_control_plane(log_dir: Path) -> ControlPlane:
-    """Migrate a fresh SQLite database, make an operator, start uvicorn (embedded beat)."""
+def start_control_plane(log_dir: Path, extra_env: dict[str, str] | None = None) -> ControlPlane:
+    """Migrate a fresh SQLite database, make an operator, start uvicorn (embedded beat);
+    ``extra_env`` on top of the benchmark's settings."""
     tmp = tempfile.mkdtemp(prefix="baton-bench-pdd-")
     env = {
         **os.environ,
@@ -161,6 +162,7 @@ def start_control_plane(log_dir: Path) -> ControlPlane:
     }
     for name in ("DATABASE_URL", "REDIS_URL", "BATON_DATA_TOKEN"):
         env.pop(name, None)
+    env.update(extra_env or {})
     port = free_port()
     cluster = Cluster(url=f"http://127.0.0.1:{port}", env=env, setup={}, operator_token="", tmp=tmp)
     try:

@@ -184,3 +184,14 @@ def test_slow_motion_slows_the_wan_link_as_it_slows_the_engines():
             await agent.close()
 
     asyncio.run(main())
+
+
+def test_slow_motion_stretches_the_protocols_timeouts():
+    from agents.node.settings import SLOW_MOTION_TIMEOUTS, AgentSettings, load_settings
+
+    normal = AgentSettings()
+    slow = load_settings(None, {"speedup": 0.125, "kv_timeout_s": 10.0})
+    assert slow.kv_timeout_s == pytest.approx(80.0)  # given in modelled seconds
+    for name in SLOW_MOTION_TIMEOUTS[1:]:
+        assert getattr(slow, name) == pytest.approx(getattr(normal, name) * 8)
+    assert load_settings(None, {"speedup": 2.0}).reserve_ttl_s == normal.reserve_ttl_s
