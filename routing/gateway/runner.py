@@ -24,8 +24,14 @@ _client: httpx.AsyncClient | None = None
 def http_client() -> httpx.AsyncClient:
     global _client
     if _client is None:
+        # One connection per stream in flight: httpx's default pool (100 connections) made the
+        # 101st concurrent stream wait, then fail with a pool timeout ("unreachable").
         _client = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=30.0)
+            timeout=httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=30.0),
+            limits=httpx.Limits(
+                max_connections=settings.BATON_GATEWAY_MAX_AGENT_CONNECTIONS,
+                max_keepalive_connections=256,
+            ),
         )
     return _client
 
@@ -147,4 +153,6 @@ async def run_events(url: str, body: dict[str, Any]) -> AsyncIterator[list[dict[
             if rest.strip():
                 yield [json.loads(rest)]
     except httpx.HTTPError as exc:
-        raise AgentRunError(f"prefill agent unreachable: {exc}") from exc
+        raise AgentRunError(
+            f"prefill agent unreachable: {type(exc).__name__}: {exc}".rstrip(": ")
+        ) from exc
