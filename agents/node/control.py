@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 REFUSED = (400, 413)
 BACKOFF_CAP_S = 60.0
 # The per-instance lists a report can be shortened by (prefix-block chain hashes, in order).
-BLOCK_LISTS = ("incoming_prefix_blocks", "cached_prefix_blocks")
+BLOCK_LISTS = ("incoming_prefix_blocks",)
 
 
 class HeartbeatStats:
