@@ -87,6 +87,7 @@ def summarise(live: Mapping[str, Any], system: scale.System) -> dict[str, Any]:
             "heartbeat_rtt_p99_s_worst_agent": max(rtt_p99) if rtt_p99 else None,
             "heartbeat_timeouts": sum(b.get("heartbeat_timeouts", 0) for b in beats),
             "heartbeats_refused": sum(b.get("heartbeats_refused", 0) for b in beats),
+            "nodes_gone_offline": live.get("nodes_gone_offline"),
         },
     }
 
@@ -198,6 +199,8 @@ def render(results: Mapping[str, Any]) -> str:
     row("control plane CPU (cores)", lambda e: s(live(e)["control_plane"]["web_cpu_cores"]))
     row("heartbeat p99, worst agent (s)",
         lambda e: s(live(e)["control_plane"]["heartbeat_rtt_p99_s_worst_agent"], 3))  # fmt: skip
+    row("nodes gone offline while running",
+        lambda e: s(live(e)["control_plane"]["nodes_gone_offline"]))  # fmt: skip
     row("heartbeat timeouts / refused",
         lambda e: f"{live(e)['control_plane']['heartbeat_timeouts']} / "
         f"{live(e)['control_plane']['heartbeats_refused']}")  # fmt: skip

@@ -515,13 +515,23 @@ def run_system(cp: ControlPlane, system: scale.System, nodes: list[dict], out: P
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
 
+        replay_began = datetime.now(UTC).isoformat()
         asyncio.run(replay())
         bar.phase = "collecting"
         time.sleep(3.0)  # records of the cut streams
         records = [r for r in cp.get_all("requests") if r.get("model") == system.model]
+        # Nodes of this system the control plane took offline while the fleet ran (a heartbeat
+        # flap: the agents never stop during the run).
+        hosts = {n["hostname"] for n in nodes}
+        offline = [
+            e for e in cp.get_all("events", kind="node.offline")
+            if e.get("created_at", "") >= replay_began and any(h in e.get("message", "")
+                                                                for h in hosts)
+        ]  # fmt: skip
         result |= {
             "results": results,
             "records": records,
+            "nodes_gone_offline": len(offline),
             "marks": {
                 k: v for k, v in marks.items() if k.startswith(("states", "cpu", "t_", "start"))
             },

@@ -80,3 +80,18 @@ def test_the_report_names_every_goal():
     for needle in ("-46%", "6.2%", "+37.5%", "within 10%", "TTFT P90 live", "RLD token share"):
         assert needle in text
     assert "| simulator vs live P90 TTFT, pdd | within 10% | 1.00 s | 1.10 s | 10.0% off" in text
+
+
+def test_nodes_gone_offline_are_reported():
+    system = scale.systems()["pdd"]
+    live = live_run([8.0] * 3)
+    live["nodes_gone_offline"] = 2
+    out = report.summarise(live, system)
+    assert out["control_plane"]["nodes_gone_offline"] == 2
+    results = {
+        "started": "now", "machine": {"cpus": 2}, "wall_s": 60.0, "window_s": 40.0,
+        "systems": {"pdd": {"live": out, "predicted": {"ttft_s": {"p50": 1, "p90": 1,
+                    "p99": 1}, "rld_share": 0.0, "wan_utilisation": 0.0, "sla_met": True},
+                    "cost_per_hour": 11.0, "pools": []}},
+    }  # fmt: skip
+    assert "| nodes gone offline while running | 2 |" in report.render(results)
