@@ -95,14 +95,7 @@ class EngineCore(ABC):
         self.scheduler.submit(req)
         self.requests[request_id] = req
         (first,) = self._drive(req, lambda outs: bool(outs))
-        return PrefillResult(
-            first.token_ids[0],
-            list(req.block_table),
-            req.prompt_matched_tokens,
-            first.finished,
-            first.finish_reason,
-            first.logprobs[0] if first.logprobs else None,
-        )
+        return self.prefill_result(request_id, first)
 
     def submit_prefill(
         self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingParams | None = None

@@ -123,10 +123,18 @@ def declare(cp: ControlPlane) -> list[dict]:
     return nodes
 
 
-def start_agents(cp: ControlPlane, nodes: list[dict], agents: dict[str, AgentProcess]) -> None:
-    """Start every node's agent into `agents` (the caller stops them, also on failure)."""
+def start_agents(
+    cp: ControlPlane,
+    nodes: list[dict],
+    agents: dict[str, AgentProcess],
+    options: tuple[str, ...] = ("--kv-scale", str(KV_SCALE), "--log-level", "ERROR"),
+    parallel: int = 8,
+) -> None:
+    """Start every node's agent into `agents` (the caller stops them, also on failure), each
+    with `options` besides its node, datacenter, ports, control plane and one thread; at most
+    `parallel` start at once (Python start-up is CPU)."""
     errors: list[BaseException] = []
-    gate = threading.Semaphore(8)  # starts at once: Python start-up is CPU
+    gate = threading.Semaphore(parallel)
 
     def start(node: dict) -> None:
         proc = AgentProcess(
@@ -145,10 +153,7 @@ def start_agents(cp: ControlPlane, nodes: list[dict], agents: dict[str, AgentPro
                 cp.url,
                 "--threads",
                 "1",
-                "--kv-scale",
-                str(KV_SCALE),
-                "--log-level",
-                "ERROR",
+                *options,
             ],  # fmt: skip
             node["hostname"],
             agents_per_host=len(nodes),

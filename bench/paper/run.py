@@ -36,7 +36,7 @@ import numpy as np
 
 from agents.node.launch import AgentProcess
 from bench.demo import port_in_use
-from bench.emulated.fleet_scale import machine_busy
+from bench.emulated.fleet_scale import machine_busy, start_agents
 from bench.paper import report, scale
 from bench.pdd.fleet import ControlPlane, start_control_plane
 from bench.pdd.run import cpu_seconds
@@ -164,38 +164,9 @@ def declare(cp: ControlPlane, system: scale.System, ports) -> list[dict]:
     return nodes
 
 
-def start_agents(cp: ControlPlane, nodes: list[dict], log_dir: Path) -> dict[str, AgentProcess]:
-    agents: dict[str, AgentProcess] = {}
-    errors: list[BaseException] = []
-    gate = threading.Semaphore(4)
-
-    def start(node: dict) -> None:
-        proc = AgentProcess(
-            ["--node", node["hostname"], "--datacenter", node["dc"],
-             "--listen", f"127.0.0.1:{node['port']}", "--kv-listen", "127.0.0.1:0",
-             "--wan-port", "0", "--control-plane", cp.url, "--threads", "1",
-             "--kv-scale", str(scale.KV_SCALE), "--speedup", str(scale.SPEEDUP),
-             "--log-level", "WARNING"],
-            node["hostname"],
-            agents_per_host=len(nodes),
-        )  # fmt: skip
-        agents[node["hostname"]] = proc
-        with gate:
-            try:
-                proc.start(timeout_s=300, env={"BATON_AGENT_TOKEN": node["agent_token"]})
-            except BaseException as exc:  # noqa: BLE001
-                errors.append(exc)
-
-    threads = [threading.Thread(target=start, args=(n,)) for n in nodes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        for proc in agents.values():
-            proc.kill()
-        raise errors[0]
-    return agents
+AGENT_OPTIONS = (
+    "--kv-scale", str(scale.KV_SCALE), "--speedup", str(scale.SPEEDUP), "--log-level", "WARNING",
+)  # fmt: skip
 
 
 def command_tokens(cp: ControlPlane) -> dict[str, str]:
@@ -347,8 +318,8 @@ def kv_settled(states: dict[str, dict]) -> bool:
     return True
 
 
-def run_system(cp: ControlPlane, system: scale.System, nodes: list[dict], out: Path,
-               bar: Bar, window_s: float) -> dict:  # fmt: skip
+def run_system(cp: ControlPlane, system: scale.System, nodes: list[dict], bar: Bar,
+               window_s: float) -> dict:  # fmt: skip
     config = system.config
     trace = make_trace(config | {"workload": config["workload"] | {"duration_s": window_s}})
     n = len(trace)
@@ -360,13 +331,12 @@ def run_system(cp: ControlPlane, system: scale.System, nodes: list[dict], out: P
     prev = trace.previous_turn().tolist()
     system_msg = system_message(shared)
     tag = system.key
-    log_dir = out / system.key
-    log_dir.mkdir(parents=True, exist_ok=True)
 
     bar.phase = "agents"
-    agents = start_agents(cp, nodes, log_dir)
+    agents: dict[str, AgentProcess] = {}
     result: dict[str, Any] = {"system": system.key, "requests": n}
     try:
+        start_agents(cp, nodes, agents, AGENT_OPTIONS, parallel=4)
         cp.cluster.wait_for(
             lambda: all(r["actual_state"] == "running" for r in cp.get_all("instances")
                         if r["node"] in {x["id"] for x in nodes}),
@@ -615,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
             bar.index, bar.label = index, system.label
             say(f"{system.label}: {', '.join(f'{p.count} {p.role} {p.gpu}' for p in system.pools)}")
             try:
-                live = run_system(cp, system, fleets[key], out, bar, args.window_s)
+                live = run_system(cp, system, fleets[key], bar, args.window_s)
             except Exception:  # noqa: BLE001 - reported, the other systems still run
                 live = {"error": traceback.format_exc()[-2000:]}
                 say(f"{system.label} failed: {live['error'][-300:]}")

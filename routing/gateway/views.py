@@ -122,6 +122,22 @@ def _usage(p: Prepared, run: Run) -> dict:
     return openai_shapes.usage(len(p.prompt_ids), run.token_count, run.outcome().cached_tokens)
 
 
+async def _ended_unanswered(run: Run, exc: BaseException) -> BaseException:
+    """Record a run that ended before any answer went out, and return what to raise: the
+    overload queue's 503 / 429 as it is (``rejected``), the agents' failure as a 502
+    (``error``), anything else, a client gone meanwhile, as it is (``cancelled``)."""
+    answer: BaseException = exc
+    if isinstance(exc, GatewayError):
+        run.status, run.error = "rejected", exc.message
+    elif isinstance(exc, AgentRunError):
+        run.status, run.error = "error", str(exc)
+        answer = GatewayError(502, f"The request failed on the agents: {exc}", type_="server_error")
+    else:
+        run.status, run.error = "cancelled", f"client disconnected ({type(exc).__name__})"
+    await run.record()
+    return answer
+
+
 async def _open_stream(p: Prepared):
     """A stream's response once its first tokens are in: until then no byte has gone out, so a
     request that cannot run (no room past the overload queue's limits, or a failure the
@@ -133,20 +149,11 @@ async def _open_stream(p: Prepared):
         first = await deltas.__anext__()
     except StopAsyncIteration:
         first = None
-    except GatewayError as exc:  # the overload queue's 503 / 429 with Retry-After
-        run.status, run.error = "rejected", exc.message
-        await run.record()
-        raise
-    except AgentRunError as exc:
-        run.status, run.error = "error", str(exc)
-        await run.record()
-        raise GatewayError(
-            502, f"The request failed on the agents: {exc}", type_="server_error"
-        ) from exc
-    except BaseException as exc:  # client went away while it waited
-        run.status, run.error = "cancelled", f"client disconnected ({type(exc).__name__})"
-        await run.record()
-        raise
+    except BaseException as exc:
+        answer = await _ended_unanswered(run, exc)
+        if answer is exc:
+            raise
+        raise answer from exc
     return _stream(p, run, deltas, first)
 
 
@@ -216,20 +223,11 @@ async def _complete(p: Prepared) -> JsonResponse:
     try:
         async for batch in run.deltas(_recoverer(p)):
             pieces.extend(piece for piece, _ in batch)
-    except GatewayError as exc:  # the overload queue's 503 / 429 with Retry-After
-        run.status, run.error = "rejected", exc.message
-        await run.record()
-        raise
-    except AgentRunError as exc:
-        run.status, run.error = "error", str(exc)
-        await run.record()
-        raise GatewayError(
-            502, f"The request failed on the agents: {exc}", type_="server_error"
-        ) from exc
     except BaseException as exc:
-        run.status, run.error = "cancelled", f"client disconnected ({type(exc).__name__})"
-        await run.record()
-        raise
+        answer = await _ended_unanswered(run, exc)
+        if answer is exc:
+            raise
+        raise answer from exc
     watch = p.watch or Stopwatch()
     watch.lap("agents")
     await run.record()
