@@ -13,9 +13,9 @@ The wrappers here keep Django's behaviour and drop the hops:
 - ``inline(cls)``: a middleware whose hooks do no I/O (security headers, the common
   redirects, X-Frame-Options) runs its hooks on the event loop, on every path.
 - ``pages_only(cls)``: sessions, CSRF, authentication and messages serve the web UI and the
-  REST API; the OpenAI-compatible gateway (``/v1/``) authenticates by API key, its views are
-  CSRF-exempt and never touch a session, so there these are skipped; elsewhere they run as
-  Django runs them.
+  REST API; the OpenAI-compatible gateway (``/v1/``) authenticates by API key and the agents'
+  API (``/api/v1/agent/``) by agent token, their views are CSRF-exempt and never touch a
+  session, so there these are skipped; elsewhere they run as Django runs them.
 
 ``settings.MIDDLEWARE`` names Django's own classes (its system checks, ``check --deploy``
 included, look for them by name); ``ASGIHandler`` below, the one ``controlplane/asgi.py``
@@ -41,8 +41,18 @@ from django.utils.module_loading import import_string
 GATEWAY_PREFIX = "/v1/"
 
 
+# The agents' API (registration, heartbeats, KV cache events): authenticated by the node's
+# agent token, CSRF-exempt, never a session; a thousand nodes beat there every 2 s.
+AGENT_PREFIX = "/api/v1/agent/"
+
+
 def is_gateway_path(path: str) -> bool:
     return path.startswith(GATEWAY_PREFIX)
+
+
+def is_token_only_path(path: str) -> bool:
+    """Paths whose callers authenticate by token alone: the page middleware skips them."""
+    return path.startswith((GATEWAY_PREFIX, AGENT_PREFIX))
 
 
 class _Wrapped:
@@ -71,9 +81,9 @@ class _Wrapped:
         return self.__acall__(request)
 
     async def __acall__(self, request):
-        gateway = is_gateway_path(request.path_info)
-        if gateway and not self.on_gateway:
+        if not self.on_gateway and is_token_only_path(request.path_info):
             return await self.get_response(request)
+        gateway = is_gateway_path(request.path_info)
         if self.hops and not gateway:
             return await self.inner.__acall__(request)
         inner = self.inner
@@ -86,9 +96,9 @@ class _Wrapped:
         return response
 
     async def _aprocess_view(self, request, view, args, kwargs):
-        gateway = is_gateway_path(request.path_info)
-        if gateway and not self.on_gateway:
+        if not self.on_gateway and is_token_only_path(request.path_info):
             return None
+        gateway = is_gateway_path(request.path_info)
         if self.hops and not gateway:
             return await sync_to_async(self.inner.process_view, thread_sensitive=True)(
                 request, view, args, kwargs

@@ -296,13 +296,20 @@ SPECTACULAR_SETTINGS = {
         },
         {"name": "routing", "description": "Request records, routing decisions and policy."},
         {"name": "billing", "description": "Tenants, API keys, prices, usage and statements."},
+        {
+            "name": "organization",
+            "description": "A tenant's own usage and statements (/v1/organization), with the "
+            "tenant's API key.",
+        },
         {"name": "planner", "description": "Capacity-planning runs."},
         {"name": "agents", "description": "Node agents' registration and heartbeats."},
     ],
-    # The gateway's /v1 operations (plain Django views drf-spectacular cannot see).
+    # The gateway's /v1 operations and a tenant's /v1/organization ones (plain Django views
+    # drf-spectacular cannot see).
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "routing.gateway.openapi.add_gateway_paths",
+        "billing.tenant_openapi.add_tenant_paths",
     ],
     "ENUM_NAME_OVERRIDES": {
         "NodeStatusEnum": "fleet.choices.NodeStatus",
@@ -317,6 +324,13 @@ SPECTACULAR_SETTINGS = {
 # Agents: heartbeat period, and how many missed beats make a node offline.
 BATON_HEARTBEAT_INTERVAL_S = float(env_str("BATON_HEARTBEAT_INTERVAL_S", "2.0"))
 BATON_HEARTBEAT_MISSES = env_int("BATON_HEARTBEAT_MISSES", 3)
+# A node's live-view entry (fleet/live.py) is rewritten when its report changes, and at least
+# this often for the agent's own heartbeat stats; its liveness moves at every beat.
+BATON_LIVE_REFRESH_S = float(env_str("BATON_LIVE_REFRESH_S", "10.0"))
+# A heartbeat that changes nothing since the node's last full one is taken on a fast path (no
+# validation, no locks: one UPDATE of the node's last heartbeat) for up to this long; then one
+# full heartbeat again (fleet/agent_services.py).
+BATON_HEARTBEAT_FULL_EVERY_S = float(env_str("BATON_HEARTBEAT_FULL_EVERY_S", "10.0"))
 BATON_RECONCILE_INTERVAL_S = float(env_str("BATON_RECONCILE_INTERVAL_S", "5.0"))
 # Gateway fault limits (docs/faults.md). A stream with tokens out that goes this long without
 # one (or 10 x its median gap, if more) has a frozen decoder and migrates; an attempt with no

@@ -3,8 +3,11 @@ what runs on a node in line with what operators asked for (one instance, or a fu
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -109,8 +112,86 @@ def node_register(*, node: Node, endpoint: str, report: dict[str, Any]) -> dict[
 UNSTORED_REPORT_KEYS = frozenset({"control_plane"})
 
 
+@dataclass(frozen=True, slots=True)
+class _FullBeat:
+    """What a node's last full heartbeat in this process took: enough to take the next ones
+    that change nothing without reading or locking anything."""
+
+    digest: bytes
+    at: float  # time.monotonic()
+    node_updated_at: Any  # the node row's updated_at then: any edit since ends the fast path
+    hostname: str
+    datacenter: str
+    endpoint: str
+    report: dict[str, Any]  # as published (this node's instances only)
+
+
+# Per process: node id -> its last full heartbeat (fast-path heartbeats leave it as it is).
+_full_beats: dict[int, _FullBeat] = {}
+_full_beats_lock = threading.Lock()
+
+
+def report_digest(report: Any) -> bytes | None:
+    """A digest of what a heartbeat says, the agent's own heartbeat stats aside; None for a
+    document that is not a JSON object."""
+    if not isinstance(report, dict):
+        return None
+    try:
+        text = json.dumps(
+            {k: v for k, v in report.items() if k not in UNSTORED_REPORT_KEYS}, sort_keys=True
+        )
+    except (TypeError, ValueError):
+        return None
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def forget_full_beat(node_id: int) -> None:
+    """The next heartbeat of this node is taken whole (its instances changed here)."""
+    with _full_beats_lock:
+        _full_beats.pop(node_id, None)
+
+
+def node_heartbeat_unchanged(*, node: Node, report: dict[str, Any], digest: bytes | None) -> bool:
+    """The fast path of a heartbeat: when the document says what the node's last full heartbeat
+    in this process said (its heartbeat stats aside), at most ``BATON_HEARTBEAT_FULL_EVERY_S``
+    ago, and nothing changed the node's row since, the beat is one UPDATE of the node's last
+    heartbeat (only while it is online) and the live view's liveness: no validation again, no
+    lock, no instance read. Returns False when the beat must be taken whole (node_heartbeat).
+
+    Bounded staleness: a change to the node's instances made in another process (a reconcile
+    in a Celery worker) is compared with the agent's report at the next full heartbeat, at most
+    ``BATON_HEARTBEAT_FULL_EVERY_S`` later; one made in this process ends the fast path at once.
+    """
+    if digest is None or node.status != NodeStatus.ONLINE:
+        return False
+    with _full_beats_lock:
+        last = _full_beats.get(node.pk)
+    if (
+        last is None
+        or last.digest != digest
+        or last.node_updated_at != node.updated_at
+        or time.monotonic() - last.at > float(settings.BATON_HEARTBEAT_FULL_EVERY_S)
+    ):
+        return False
+    now = timezone.now()
+    if not Node.objects.filter(pk=node.pk, status=NodeStatus.ONLINE).update(last_heartbeat_at=now):
+        forget_full_beat(node.pk)  # it went offline meanwhile: the full path brings it back
+        return False
+    published = last.report | {k: report[k] for k in UNSTORED_REPORT_KEYS if k in report}
+    transaction.on_commit(
+        lambda: live.publish_report(
+            node_id=node.pk,
+            hostname=last.hostname,
+            datacenter=last.datacenter,
+            endpoint=last.endpoint,
+            report=published,
+        )
+    )
+    return True
+
+
 @transaction.atomic(savepoint=False)
-def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
+def node_heartbeat(*, node: Node, report: dict[str, Any], digest: bytes | None = None) -> None:
     """Take an agent's state document: the node is alive, and its instances are as reported.
 
     Locks this node's row, then its instances' rows in id order, and no other row: a lock two
@@ -143,6 +224,7 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
     report, foreign = own_instances_only(report, {i.pk for i in instances})
     if foreign:
         _record_foreign_claims(node, foreign)
+        digest = None  # every beat taken whole, so that the claims keep being seen
     stored = {k: v for k, v in report.items() if k not in UNSTORED_REPORT_KEYS}
     if stored != node.last_report:
         node.last_report = stored
@@ -171,6 +253,22 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
     if drift and node.registered_at is not None and _reconcile_due(node.pk):
         # Repair at once rather than at the next periodic round.
         enqueue_after_commit("fleet.reconcile_node", node.pk)
+    if drift:
+        digest = None  # what runs is not what operators want: look again at the next beat
+    full = (
+        _FullBeat(
+            digest=digest,
+            at=time.monotonic(),
+            node_updated_at=node.updated_at,
+            hostname=hostname,
+            datacenter=datacenter,
+            endpoint=endpoint,
+            report=report,
+        )
+        if digest is not None and node.status == NodeStatus.ONLINE
+        else None
+    )
+    transaction.on_commit(lambda: _remember_full_beat(node.pk, full))
     for instance in instances:
         item = reported.get(instance.pk)
         if item is None:
@@ -187,6 +285,14 @@ def node_heartbeat(*, node: Node, report: dict[str, Any]) -> None:
             REPORTED_STATES.get(str(item.get("state")), ActualState.FAILED),
             reason="reported by the agent",
         )
+
+
+def _remember_full_beat(node_id: int, full: _FullBeat | None) -> None:
+    with _full_beats_lock:
+        if full is None:
+            _full_beats.pop(node_id, None)
+        else:
+            _full_beats[node_id] = full
 
 
 def _take_report(instance: Instance, report: dict[str, Any], state: str, *, reason: str) -> None:

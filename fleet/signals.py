@@ -10,6 +10,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import Signal, receiver
 
+from fleet.agent_services import forget_full_beat
 from fleet.dispatch import enqueue_after_commit
 from fleet.models import Instance, Node, WANLink
 
@@ -36,6 +37,8 @@ def _reports_only(model, update_fields) -> bool:
 
 @receiver(post_save, sender=Instance)
 def instance_saved(sender, instance: Instance, created: bool, update_fields=None, **kwargs) -> None:
+    # The node's next heartbeat is compared with its instances again (no fast path).
+    forget_full_beat(instance.node_id)
     if not created and _reports_only(Instance, update_fields):
         return
     _push_after_commit(
@@ -53,6 +56,7 @@ def instance_saved(sender, instance: Instance, created: bool, update_fields=None
 
 @receiver(post_delete, sender=Instance)
 def instance_deleted(sender, instance: Instance, **kwargs) -> None:
+    forget_full_beat(instance.node_id)
     _push_after_commit({"type": "instance", "event": "deleted", "id": instance.pk})
 
 

@@ -241,13 +241,22 @@ class AgentHeartbeatView(AgentView):
         },
     )
     def post(self, request):
-        body = StateDocumentSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
         node = request.user.node
+        data = request.data
+        if isinstance(data, dict):
+            data = _without_cache_lists(data)
+        digest = agent_services.report_digest(data)
+        if node.registered_at is not None and agent_services.node_heartbeat_unchanged(
+            node=node, report=data, digest=digest
+        ):
+            # The same document as the node's last full heartbeat, which was validated.
+            return Response({"ok": True})
+        body = StateDocumentSerializer(data=data)
+        body.is_valid(raise_exception=True)
         if node.registered_at is None:
             # Commands need the endpoint and command token that only registration hands out.
             return Response({"detail": "Register first."}, status=404)
-        agent_services.node_heartbeat(node=node, report=_without_cache_lists(request.data))
+        agent_services.node_heartbeat(node=node, report=data, digest=digest)
         return Response({"ok": True})
 
 
