@@ -82,6 +82,8 @@ def _unix(request: HttpRequest, name: str, default: datetime | None = None) -> d
 
 def _many(request: HttpRequest, name: str) -> list[str]:
     values = request.GET.getlist(name) + request.GET.getlist(f"{name}[]")
+    if any("\x00" in value for value in values):  # PostgreSQL text cannot hold NUL: a 500
+        raise bad_request(f"'{name}' may not contain NUL characters.", param=name)
     return [part for value in values for part in value.split(",") if part]
 
 
@@ -200,23 +202,27 @@ def statement_list(request: HttpRequest, key: ApiKey) -> JsonResponse:
     return JsonResponse({"object": "list", "data": data, "has_more": False})
 
 
-def _own_statement(key: ApiKey, statement_id: int) -> Statement:
+def _own_statement(key: ApiKey, statement_id: str) -> Statement:
+    """The tenant's statement `statement_id` (the URL's segment, any text); a 404 for an id
+    that is not a number, is out of range, missing, or another tenant's."""
     statement = None
-    if statement_id <= INT64_MAX:
-        statement = _own_statements(key).prefetch_related("lines").filter(pk=statement_id).first()
+    if statement_id.isascii() and statement_id.isdigit() and int(statement_id) <= INT64_MAX:
+        statement = (
+            _own_statements(key).prefetch_related("lines").filter(pk=int(statement_id)).first()
+        )
     if statement is None:  # another tenant's statement is as absent as a missing one
         raise OpenAIError(404, "No such statement.", param="statement_id", code="not_found")
     return statement
 
 
 @_handled
-def statement_detail(request: HttpRequest, key: ApiKey, statement_id: int) -> JsonResponse:
+def statement_detail(request: HttpRequest, key: ApiKey, statement_id: str) -> JsonResponse:
     """One of the tenant's statements with its lines."""
     return JsonResponse(StatementSerializer(_own_statement(key, statement_id)).data)
 
 
 @_handled
-def statement_csv_view(request: HttpRequest, key: ApiKey, statement_id: int) -> HttpResponse:
+def statement_csv_view(request: HttpRequest, key: ApiKey, statement_id: str) -> HttpResponse:
     """One of the tenant's statements as CSV."""
     statement = _own_statement(key, statement_id)
     body = statement_csv(StatementSerializer(statement).data)
@@ -248,3 +254,10 @@ def statement_range_csv(request: HttpRequest, key: ApiKey) -> HttpResponse:
     """The same as CSV."""
     body = statement_csv(StatementSerializer(_own_range(request, key)).data)
     return HttpResponse(body, content_type="text/csv; charset=utf-8")
+
+
+def unknown_url(request: HttpRequest, rest: str) -> JsonResponse:
+    """Any other path under /v1/organization/: a 404 in OpenAI's shape (as OpenAI answers an
+    unknown URL), not Django's HTML page."""
+    error = OpenAIError(404, f"Invalid URL ({request.method} {request.path}).")
+    return JsonResponse(error.body(), status=error.status)

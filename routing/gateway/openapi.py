@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from billing.tenant_openapi import SECURITY_SCHEME, SECURITY_SCHEME_NAME
+from pdd import openai_errors
 from routing.gateway.openai_fields import (
     IGNORED,
     MAX_CHAT_TOP_LOGPROBS,
@@ -148,36 +150,7 @@ _LOGPROBS_NOTE = (
 )
 
 COMPONENTS: dict[str, Any] = {
-    "OpenAIError": {
-        "type": "object",
-        "description": "An error in OpenAI's shape.",
-        "required": ["error"],
-        "properties": {
-            "error": {
-                "type": "object",
-                "required": ["message", "type"],
-                "properties": {
-                    "message": {"type": "string"},
-                    "type": {
-                        "type": "string",
-                        "description": "invalid_request_error, authentication_error, "
-                        "rate_limit_error, tokens or server_error.",
-                    },
-                    "param": _nullable(
-                        {"type": "string", "description": "The request field at fault."}
-                    ),
-                    "code": _nullable(
-                        {
-                            "type": "string",
-                            "description": "e.g. unsupported_parameter, unknown_parameter, "
-                            "invalid_value, invalid_api_key, model_not_found, "
-                            "rate_limit_exceeded, no_healthy_path.",
-                        }
-                    ),
-                },
-            }
-        },
-    },
+    "OpenAIError": openai_errors.OPENAPI_SCHEMA,
     "OpenAIChatMessage": {
         "type": "object",
         "required": ["role"],
@@ -357,12 +330,6 @@ COMPONENTS: dict[str, Any] = {
     },
 }
 
-SECURITY_SCHEME = {
-    "type": "http",
-    "scheme": "bearer",
-    "description": "A tenant's API key: 'Authorization: Bearer <key>'.",
-}
-
 _REQUEST_ID_HEADER = {
     "X-Request-Id": {
         "description": "The client's X-Request-Id when it sent a valid one (1-128 printable "
@@ -403,7 +370,7 @@ def _generate(summary: str, request: str, answer: str, stream_note: str) -> dict
             "operationId": summary.lower().replace(" ", "_"),
             "summary": summary,
             "tags": [TAG],
-            "security": [{"apiKeyBearer": []}],
+            "security": [{SECURITY_SCHEME_NAME: []}],
             "requestBody": {
                 "required": True,
                 "content": {"application/json": {"schema": _ref(request)}},
@@ -443,7 +410,7 @@ PATHS: dict[str, Any] = {
             "operationId": "list_models",
             "summary": "List models",
             "tags": [TAG],
-            "security": [{"apiKeyBearer": []}],
+            "security": [{SECURITY_SCHEME_NAME: []}],
             "responses": {
                 "200": {
                     "description": "The served models.",
@@ -462,5 +429,5 @@ def add_gateway_paths(result: dict, generator, request, public) -> dict:
     result.setdefault("paths", {}).update(PATHS)
     components = result.setdefault("components", {})
     components.setdefault("schemas", {}).update(COMPONENTS)
-    components.setdefault("securitySchemes", {})["apiKeyBearer"] = SECURITY_SCHEME
+    components.setdefault("securitySchemes", {})[SECURITY_SCHEME_NAME] = SECURITY_SCHEME
     return result

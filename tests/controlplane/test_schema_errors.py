@@ -16,13 +16,17 @@ def schema() -> dict:
     return SchemaGenerator().get_schema(request=None, public=True)
 
 
+# Plain Django views, not DRF: errors in OpenAI's shape, no permission layer or content
+# negotiation (no 403, no 415). tests/routing/gateway/test_gateway_openapi.py checks the
+# gateway's (``openai``), tests/billing/test_tenant_openapi.py a tenant's (``organization``).
+OPENAI_SHAPED_TAGS = {"openai", "organization"}
+
+
 def _operations(schema: dict):
-    """The DRF operations. The OpenAI-compatible gateway's (tag ``openai``) answer errors in
-    OpenAI's shape and have no permission layer or content negotiation (no 403, no 415):
-    tests/routing/gateway/test_gateway_openapi.py checks those."""
+    """The DRF operations."""
     for path, item in schema["paths"].items():
         for method, operation in item.items():
-            if method in METHODS and "openai" not in operation.get("tags", ()):
+            if method in METHODS and not OPENAI_SHAPED_TAGS & set(operation.get("tags", ())):
                 yield f"{method.upper()} {path}", operation
 
 

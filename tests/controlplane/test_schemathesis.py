@@ -1,11 +1,13 @@
 """Schemathesis over every operation of the OpenAPI schema, in-process.
 
 The schema is loaded from the WSGI app (no server, no network); every operation is called as an
-operator (agent operations with a node's agent token) against a small seeded fleet, so that
-path-parameter operations reach real rows as well as missing ones. Three checks run on each
+operator (agent operations with a node's agent token, a tenant's /v1/organization operations
+with the tenant's API key) against a small seeded fleet, so that path-parameter operations
+reach real rows as well as missing ones. Three checks run on each
 answer: no 5xx (``not_a_server_error``), the status code is documented
 (``status_code_conformance``) and the body matches the documented schema
-(``response_schema_conformance``).
+(``response_schema_conformance``); a tenant's /v1/organization answers must also have a
+documented content type (``content_type_conformance``: an HTML 404 page is a failure).
 
 Bounded and deterministic: a fixed seed, derandomized Hypothesis, the coverage phase's boundary
 values (``BATON_SCHEMATHESIS_COVERAGE``, default positive) and a few generated examples per
@@ -36,6 +38,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
 from schemathesis.generation.meta import TestPhase
 from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
@@ -49,6 +52,8 @@ MAX_EXAMPLES = int(os.environ.get("BATON_SCHEMATHESIS_EXAMPLES", "5"))
 # default), "all" (also every type mutation: ~2x the time), or "off".
 COVERAGE = os.environ.get("BATON_SCHEMATHESIS_COVERAGE", "positive")
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]
+# The tenant endpoints document every answer's content type (JSON, or CSV for the statements').
+TENANT_CHECKS = [*CHECKS, content_type_conformance]
 
 # Hypothesis keeps caches (constants, Unicode tables) under its home directory, ./.hypothesis by
 # default: put them under var/ instead. With "database": "none" it stores no examples at all.
@@ -103,14 +108,20 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {}
 SEEDED: dict[str, int] = {}
 
 
+def _id_name(path: str) -> str:
+    """The path parameter naming the row: ``{id}`` (the REST API), ``{statement_id}``..."""
+    return path.rsplit("{", 1)[-1].split("}", 1)[0] if "{" in path else "id"
+
+
 @schema.hook
 def flatmap_path_parameters(context, path_parameters):
     """Half the ids name a seeded row, the rest stay as generated (mostly missing rows)."""
     prefix = context.operation.path.split("{", 1)[0]
     pk = SEEDED.get(prefix)
-    if pk is None or not isinstance(path_parameters, dict) or "id" not in path_parameters:
+    name = _id_name(context.operation.path)
+    if pk is None or not isinstance(path_parameters, dict) or name not in path_parameters:
         return st.just(path_parameters)
-    return st.sampled_from([{**path_parameters, "id": pk}, path_parameters])
+    return st.sampled_from([{**path_parameters, name: pk}, path_parameters])
 
 
 def _aim_at_seeded_row(case) -> None:
@@ -123,8 +134,9 @@ def _aim_at_seeded_row(case) -> None:
     if getattr(meta.phase.data, "parameter_location", None) == "path":
         return
     pk = SEEDED.get(case.operation.path.split("{", 1)[0])
-    if pk is not None and case.path_parameters and "id" in case.path_parameters:
-        case.path_parameters["id"] = pk
+    name = _id_name(case.operation.path)
+    if pk is not None and case.path_parameters and name in case.path_parameters:
+        case.path_parameters[name] = pk
 
 
 @pytest.fixture
@@ -149,9 +161,11 @@ def operator_token(db) -> str:
 
 @pytest.fixture
 def fleet(db) -> dict[str, str]:
-    """A small fleet with one row of each kind the API lists; returns the agent token."""
+    """A small fleet with one row of each kind the API lists; returns the agent token and a
+    tenant's API key."""
     from billing import services as billing
-    from billing.models import Tenant
+    from billing import statements
+    from billing.models import Statement, Tenant
     from fleet import services
     from fleet.choices import InstanceRole
     from fleet.models import (
@@ -198,7 +212,7 @@ def fleet(db) -> dict[str, str]:
         )
     )
     tenant = Tenant.objects.create(name="acme", requests_per_minute=60, tokens_per_minute=10_000)
-    key, _ = billing.api_key_create(tenant=tenant, name="ci")
+    key, tenant_key = billing.api_key_create(tenant=tenant, name="ci")
     usage, _ = billing.usage_record(
         request_id="req-1",
         tenant=tenant,
@@ -243,6 +257,8 @@ def fleet(db) -> dict[str, str]:
         },
         progress_total=1,
     )
+    statements.rate_pending()  # this month's open statement, with its line
+    statement = Statement.objects.get(tenant=tenant)
     rows = {
         "datacenters": dc_a,
         "gpu-types": gpu,
@@ -258,10 +274,12 @@ def fleet(db) -> dict[str, str]:
         "decisions": decision,
         "plans": plan,
         "events": FleetEvent.objects.filter(node=node).first(),
+        "statements": statement,
     }
     SEEDED.clear()
     SEEDED.update({f"/api/v1/{name}/": row.pk for name, row in rows.items()})
-    return {"agent_token": agent_token}
+    SEEDED["/v1/organization/statements/"] = statement.pk
+    return {"agent_token": agent_token, "tenant_key": tenant_key}
 
 
 class _OperationInReport:
@@ -297,7 +315,10 @@ def test_api_conforms_to_its_schema(
 ):
     if case.operation.path.startswith("/api/v1/agent/"):
         authorization = f"AgentToken {fleet['agent_token']}"
+    elif case.operation.path.startswith("/v1/organization/"):
+        authorization = f"Bearer {fleet['tenant_key']}"
     else:
         authorization = f"Token {operator_token}"
+    checks = TENANT_CHECKS if case.operation.path.startswith("/v1/organization/") else CHECKS
     _aim_at_seeded_row(case)
-    case.call_and_validate(headers={"Authorization": authorization}, checks=CHECKS)
+    case.call_and_validate(headers={"Authorization": authorization}, checks=checks)

@@ -53,7 +53,7 @@ def test_api_v1_has_one_tag_per_app(schema):
     assert {"requests", "decisions", "routing-policy"} <= tags["routing"]
     assert tags["planner"] == {"plans"} and tags["agents"] == {"agent"}
     assert [t["name"] for t in schema["tags"]][0] == "openai"
-    assert {t["name"] for t in schema["tags"]} == {"openai", *tags}
+    assert {t["name"] for t in schema["tags"]} == {"openai", "organization", *tags}
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
