@@ -326,7 +326,8 @@ def state_document(node: ProbeNode) -> dict[str, Any]:
         },
     }
     if node.role == "main_decode":
-        item["kv_events"] = node.kv_events
+        if node.kv_events is not None:
+            item["kv_events"] = node.kv_events
         item["incoming_prefix_blocks"] = []
     return {
         "node": node.hostname,
@@ -474,6 +475,7 @@ class Probe:
         self._servers: list[asyncio.Server] = []
         self._tasks: list[asyncio.Task] = []
         self._window_marks: dict[str, Any] = {}
+        self._refusals_logged: set[tuple[str, int]] = set()
 
     # -- the agents' endpoints ------------------------------------------------------------
 
@@ -556,6 +558,7 @@ class Probe:
             self.registrations[f"connection:{type(exc).__name__}"] += 1
             return False
         if status != 200:
+            self.refusal("registration", status, data)
             self.registrations[f"http_{status}"] += 1
             return False
         answer = json.loads(data)
@@ -567,11 +570,9 @@ class Probe:
         self.registrations["ok"] += 1
         return True
 
-    async def post_kv_snapshot(self, node: ProbeNode) -> None:
+    async def post_kv_snapshot(self, node: ProbeNode, body: dict[str, Any]) -> None:
         try:
-            status, data = await self._post(
-                node, "/api/v1/agent/kv-events", kv_snapshot(node, self.blocks)
-            )
+            status, data = await self._post(node, "/api/v1/agent/kv-events", body)
         except TimeoutError:
             self.kv_posts["timeout"] += 1
             return
@@ -579,6 +580,7 @@ class Probe:
             self.kv_posts[f"connection:{type(exc).__name__}"] += 1
             return
         if status != 200:
+            self.refusal("KV events", status, data)
             self.kv_posts[f"http_{status}"] += 1
             return
         answer = (json.loads(data).get("instances") or {}).get(str(node.instance_id)) or {}
@@ -597,7 +599,7 @@ class Probe:
         outcome, rtt, status = "", None, None
         sent = time.monotonic()
         try:
-            status, _ = await self._post(node, "/api/v1/agent/heartbeat", state_document(node))
+            status, data = await self._post(node, "/api/v1/agent/heartbeat", state_document(node))
         except TimeoutError:
             outcome = "timeout"
             node.timeouts += 1
@@ -610,6 +612,7 @@ class Probe:
                 node.answered += 1
                 node.rtts.append(rtt)
             else:
+                self.refusal("heartbeat", status, data)
                 outcome = f"http_{status}"
                 node.refused += 1
                 node.refused_by_status[status] += 1
@@ -624,6 +627,12 @@ class Probe:
                 tally.late += 1
         return status
 
+    def refusal(self, what: str, status: int, body: bytes) -> None:
+        """The first refusal of each kind and status, on stderr (the probe's log)."""
+        if (what, status) not in self._refusals_logged:
+            self._refusals_logged.add((what, status))
+            print(f"{what} answered HTTP {status}: {body[:500]!r}", file=sys.stderr, flush=True)
+
     def _next_beat(self, due: float, now: float) -> float:
         due += self.interval_s
         return due if due > now else now + self.interval_s
@@ -631,11 +640,14 @@ class Probe:
     async def run_node(self, node: ProbeNode, offset_s: float) -> None:
         await asyncio.sleep(offset_s)
         due = time.monotonic()
+        # A main decoder's engine runs before it registers: its KV event log holds the
+        # snapshot, pending, and its reports say so (kv_events).
+        snapshot = kv_snapshot(node, self.blocks) if node.role == "main_decode" else None
         while not await self.register(node):
             due = self._next_beat(due, time.monotonic())
             await asyncio.sleep(max(0.0, due - time.monotonic()))
-        if node.role == "main_decode" and self.blocks > 0:
-            await self.post_kv_snapshot(node)
+        if snapshot is not None and self.blocks > 0:
+            await self.post_kv_snapshot(node, snapshot)
         self.registered += 1
         if self.registered == len(self.nodes):
             self.registered_s = time.monotonic() - self.started
@@ -1141,9 +1153,18 @@ def measure_window(
     }
 
 
-def run_one(n: int, *, seconds: float, blocks: int, out: Path, production: bool = True) -> dict:
+def run_one(
+    n: int,
+    *,
+    seconds: float,
+    blocks: int,
+    out: Path,
+    production: bool = True,
+    bring_up_timeout_s: float | None = None,
+) -> dict:
     """One N of the scenario; `production=False` (the tests) runs it on the embedded control
     plane instead (SQLite, no Redis, no Celery: the web process's own beat)."""
+    bring_up_timeout_s = bring_up_timeout_s or 600.0 + n
     from bench.pdd.fleet import start_control_plane
 
     out.mkdir(parents=True, exist_ok=True)
@@ -1184,8 +1205,8 @@ def run_one(n: int, *, seconds: float, blocks: int, out: Path, production: bool 
         t0 = time.monotonic()
         probe = ProbeProcess(config, out / "probe.log")
         pgids["probe"] = probe.proc.pid
-        bring_up = probe.wait_event("registered", 600 + n)
-        wait_online(rest, n, 600)
+        bring_up = probe.wait_event("registered", bring_up_timeout_s)
+        wait_online(rest, n, bring_up_timeout_s)
         result["bring_up"] = {"online_s": round(time.monotonic() - t0, 1), **bring_up}
         result["bring_up"].pop("event", None)
         result["bring_up"]["node_offline_events"] = rest.count("events", kind="node.offline")
@@ -1194,7 +1215,9 @@ def run_one(n: int, *, seconds: float, blocks: int, out: Path, production: bool 
         result["window"] = measure_window(
             rest, session, probe, pgids, web.pid, seconds, queue_length
         )
-        result["probe"] = probe.stop()
+        final = probe.stop() or {}
+        final.pop("event", None)
+        result["probe"] = final
         if production:
             result["nodes_in_bench_database"] = database_rows("fleet_node")
     finally:
