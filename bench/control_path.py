@@ -476,6 +476,7 @@ class Probe:
         self._tasks: list[asyncio.Task] = []
         self._window_marks: dict[str, Any] = {}
         self._refusals_logged: set[tuple[str, int]] = set()
+        self.loop_lags: list[float] = []
 
     # -- the agents' endpoints ------------------------------------------------------------
 
@@ -542,15 +543,17 @@ class Probe:
 
     # -- the agents' side of the protocol ---------------------------------------------------
 
-    async def _post(self, node: ProbeNode, path: str, doc: dict[str, Any]) -> tuple[int, bytes]:
+    async def _post(self, node: ProbeNode, path: str, body: bytes) -> tuple[int, bytes]:
         assert node.conn is not None
         async with asyncio.timeout(self.timeout_s):
-            return await node.conn.request("POST", path, json.dumps(doc).encode(), node.headers)
+            return await node.conn.request("POST", path, body, node.headers)
 
     async def register(self, node: ProbeNode) -> bool:
-        body = state_document(node) | {"endpoint": f"http://127.0.0.1:{node.port}"}
+        doc = state_document(node) | {"endpoint": f"http://127.0.0.1:{node.port}"}
         try:
-            status, data = await self._post(node, "/api/v1/agent/register", body)
+            status, data = await self._post(
+                node, "/api/v1/agent/register", json.dumps(doc).encode()
+            )
         except TimeoutError:
             self.registrations["timeout"] += 1
             return False
@@ -572,7 +575,9 @@ class Probe:
 
     async def post_kv_snapshot(self, node: ProbeNode, body: dict[str, Any]) -> None:
         try:
-            status, data = await self._post(node, "/api/v1/agent/kv-events", body)
+            status, data = await self._post(
+                node, "/api/v1/agent/kv-events", json.dumps(body).encode()
+            )
         except TimeoutError:
             self.kv_posts["timeout"] += 1
             return
@@ -597,9 +602,10 @@ class Probe:
             tally.sent += 1
             tally.in_flight += 1
         outcome, rtt, status = "", None, None
+        body = json.dumps(state_document(node)).encode()
         sent = time.monotonic()
         try:
-            status, data = await self._post(node, "/api/v1/agent/heartbeat", state_document(node))
+            status, data = await self._post(node, "/api/v1/agent/heartbeat", body)
         except TimeoutError:
             outcome = "timeout"
             node.timeouts += 1
@@ -642,11 +648,13 @@ class Probe:
         due = time.monotonic()
         # A main decoder's engine runs before it registers: its KV event log holds the
         # snapshot, pending, and its reports say so (kv_events).
-        snapshot = kv_snapshot(node, self.blocks) if node.role == "main_decode" else None
+        snapshot = None
+        if node.role == "main_decode" and self.blocks > 0:
+            snapshot = kv_snapshot(node, self.blocks)
         while not await self.register(node):
             due = self._next_beat(due, time.monotonic())
             await asyncio.sleep(max(0.0, due - time.monotonic()))
-        if snapshot is not None and self.blocks > 0:
+        if snapshot is not None:
             await self.post_kv_snapshot(node, snapshot)
         self.registered += 1
         if self.registered == len(self.nodes):
@@ -659,6 +667,15 @@ class Probe:
                 self.registrations["again"] += 1
                 await self.register(node)
 
+    async def watch_lag(self, every_s: float = 0.1) -> None:
+        """How late the probe's own event loop wakes up (in the window): a busy probe would
+        add this to the round trips it measures."""
+        while True:
+            start = time.monotonic()
+            await asyncio.sleep(every_s)
+            if self.window_open:
+                self.loop_lags.append(time.monotonic() - start - every_s)
+
     async def start(self) -> None:
         """Bind every endpoint, then start every node at its offset in the first interval."""
         await self.listen()
@@ -668,6 +685,7 @@ class Probe:
             asyncio.create_task(self.run_node(node, self.interval_s * i / n))
             for i, node in enumerate(self.nodes)
         ]
+        self._tasks.append(asyncio.create_task(self.watch_lag()))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -683,6 +701,7 @@ class Probe:
 
     def open_window(self) -> None:
         self.window, self.window_open = Tally(), True
+        self.loop_lags = []
         self._window_marks = {
             "t": time.monotonic(),
             "cpu": time.process_time(),
@@ -707,6 +726,8 @@ class Probe:
             "heartbeats": self.window.to_json(self.interval_s),
             "still_in_flight": self.window.in_flight,
             "probe_cpu_cores_self": round(cpu / span, 3) if span else None,
+            "probe_loop_lag_p99_ms": ms(pct(self.loop_lags, 0.99)),
+            "probe_loop_lag_max_ms": ms(max(self.loop_lags, default=None)),
             "served_to_control_plane": dict(sorted(served.items())),
         }
 
@@ -1138,6 +1159,8 @@ def measure_window(
         "served_to_control_plane": window["served_to_control_plane"],
         "cpu_cores": {name: round((cpu1[name] - cpu0[name]) / span, 3) for name in pgids},
         "probe_cpu_cores_self": window["probe_cpu_cores_self"],
+        "probe_loop_lag_p99_ms": window["probe_loop_lag_p99_ms"],
+        "probe_loop_lag_max_ms": window["probe_loop_lag_max_ms"],
         "machine_busy_fraction": round(busy, 3),
         "machine_busy_cores": round(busy * (os.cpu_count() or 1), 2),
         "load_avg_1m": round(os.getloadavg()[0], 2),
@@ -1256,6 +1279,24 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
     return {**checks, "all_met": all(checks.values())}
 
 
+def cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def git_commit() -> str | None:
+    out = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    )
+    return out.stdout.strip() or None
+
+
 def small_summary(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for r in results:
@@ -1276,6 +1317,7 @@ def small_summary(results: list[dict[str, Any]], args: argparse.Namespace) -> di
                 "answered_later_than_2s": b.get(f"answered_later_than_{INTERVAL_S:g}s"),
                 "node_offline_events": w.get("node_offline_events"),
                 "cpu_cores": w.get("cpu_cores"),
+                "probe_loop_lag_p99_ms": w.get("probe_loop_lag_p99_ms"),
                 "machine_busy_cores": w.get("machine_busy_cores"),
                 "uvicorn_rss_mb": w.get("uvicorn_rss_mb"),
                 "celery_queue_max": w.get("celery_queue_max"),
@@ -1292,6 +1334,8 @@ def small_summary(results: list[dict[str, Any]], args: argparse.Namespace) -> di
         f"--nodes {','.join(str(r['nodes']) for r in results)} "
         f"--seconds {args.seconds:g} --blocks {args.blocks}",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "results": rows,
         "goals_at_1000": None if goal_row is None else goal_row["goals"],
