@@ -366,6 +366,11 @@ BATON_AGENT_NETWORKS = env_list(
     "BATON_AGENT_NETWORKS",
     ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"],
 )
+# The gateway's calls to agents (and the probe's) connect only to an address just checked
+# against those networks: an endpoint's name is resolved again once it is this old (seconds;
+# 0: before every request), so a DNS answer that changed is never trusted for long
+# (fleet/pinning.py). The control plane's commands resolve before every call.
+BATON_AGENT_RESOLVE_TTL_S = env_float("BATON_AGENT_RESOLVE_TTL_S", 5.0)
 # Without a broker the ASGI process runs the beat schedule itself (see embedded_beat.py).
 BATON_EMBEDDED_BEAT = env_bool("BATON_EMBEDDED_BEAT", default=True)
 CELERY_BEAT_SCHEDULE = {

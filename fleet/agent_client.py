@@ -87,14 +87,9 @@ class AgentClient:
             raise AgentEndpointRefused(what) from None
 
     def _call(self, method: str, path: str, json: dict | None = None) -> dict[str, Any]:
-        target = self._target(method, path)
-        if target.is_ip_literal:
-            url, headers, extensions = target.url + path, {}, {}
-        else:
-            # Connect to the address just checked; the name goes in Host (and TLS SNI, which
-            # is also the name the certificate is verified against).
-            url, headers = target.pinned_url(path), {"Host": target.authority}
-            extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+        # Connect to the address just checked; a name goes in Host (and TLS SNI, which is
+        # also the name the certificate is verified against).
+        url, headers, extensions = self._target(method, path).request_parts(path)
         try:
             response = self._http.request(
                 method, url, json=json, headers=headers, extensions=extensions

@@ -23,6 +23,9 @@ each time, so a DNS answer that changes after registration is caught):
 
 Every failure is a Django ``ValidationError`` whose message says what is wrong; its ``code``
 tells the kinds apart (``unresolvable`` is the one a later retry may cure).
+
+A call then connects to the address that was checked (``AgentTarget.request_parts``; the
+gateway's transports with a short cache of the answers: fleet.pinning).
 """
 
 from __future__ import annotations
@@ -97,6 +100,15 @@ class AgentTarget:
         address = self.addresses[0]
         host = f"[{address}]" if address.version == 6 else str(address)
         return f"{self.scheme}://{host}:{self.port}{path}"
+
+    def request_parts(self, path: str = "") -> tuple[str, dict[str, str], dict[str, str]]:
+        """How to call ``path`` here: (URL, headers, httpx request extensions). A name: the
+        pinned URL, with the name as ``Host`` and, for https, as the TLS server name (SNI, also
+        the name the certificate is verified against). An IP literal: its own URL, as is."""
+        if self.is_ip_literal:
+            return self.url + path, {}, {}
+        extensions = {"sni_hostname": self.host} if self.scheme == "https" else {}
+        return self.pinned_url(path), {"Host": self.authority}, extensions
 
 
 # --- the allowed networks -------------------------------------------------------------------

@@ -27,6 +27,7 @@ from django.conf import settings
 
 from fleet import live as fleet_live
 from fleet.agent_client import tls_context
+from fleet.pinning import PinnedTransport, resolved_endpoints
 from routing.live import suspect_ledger
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,11 @@ def probe_agents(*, timeout_s: float | None = None) -> list[ProbeResult]:
     if not entries:
         return []
     now = time.time()
+    # Each probe connects only to an address the endpoint policy checked (fleet.pinning): a
+    # refused or unresolvable endpoint is a ConnectError before any connection, so "dead".
+    transport = PinnedTransport(httpx.HTTPTransport(verify=tls_context()), resolved_endpoints)
     with (
-        httpx.Client(timeout=timeout_s, verify=tls_context()) as client,
+        httpx.Client(timeout=timeout_s, transport=transport, trust_env=False) as client,
         ThreadPoolExecutor(max_workers=min(16, len(entries))) as pool,
     ):
         results = list(pool.map(lambda e: _probe(client, e, now, interval_s), entries))

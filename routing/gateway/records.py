@@ -17,15 +17,14 @@ from typing import Any
 
 import httpx
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from billing.models import ApiKey
 from billing.services import usage_record, usage_records
 from fleet.agent_client import tls_context
-from fleet.endpoints import check_agent_endpoint
 from fleet.models import ServedModel
+from fleet.pinning import EndpointNotCalled, PinnedTransport, resolved_endpoints
 from routing.gateway.caches import served_models
 from routing.gateway.journal import Journal, recover
 from routing.gateway.runner import data_plane_headers
@@ -380,16 +379,17 @@ def agent_reported_tokens(admission: Admission, timeout_s: float = 2.0) -> int |
     if not admission.prefill_url or not admission.attempt_request_id:
         return None
     try:
-        base = check_agent_endpoint(admission.prefill_url)
-    except ValidationError:
-        log.warning("admission %s: %r is not an allowed agent endpoint",
-                    admission.request_id, admission.prefill_url)  # fmt: skip
+        base = resolved_endpoints.lookup(admission.prefill_url).url
+    except EndpointNotCalled as exc:
+        log.warning("admission %s: %r is not an allowed agent endpoint now: %s",
+                    admission.request_id, admission.prefill_url, exc)  # fmt: skip
         return None
     url = f"{base}/v1/pdd/requests/{admission.attempt_request_id}"
+    # Pinned to the address just checked, as the data-plane calls are (fleet.pinning).
+    transport = PinnedTransport(httpx.HTTPTransport(verify=tls_context()), resolved_endpoints)
     try:
-        response = httpx.get(
-            url, headers=data_plane_headers(), timeout=timeout_s, verify=tls_context()
-        )
+        with httpx.Client(transport=transport, timeout=timeout_s, trust_env=False) as client:
+            response = client.get(url, headers=data_plane_headers())
         if response.status_code != 200:
             return None
         tokens = response.json().get("tokens")

@@ -1,6 +1,12 @@
 """Runs one routed request on the agents: a single streaming call to the chosen prefill agent,
 which ships KV to the decode side and relays the ordered token stream back (agents/PROTOCOL.md,
-data plane)."""
+data plane).
+
+Every call through ``http_client()`` connects only to an address checked against the agent
+endpoint policy just before (at most BATON_AGENT_RESOLVE_TTL_S ago), with the endpoint's name
+kept as Host and TLS server name (fleet.pinning): a name whose DNS answer changed to a refused
+address since registration (DNS rebinding) gets no connection and no data-plane token; the
+attempt fails like an unreachable agent and the request goes to another instance."""
 
 from __future__ import annotations
 
@@ -12,6 +18,13 @@ from typing import Any
 import httpx
 from django.conf import settings
 
+from fleet.agent_client import tls_context
+from fleet.pinning import (
+    AsyncPinnedTransport,
+    EndpointNotCalled,
+    EndpointRefused,
+    resolved_endpoints,
+)
 from pdd.dataplane import bearer_headers
 from pdd.events import ENGINE_FULL
 from routing.live import Endpoint, LiveView
@@ -28,10 +41,20 @@ def http_client() -> httpx.AsyncClient:
         # 101st concurrent stream wait, then fail with a pool timeout ("unreachable").
         _client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=30.0),
-            limits=httpx.Limits(
-                max_connections=settings.BATON_GATEWAY_MAX_AGENT_CONNECTIONS,
-                max_keepalive_connections=256,
+            # Checked and pinned before each connection; no proxy from the environment (the
+            # check could not see where a proxy connects) and no redirect followed.
+            transport=AsyncPinnedTransport(
+                httpx.AsyncHTTPTransport(
+                    verify=tls_context(),
+                    limits=httpx.Limits(
+                        max_connections=settings.BATON_GATEWAY_MAX_AGENT_CONNECTIONS,
+                        max_keepalive_connections=256,
+                    ),
+                ),
+                resolved_endpoints,
             ),
+            trust_env=False,
+            follow_redirects=False,
         )
     return _client
 
@@ -152,6 +175,9 @@ async def run_events(url: str, body: dict[str, Any]) -> AsyncIterator[list[dict[
                     yield batch
             if rest.strip():
                 yield [json.loads(rest)]
+    except EndpointNotCalled as exc:  # nothing was sent: fails over as an unreachable agent
+        what = "endpoint refused" if isinstance(exc, EndpointRefused) else "unreachable"
+        raise AgentRunError(f"prefill agent {what}: {exc}") from exc
     except httpx.HTTPError as exc:
         raise AgentRunError(
             f"prefill agent unreachable: {type(exc).__name__}: {exc}".rstrip(": ")
