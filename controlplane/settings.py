@@ -348,6 +348,9 @@ BATON_GATEWAY_QUEUE_MAX = env_int("BATON_GATEWAY_QUEUE_MAX", 512)
 BATON_GATEWAY_QUEUE_PER_TENANT = env_int("BATON_GATEWAY_QUEUE_PER_TENANT", 128)
 # Connections a gateway process holds to agents at once: one per stream in flight.
 BATON_GATEWAY_MAX_AGENT_CONNECTIONS = env_int("BATON_GATEWAY_MAX_AGENT_CONNECTIONS", 4096)
+# One hop per token: P ends its stream with the decoding role's (a `continue` event) and the
+# gateway reads MD's or RLD's stream itself. false: P relays the decoder's tokens (as before).
+BATON_GATEWAY_DIRECT_STREAMS = env_bool("BATON_GATEWAY_DIRECT_STREAMS", default=True)
 # Admission and routing on the event loop, without a worker-thread hop, when the whole hot
 # path is in memory (no REDIS_URL) and every read is a cache hit (routing/gateway/views.py).
 BATON_GATEWAY_INLINE = env_bool("BATON_GATEWAY_INLINE", default=True)

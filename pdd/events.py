@@ -5,6 +5,9 @@ once (routing/gateway/runner.py), so neither side reads raw dicts.
 - ``token``: ``{"type": "token", "index", "token_id", "role", "logprob"?, "top_logprobs"?}``
 - ``done``: ``{"type": "done", "finish_reason", "stats"}`` (``stats``: ``pdd.stats.DoneStats``)
 - ``error``: ``{"type": "error", "message"}``
+- ``continue``: ``{"type": "continue", "url", "body", "instance", "role", "stats"}``: P's
+  stream ends here (a ``direct`` call); the caller reads the rest from the decoding role
+  (``ContinueEvent``)
 
 Any other type (an agent newer than this gateway) parses as ``OtherEvent`` and is ignored by
 readers that do not know it; a known type with a malformed field is a ``ValueError``.
@@ -127,6 +130,49 @@ class ErrorEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class ContinueEvent:
+    """P prefilled and shipped the KV; the decoding role streams the rest of the answer (one hop
+    per token): the caller POSTs ``body`` to ``url`` and reads that NDJSON stream as this one's
+    continuation, from the same token indices. ``instance`` and ``role`` (``md`` or ``rld``)
+    name the decoder; ``stats`` are P's figures (prefill time, cache hits, KV bytes), which
+    the decoder's ``done`` completes."""
+
+    url: str
+    body: Mapping[str, Any]
+    instance: str
+    role: str
+    stats: DoneStats = field(default_factory=DoneStats)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "continue",
+            "url": self.url,
+            "body": dict(self.body),
+            "instance": self.instance,
+            "role": self.role,
+            "stats": self.stats.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> ContinueEvent:
+        url, body = raw.get("url"), raw.get("body")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"event field 'url' must be an http(s) URL, got {url!r:.100}")
+        if not isinstance(body, Mapping):
+            raise ValueError("event field 'body' must be an object")
+        role = raw.get("role")
+        if role not in ("md", "rld"):
+            raise ValueError(f"event field 'role' must be 'md' or 'rld', got {role!r:.40}")
+        return cls(
+            url=url,
+            body=body,
+            instance=str(raw.get("instance") or ""),
+            role=role,
+            stats=DoneStats.from_json(raw.get("stats")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class OtherEvent:
     """An event type this reader does not know."""
 
@@ -134,12 +180,13 @@ class OtherEvent:
     raw: Mapping[str, Any]
 
 
-StreamEvent = TokenEvent | DoneEvent | ErrorEvent | OtherEvent
+StreamEvent = TokenEvent | DoneEvent | ErrorEvent | ContinueEvent | OtherEvent
 
 _PARSERS: dict[str, Callable[[Mapping[str, Any]], StreamEvent]] = {
     "token": TokenEvent.from_json,
     "done": DoneEvent.from_json,
     "error": ErrorEvent.from_json,
+    "continue": ContinueEvent.from_json,
 }
 
 

@@ -38,7 +38,7 @@ from agents.node.wire import (
     parse_sampling,
     refused,
 )
-from pdd.events import ENGINE_FULL
+from pdd.events import ENGINE_FULL, TokenEvent
 from pdd.metrics import CONTENT_TYPE as METRICS_TYPE
 from pdd.metrics import render as render_metrics
 from pdd.metrics import state_families
@@ -327,6 +327,7 @@ def build_app(agent: Agent) -> Starlette:
             main,
             relay,
             early_first_token=get_bool(body, "early_first_token"),
+            direct=get_bool(body, "direct"),
         )
         pre = await admit(inst, lambda: pipelines.admit_prefill(agent, inst, req))
 
@@ -354,6 +355,23 @@ def build_app(agent: Agent) -> Starlette:
         check_prompt(inst, prompt, sampling.max_tokens)
         return get_str(body, "request_id"), prompt, first, sampling
 
+    def direct_stream(body: dict, rid: str, first: int, events):
+        """A decoder's stream the gateway reads itself (``direct``, one hop per token): P's
+        token (``first_event``, unless P already sent it) leads the decoder's own, and the
+        served ledger counts it, as P's ledger counts a relayed stream."""
+        if not get_bool(body, "direct"):
+            return events
+        raw = body.get("first_event")
+        if raw is None:
+            return agent.served.count(rid, events)
+        try:
+            event = TokenEvent.from_json(raw) if isinstance(raw, dict) else None
+        except ValueError:
+            event = None
+        if event is None or event.index != 0 or event.token_id != first:
+            raise bad("first_event", "must be the token event of first_token at index 0")
+        return agent.served.count(rid, pipelines.led_by(event.to_json(), events))
+
     async def pdd_decode(request: Request) -> Response:
         body = await body_of(request)
         inst = agent.instance(get_str(body, "instance", None), "main_decode")
@@ -365,12 +383,9 @@ def build_app(agent: Agent) -> Starlette:
         if not isinstance(hold, bool):
             raise bad("hold", "must be a boolean")
         req = pipelines.DecodeRequest(rid, prompt, first, sampling, start, hold)
+        events = direct_stream(body, rid, first, pipelines.run_main(agent, inst, req))
         agent.begin(inst)
-        return stream(
-            inst,
-            pipelines.run_main(agent, inst, req),
-            lambda: pipelines.main_stream_closed(agent, inst, req),
-        )
+        return stream(inst, events, lambda: pipelines.main_stream_closed(agent, inst, req))
 
     async def pdd_relay(request: Request) -> Response:
         body = await body_of(request)
@@ -381,8 +396,9 @@ def build_app(agent: Agent) -> Starlette:
         req = pipelines.RelayRequest(
             rid, prompt, first, sampling, main, start, HandoffPlan.parse(body)
         )
+        events = direct_stream(body, rid, first, pipelines.run_relay(agent, inst, req))
         agent.begin(inst)
-        return stream(inst, pipelines.run_relay(agent, inst, req))
+        return stream(inst, events)
 
     async def pdd_request(request: Request) -> Response:
         """What this agent streamed for a recent request it served to its caller (served.py)."""

@@ -82,6 +82,21 @@ async def pump_stream(
         on_closed(None)
 
 
+async def led_by(first: dict[str, Any], events: Events) -> Events:
+    """`events` with `first` (P's token event) ahead of their first token or done event, as P
+    sends it at the head of the decoding role's stream; an error before either goes out alone
+    (no token was made for the user). Closing this closes `events`."""
+    sent = False
+    try:
+        async for event in events:
+            if not sent and event.get("type") in ("token", "done"):
+                sent = True
+                yield first
+            yield event
+    finally:
+        await events.aclose()
+
+
 async def get_within(queue: asyncio.Queue, timeout_s: float) -> Any:
     """`queue.get()`, or TimeoutError after timeout_s.
 

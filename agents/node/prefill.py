@@ -45,6 +45,9 @@ class PddRequest:
     # Stream P's sampled token the moment prefill ends (the old behaviour, an explicit policy
     # setting), instead of at the head of the decoding role's stream (the default).
     early_first_token: bool = False
+    # One hop per token: P's stream ends with a `continue` event naming the decoding role's
+    # stream, which the caller reads itself, instead of P relaying every token of it.
+    direct: bool = False
 
 
 @dataclass(slots=True)
@@ -139,6 +142,16 @@ async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefil
         started,
         first_at,
     )
+
+
+def keep_in_background(agent: Agent, sends: list[asyncio.Task]) -> None:
+    """Let KV sends still under way finish after the request's stream has ended (the agent
+    holds them); `sends` is emptied, so the stream's cleanup does not cancel them."""
+    for task in sends:
+        if not task.done():
+            agent.background.add(task)
+            task.add_done_callback(agent.background.discard)
+    sends.clear()
 
 
 async def release_prefill(agent: Agent, inst: Instance, request_id: str) -> None:
@@ -240,10 +253,6 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             # With a relay, RLD answers the user: the KV for MD is background WAN traffic and
             # yields the connection queue to transfers a first token waits on.
             background = fabric == "wan" and req.relay is not None
-            # Counted when committed: a relayed request's KV for MD may still be on its way when
-            # the user's stream ends (see "done" below). The KV the payload stands for: an
-            # emulated engine's carries 1/kv_scale of it (kv_wire_bytes: what crossed).
-            stats["kv_bytes"][fabric] += worker.engine.represented_bytes(payload)
             try:
                 sent = await client.send(
                     host,
@@ -261,11 +270,18 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             else:
                 stats["kv_wire_bytes"][fabric] += sent.bytes_sent
 
+        def start_ship(peer: Peer, payload: bytes, fabric: str, lo: int) -> None:
+            # Counted when committed: a relayed request's KV for MD may still be on its way when
+            # the user's stream ends (see "done" below). The KV the payload stands for: an
+            # emulated engine's carries 1/kv_scale of it (kv_wire_bytes: what crossed).
+            stats["kv_bytes"][fabric] += worker.engine.represented_bytes(payload)
+            sends.append(asyncio.create_task(ship(peer, payload, fabric, lo)))
+
         if main is not None:
             # An MD in P's own datacenter (in-DC PD) gets the delta over the intra-DC fabric.
             same_dc = main.datacenter == agent.settings.datacenter
             main_fabric = "intra_dc" if same_dc else "wan"
-            sends.append(asyncio.create_task(ship(main, delta, main_fabric, start)))
+            start_ship(main, delta, main_fabric, start)
         if req.pipeline == Pipeline.P_MD:
             assert main is not None  # p-md without MD's reservation returned above
             downstream = main
@@ -281,7 +297,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             }
         else:
             assert req.relay is not None
-            sends.append(asyncio.create_task(ship(req.relay, full, "intra_dc", 0)))
+            start_ship(req.relay, full, "intra_dc", 0)
             downstream = req.relay
             url = f"{req.relay.http}/v1/pdd/relay"
             body = {
@@ -296,6 +312,24 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             }
             if not main_ok and req.pipeline != Pipeline.RLD_ONLY:
                 stats["main_error"] = f"MD unreachable: {pre.main_error}"
+        if req.direct:
+            # The caller opens the decoding role's stream itself; the KV sends carry on in the
+            # background (a failed one cancels the request at the decoder, whose stream then
+            # ends with an error the caller sees).
+            body["direct"] = True
+            if not first_sent:  # P's token leaves at the head of the decoder's stream
+                body["first_event"] = token_event(0, pre.first_token, "prefill", pre.first_logprob)
+            keep_in_background(agent, sends)
+            done = True
+            yield {
+                "type": "continue",
+                "url": url,
+                "body": body,
+                "instance": downstream.instance,
+                "role": "md" if req.pipeline == Pipeline.P_MD else "rld",
+                "stats": stats,
+            }
+            return
         pump = asyncio.create_task(
             pump_stream(
                 agent.http,
@@ -331,11 +365,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
                 # RLD may have answered the whole request while P's KV for MD is still crossing
                 # the WAN (as background traffic): MD caches it when it lands, but the user's
                 # stream ends now rather than when the transfer does.
-                for task in sends:
-                    if not task.done():
-                        agent.background.add(task)
-                        task.add_done_callback(agent.background.discard)
-                sends.clear()  # so the finally below does not cancel them
+                keep_in_background(agent, sends)
                 sub = value.get("stats") or {}
                 if "handoff" in sub:
                     stats["handoff"] = sub["handoff"]

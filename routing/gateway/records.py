@@ -361,8 +361,9 @@ def admission_progress(request_id: str, delivered_tokens: int) -> None:
 def admission_attempt(
     request_id: str, attempt_request_id: str, prefill_url: str, token_offset: int
 ) -> None:
-    """A retry or a migration started a new attempt on the agents: note where it streams
-    from and how many tokens the user had before it, so a later process can ask P."""
+    """A retry or a migration started a new attempt on the agents, or P handed the attempt's
+    stream to its decoder (one hop per token): note where it streams from and how many tokens
+    the user had before that stream, so a later process can ask that agent."""
     Admission.objects.filter(request_id=request_id).update(
         attempt_request_id=attempt_request_id,
         prefill_url=prefill_url,

@@ -13,12 +13,17 @@ from collections.abc import Awaitable, Callable
 
 from django.conf import settings
 
-from pdd.events import ENGINE_FULL, DoneEvent, ErrorEvent, TokenEvent, parse_event
+from pdd.events import ENGINE_FULL, ContinueEvent, DoneEvent, ErrorEvent, TokenEvent, parse_event
 from pdd.stats import DoneStats
 from routing.gateway.openai_shapes import LogprobsCollector
 from routing.gateway.prepared import Prepared
-from routing.gateway.records import Outcome, admission_progress, record_request
-from routing.gateway.runner import AgentBusy, AgentRunError, run_events
+from routing.gateway.records import (
+    Outcome,
+    admission_attempt,
+    admission_progress,
+    record_request,
+)
+from routing.gateway.runner import AgentBusy, AgentRunError, continuation_target, run_events
 from routing.gateway.stream import TextAssembler
 from routing.gateway.workers import pending_records, record_writer
 
@@ -68,6 +73,11 @@ class Run:
         self.gaps: list[float] = []  # between consecutive tokens, for the stall limit
         self.last_role = ""
         self.offset = 0  # tokens delivered before the current attempt (its index 0)
+        # P's figures from its `continue` event (the decoder's `done` completes them), and
+        # when it came: None while the attempt's stream is still P's own.
+        self.prefill_stats: DoneStats | None = None
+        self.continued_at: float | None = None
+        self.kv_wait_s: float | None = None
 
     async def deltas(self, recover: Recover):
         """Yield text pieces in order as tokens arrive, as lists of ``(piece, logprobs)``: the
@@ -106,11 +116,65 @@ class Run:
         median = sorted(gaps)[len(gaps) // 2] if gaps else 0.0
         return max(STALL_FLOOR_S, 10 * median)
 
+    async def _batches(self):
+        """The attempt's events, parsed, a list per read: P's stream, then (after P's
+        ``continue``) the decoding role's, read directly, one hop per token."""
+        self.prefill_stats = self.continued_at = self.kv_wait_s = None
+        source = run_events(self.p.url, self.p.plan)
+        try:
+            while True:
+                try:
+                    raw = await source.__anext__()
+                except StopAsyncIteration:
+                    return
+                try:
+                    # One read's events (runner.run_events); a single event is a batch of one.
+                    batch = [parse_event(e) for e in (raw if isinstance(raw, list) else [raw])]
+                except ValueError as exc:
+                    raise AgentRunError(
+                        f"the agent sent a malformed event: {exc}",
+                        at_prefill=self.continued_at is None,
+                    ) from None
+                at = next((i for i, e in enumerate(batch) if isinstance(e, ContinueEvent)), None)
+                if at is None:
+                    yield batch
+                    continue
+                if at:
+                    yield batch[:at]
+                follow = batch[at]
+                assert isinstance(follow, ContinueEvent)
+                await source.aclose()
+                source = self._follow(follow)
+        finally:
+            await source.aclose()
+
+    def _follow(self, event: ContinueEvent):
+        """P's stream ended with ``continue``: check the decoder it names is the routed one,
+        note P's figures and where the stream now comes from (for a process that finishes this
+        admission), and open the decoder's stream."""
+        if self.continued_at is not None:
+            raise AgentRunError("a decoder's stream sent 'continue'", at_prefill=False)
+        refused = continuation_target(self.p.plan, event.url, event.body, event.role)
+        if refused is not None:
+            raise AgentRunError(f"the prefill agent's continuation was refused: {refused}")
+        self.prefill_stats = event.stats
+        self.continued_at = time.monotonic()
+        # Every token delivered so far (P's own, when it went out early) is before the
+        # decoder's stream, whose ledger counts the rest (agents/node/served.py).
+        record_writer.submit(
+            _quietly(admission_attempt),
+            request_id=self.p.request_id,
+            attempt_request_id=str(self.p.plan.get("request_id") or self.p.request_id),
+            prefill_url=event.url.split("/v1/pdd/", 1)[0],
+            token_offset=self.token_count,
+        )
+        return run_events(event.url, dict(event.body), source=event.role)
+
     async def _events(self):
         """The agent's events; a decoder that falls silent mid-stream (frozen, or its link
         black-holed) is a failure after the stall limit, so the request migrates. An attempt
         with no token after FIRST_TOKEN_TIMEOUT_S (a frozen P) fails over the same way."""
-        events = run_events(self.p.url, self.p.plan)
+        events = self._batches()
         loop = asyncio.get_running_loop()
         limit: float | None = None
         try:
@@ -128,14 +192,7 @@ class Run:
                     except StopAsyncIteration:
                         return
                     deadline.reschedule(None)
-                    try:
-                        # One read's events (runner.run_events); a single event is a batch of one.
-                        batch = [parse_event(e) for e in (raw if isinstance(raw, list) else [raw])]
-                    except ValueError as exc:
-                        raise AgentRunError(
-                            f"the prefill agent sent a malformed event: {exc}", at_prefill=False
-                        ) from None
-                    yield batch
+                    yield raw
         except TimeoutError:
             if limit is None:
                 raise AgentRunError(
@@ -200,6 +257,8 @@ class Run:
                 self.max_gap_s = max(self.max_gap_s, now - self.last_at)
                 self.gaps.append(now - self.last_at)
             self.last_at = now
+            if self.continued_at is not None and self.kv_wait_s is None:
+                self.kv_wait_s = now - self.continued_at  # the decoder's first token is in
             role = event.role
             self.last_role = role
             if role in self.by_role:
@@ -213,13 +272,24 @@ class Run:
                 self.finish_reason = "stop"
                 return True
         elif isinstance(event, DoneEvent):
-            self.stats = event.stats
+            self.stats = self._merged(event.stats)
             self.finish_reason = "length" if event.hit_length else "stop"
         elif isinstance(event, ErrorEvent):
             if event.code == ENGINE_FULL and self.token_count == self.offset:
                 raise AgentBusy(event.message, at_prefill=False)
             raise AgentRunError(event.message, at_prefill=False)
         return False
+
+    def _merged(self, done: DoneStats) -> DoneStats:
+        """The attempt's figures: P's own (its ``continue``) with what the decoder's ``done``
+        adds (the handoff); tokens by role as counted here. A stream relayed by P: its done."""
+        if self.prefill_stats is None:
+            return done
+        stats = self.prefill_stats
+        stats.handoff, stats.handoff_bytes = done.handoff, done.handoff_bytes
+        stats.tokens_by_role = None  # counted from the token events (Run.by_role)
+        stats.kv_wait_s = self.kv_wait_s if self.kv_wait_s is not None else 0.0
+        return stats
 
     def outcome(self) -> Outcome:
         now = time.monotonic()

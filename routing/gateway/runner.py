@@ -150,23 +150,50 @@ def build_plan(
         body["handoff_mode"] = decision.handoff_mode
         if decision.catch_up_batch:
             body["catch_up_batch"] = decision.catch_up_batch
+    if settings.BATON_GATEWAY_DIRECT_STREAMS:
+        body["direct"] = True
     return prefill.http.rstrip("/") + "/v1/pdd/generate", body
 
 
-async def run_events(url: str, body: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
-    """Yield the agent's NDJSON events, as lists: the events of one read from the socket
+# Who a stream comes from, as failures name it (routes.implicated reads "MD" in a message).
+AGENT_NAMES = {"prefill": "prefill agent", "md": "MD agent", "rld": "RLD agent"}
+
+
+def continuation_target(plan: dict[str, Any], url: str, body: Any, role: str) -> str | None:
+    """Why P's ``continue`` event may not be followed (None: it may): the decoder it names
+    must be the one this request was routed to (``plan``'s ``main`` for MD, ``relay`` for
+    RLD), so an agent cannot send the gateway's data-plane call anywhere else."""
+    target = plan.get("main" if role == "md" else "relay")
+    if not isinstance(target, dict):
+        return f"no {role.upper()} on this request's path"
+    base = str(target.get("http") or "").rstrip("/")
+    if not base or not url.startswith(base + "/"):
+        return f"the {role.upper()} stream {url[:200]!r} is not at {base!r}"
+    if not isinstance(body, dict) or str(body.get("instance")) != str(target.get("instance")):
+        return f"the {role.upper()} stream is not for instance {target.get('instance')}"
+    return None
+
+
+async def run_events(
+    url: str, body: dict[str, Any], *, source: str = "prefill"
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """Yield an agent's NDJSON events, as lists: the events of one read from the socket
     together (a burst of tokens that arrived at once is relayed in one write to the client).
-    Closing the generator closes the stream, which the agents take as a cancellation."""
+    ``source`` (``prefill``, ``md`` or ``rld``) is whose stream it is: a failure to open P's
+    is ``at_prefill``. Closing the generator closes the stream, which the agents take as a
+    cancellation."""
+    name = AGENT_NAMES.get(source, f"{source} agent")
+    at_prefill = source == "prefill"
     try:
         async with http_client().stream(
             "POST", url, json=body, headers=data_plane_headers()
         ) as response:
             if response.status_code != 200:
                 detail = (await response.aread()).decode(errors="replace")[:500]
-                message = f"prefill agent answered HTTP {response.status_code}: {detail}"
+                message = f"{name} answered HTTP {response.status_code}: {detail}"
                 if response.status_code == 503 and _busy_body(detail):
-                    raise AgentBusy(message)
-                raise AgentRunError(message)
+                    raise AgentBusy(message, at_prefill=at_prefill)
+                raise AgentRunError(message, at_prefill=at_prefill)
             rest = b""
             async for data in response.aiter_bytes():
                 *lines, rest = (rest + data).split(b"\n")
@@ -177,8 +204,8 @@ async def run_events(url: str, body: dict[str, Any]) -> AsyncIterator[list[dict[
                 yield [json.loads(rest)]
     except EndpointNotCalled as exc:  # nothing was sent: fails over as an unreachable agent
         what = "endpoint refused" if isinstance(exc, EndpointRefused) else "unreachable"
-        raise AgentRunError(f"prefill agent {what}: {exc}") from exc
+        raise AgentRunError(f"{name} {what}: {exc}", at_prefill=at_prefill) from exc
     except httpx.HTTPError as exc:
         raise AgentRunError(
-            f"prefill agent unreachable: {type(exc).__name__}: {exc}".rstrip(": ")
+            f"{name} unreachable: {type(exc).__name__}: {exc}".rstrip(": "), at_prefill=at_prefill
         ) from exc

@@ -1,0 +1,102 @@
+"""One hop per token on real agent processes: P called with ``direct`` ends its stream with a
+``continue`` event naming the decoding role's stream; the caller reads MD's (p-md) or RLD's
+(p-rld-md) stream itself, with P's token at its head, and gets ``single``'s tokens, in order,
+with the handoff as before. The decoder's served ledger counts what it streamed."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from agent_node_helpers import get, make_prompt, run_single
+
+from agents.node.loopback import pdd_body, stream_events, summarize
+
+pytestmark = pytest.mark.slow
+
+
+def run_direct(p, rld, md, request_id, prompt, max_tokens, pipeline, handoff="one-shot", **kw):
+    """P's stream, then the decoder's it names: (P's events, the decoder's events)."""
+    body = pdd_body(request_id, prompt, max_tokens, pipeline, handoff, p, rld, md, **kw)
+    body["direct"] = True
+    first, _, _ = stream_events(f"{p.http}/v1/pdd/generate", body)
+    assert first[-1]["type"] == "continue", first
+    follow = first[-1]
+    rest, _, _ = stream_events(follow["url"], follow["body"])
+    return first, follow, rest
+
+
+CASES = [
+    pytest.param("p-md", "one-shot", {}, id="p-md"),
+    pytest.param("p-rld-md", "one-shot", {"handoff_at": 4}, id="one-shot"),
+    pytest.param(
+        "p-rld-md",
+        "catch-up",
+        {"handoff_at": 8, "catch_up_batch": 4, "max_catch_up_batches": 2},
+        id="catch-up",
+    ),
+]
+
+
+@pytest.mark.parametrize(("pipeline", "handoff", "extra"), CASES)
+def test_the_decoders_stream_read_directly_equals_single(cluster, pipeline, handoff, extra):
+    prompt = make_prompt(70, 31)
+    max_tokens = 30
+    expected = run_single(cluster["single"], prompt, max_tokens)["output_token_ids"]
+    rid = f"direct-{pipeline}-{handoff}"
+    first, follow, rest = run_direct(
+        cluster["p"], cluster["rld"], cluster["md"], rid, prompt, max_tokens, pipeline, handoff,
+        **extra,
+    )  # fmt: skip
+    # P sent no token itself (its token leads the decoder's stream) and named the routed one.
+    assert [e["type"] for e in first] == ["continue"]
+    decoder = cluster["md"] if pipeline == "p-md" else cluster["rld"]
+    assert follow["url"].startswith(decoder.http + "/v1/pdd/")
+    assert follow["role"] == ("md" if pipeline == "p-md" else "rld")
+    assert follow["stats"]["prefill_s"] > 0
+    result = summarize(rest)
+    assert result["error"] is None, result["error"]
+    assert result["output_token_ids"] == expected
+    assert result["indexes"] == list(range(max_tokens))
+    assert result["roles"][0] == "prefill"
+    if pipeline == "p-md":
+        assert set(result["roles"][1:]) == {"md"}
+    else:
+        handoff_stats = result["stats"]["handoff"]
+        assert handoff_stats["completed"] is True, handoff_stats
+        at = handoff_stats["at_token"]
+        assert result["roles"][1:at] == ["rld"] * (at - 1)
+        assert result["roles"][at:] == ["md"] * (max_tokens - at)
+    # The decoder's ledger counts what it streamed to the caller, P's token included.
+    served = get(decoder, f"/v1/pdd/requests/{rid}").json()
+    assert served["tokens"] == max_tokens and served["state"] == "done"
+
+
+def test_an_early_first_token_comes_from_p_and_not_again(cluster):
+    prompt = make_prompt(50, 32)
+    body = pdd_body("direct-early", prompt, 10, "p-md", "one-shot", cluster["p"], None,
+                    cluster["md"])  # fmt: skip
+    body |= {"direct": True, "early_first_token": True}
+    first, _, _ = stream_events(f"{cluster['p'].http}/v1/pdd/generate", body)
+    assert [e["type"] for e in first] == ["token", "continue"]
+    assert "first_event" not in first[-1]["body"]
+    rest, _, _ = stream_events(first[-1]["url"], first[-1]["body"])
+    result = summarize(rest)
+    expected = run_single(cluster["single"], prompt, 10)["output_token_ids"]
+    assert [first[0]["token_id"], *result["output_token_ids"]] == expected
+    assert result["indexes"] == list(range(1, 10))
+
+
+def test_a_first_event_that_is_not_ps_token_is_400(cluster):
+    prompt = make_prompt(40, 33)
+    body = pdd_body("direct-bad", prompt, 4, "p-md", "one-shot", cluster["p"], None,
+                    cluster["md"])  # fmt: skip
+    body["direct"] = True
+    first, _, _ = stream_events(f"{cluster['p'].http}/v1/pdd/generate", body)
+    follow = first[-1]
+    forged = dict(follow["body"])
+    forged["first_event"] = dict(forged["first_event"], token_id=forged["first_token"] + 1)
+    r = httpx.post(follow["url"], json=forged, timeout=30)
+    assert r.status_code == 400 and "first_event" in r.text
+    # The real one still streams (nothing of the refused call stayed on MD).
+    rest, _, _ = stream_events(follow["url"], follow["body"])
+    assert summarize(rest)["error"] is None

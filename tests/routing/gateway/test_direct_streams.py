@@ -1,0 +1,114 @@
+"""One hop per token at the gateway: P's stream ends with ``continue`` and the gateway reads the
+decoder's stream itself; only the decoder the request was routed to is followed, a failure of
+its stream points at it, and a later process would ask it (not P) what was delivered."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet import live as fleet_live
+from fleet.choices import InstanceRole
+from routing.gateway import run as gw_run
+from routing.gateway.runner import AgentRunError
+from routing.models import RequestRecord
+from tests.routing.gateway.conftest import post_stream
+from tests.routing.gateway.test_route_around_the_dead import _one_dc_fleet, _tenant_client
+
+
+@pytest.fixture
+def fleet(transactional_db, settings, monkeypatch):
+    """P, MD1 and MD2 in one datacenter; `script` says what the fake agents stream."""
+    settings.REDIS_URL = ""
+    made = _one_dc_fleet(
+        ("p", InstanceRole.PREFILL),
+        ("md1", InstanceRole.MAIN_DECODE),
+        ("md2", InstanceRole.MAIN_DECODE),
+    )
+    calls: list[tuple[str, str]] = []  # (url, source)
+    attempts: list[dict] = []
+    script: dict = {"to": "routed", "md_fails": 0}
+
+    async def events(url, body, source="prefill"):
+        calls.append((url, source))
+        if source == "prefill":
+            assert body["direct"] is True  # the gateway asks for one hop per token
+            main = body["main"]
+            target = main["http"] if script["to"] == "routed" else script["to"]
+            follow = {
+                "request_id": body["request_id"],
+                "instance": main["instance"],
+                "first_event": {"type": "token", "index": 0, "token_id": ord("o"),
+                                "role": "prefill"},
+            }  # fmt: skip
+            stats = {"prefill_s": 0.25, "kv_bytes": {"intra_dc": 0, "wan": 4096},
+                     "cached_tokens": 4}  # fmt: skip
+            yield [{"type": "continue", "url": f"{target}/v1/pdd/decode", "body": follow,
+                    "instance": main["instance"], "role": "md", "stats": stats}]  # fmt: skip
+            return
+        if script["md_fails"]:
+            script["md_fails"] -= 1
+            raise AgentRunError("MD agent unreachable: connection refused", at_prefill=False)
+        yield [{"type": "token", "index": 0, "token_id": ord("o"), "role": "prefill"}]
+        yield [
+            {"type": "token", "index": 1, "token_id": ord("k"), "role": "md"},
+            {"type": "token", "index": 2, "token_id": ord("!"), "role": "md"},
+        ]
+        yield [{"type": "done", "finish_reason": "length", "stats": {"handoff": {"mode": "none"}}}]
+
+    def noted(**kwargs):
+        attempts.append(kwargs)
+
+    monkeypatch.setattr(gw_run, "run_events", events)
+    monkeypatch.setattr(gw_run, "admission_attempt", noted)
+    yield _tenant_client(), made, calls, attempts, script
+    fleet_live._memory.clear()
+
+
+BODY = {"model": "baton-tiny", "prompt": "hello", "max_tokens": 3}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_gateway_reads_the_decoders_stream_itself(fleet, stream):
+    client, made, calls, attempts, _ = fleet
+    if stream:
+        status, raw = post_stream(client, "/v1/completions", BODY | {"stream": True})
+        assert status == 200
+        assert '"text": "o' in raw.decode() or '"text":"o' in raw.decode()
+    else:
+        response = client.post("/v1/completions", BODY, format="json")
+        assert response.status_code == 200, response.content
+        assert response.json()["choices"][0]["text"] == "ok!"
+    assert [source for _, source in calls] == ["prefill", "md"]
+    md_url = calls[1][0]
+    assert md_url.startswith((made["md1"][0].agent_endpoint, made["md2"][0].agent_endpoint))
+    # Where the stream now comes from, for a process that finishes the admission.
+    assert attempts and attempts[-1]["prefill_url"] == md_url.split("/v1/pdd/")[0]
+    assert attempts[-1]["token_offset"] == 0
+    record = RequestRecord.objects.get()
+    assert record.status == "ok" and record.completion_tokens == 3
+    assert record.tokens_by_md == 2  # counted from the decoder's token events
+    assert record.kv_bytes_wan == 4096  # P's figures, from its `continue`
+    assert record.cached_tokens == 4
+
+
+def test_a_continuation_to_a_decoder_off_the_path_is_refused(fleet):
+    client, _, calls, _, script = fleet
+    script["to"] = "http://169.254.169.254:80"
+    response = client.post("/v1/completions", BODY, format="json")
+    assert response.status_code == 502
+    assert not any(url.startswith("http://169.254.169.254") for url, _ in calls)
+    record = RequestRecord.objects.get()
+    retried = record.decision.inputs["retried"]
+    assert "continuation was refused" in retried[0]["error"]
+
+
+def test_a_failure_of_the_decoders_stream_points_at_the_decoder(fleet):
+    client, made, calls, _, script = fleet
+    script["md_fails"] = 1
+    response = client.post("/v1/completions", BODY, format="json")
+    assert response.status_code == 200, response.content
+    record = RequestRecord.objects.get()
+    first = record.decision.inputs["retried"][0]
+    md_ids = {str(made["md1"][1].pk), str(made["md2"][1].pk)}
+    assert set(first["instances"]) <= md_ids and first["instances"]  # MD, not P
+    assert [s for _, s in calls] == ["prefill", "md", "prefill", "md"]
