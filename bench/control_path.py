@@ -94,6 +94,7 @@ PAGE_FETCHES = 5
 GOAL_N = 1000
 GOAL_P99_S = 0.100
 GOAL_PAGE_S = 1.0
+SLOW_KEPT = 5000
 DB_NAME = "baton_bench_control"
 PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
 REDIS_URL = "redis://127.0.0.1:6379/9"
@@ -429,6 +430,9 @@ class Tally:
     rtts: list[float] = field(default_factory=list)
     late: int = 0  # answered later than one interval
     in_flight: int = 0
+    # (monotonic send time, round trip or None when unanswered) of the beats over the goal's
+    # p99 or failed, the first SLOW_KEPT: to line stalls up with what else happened.
+    slow: list[tuple[float, float | None]] = field(default_factory=list)
 
     def to_json(self, interval_s: float) -> dict[str, Any]:
         return {
@@ -477,6 +481,7 @@ class Probe:
         self._window_marks: dict[str, Any] = {}
         self._refusals_logged: set[tuple[str, int]] = set()
         self.loop_lags: list[float] = []
+        self._peers: set[asyncio.StreamWriter] = set()  # the control plane's open connections
 
     # -- the agents' endpoints ------------------------------------------------------------
 
@@ -509,6 +514,7 @@ class Probe:
     async def _serve(
         self, node: ProbeNode, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        self._peers.add(writer)
         try:
             while True:
                 line = await reader.readline()
@@ -539,6 +545,7 @@ class Probe:
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
         finally:
+            self._peers.discard(writer)
             writer.close()
 
     # -- the agents' side of the protocol ---------------------------------------------------
@@ -624,6 +631,8 @@ class Probe:
                 node.refused_by_status[status] += 1
         for tally in tallies:
             tally.in_flight -= 1
+            if (outcome or (rtt or 0.0) > GOAL_P99_S) and len(tally.slow) < SLOW_KEPT:
+                tally.slow.append((round(sent, 3), None if rtt is None else round(rtt, 4)))
             if outcome:
                 tally.errors[outcome] += 1
             else:
@@ -696,6 +705,14 @@ class Probe:
                 node.conn.close()
         for server in self._servers:
             server.close()
+        # The control plane's connections still open: closed, so their handlers see the end
+        # of input and return (rather than being cancelled when the loop ends).
+        for writer in list(self._peers):
+            writer.close()
+        for _ in range(50):
+            if not self._peers:
+                break
+            await asyncio.sleep(0.01)
 
     # -- the measured window ------------------------------------------------------------------
 
@@ -729,6 +746,7 @@ class Probe:
             "probe_loop_lag_p99_ms": ms(pct(self.loop_lags, 0.99)),
             "probe_loop_lag_max_ms": ms(max(self.loop_lags, default=None)),
             "served_to_control_plane": dict(sorted(served.items())),
+            "slow_beats": self.window.slow,
         }
 
     def bring_up(self) -> dict[str, Any]:
@@ -1057,14 +1075,17 @@ def operator_session(base_url: str, username: str, password: str) -> httpx.Clien
     return client
 
 
-def timed_get(client: httpx.Client, path: str) -> dict[str, Any]:
-    start = time.perf_counter()
+def timed_get(client: httpx.Client, path: str, t0: float) -> dict[str, Any]:
+    """One fetch: its duration, status and size, and when it started (s after `t0`)."""
+    start = time.monotonic()
+    at = round(start - t0, 2)
     try:
         r = client.get(path)
     except httpx.HTTPError as exc:
-        return {"s": round(time.perf_counter() - start, 4), "error": type(exc).__name__}
+        return {"at": at, "s": round(time.monotonic() - start, 4), "error": type(exc).__name__}
     return {
-        "s": round(time.perf_counter() - start, 4),
+        "at": at,
+        "s": round(time.monotonic() - start, 4),
         "status": r.status_code,
         "bytes": len(r.content),
     }
@@ -1133,7 +1154,7 @@ def measure_window(
         if fetch_at and now >= fetch_at[0]:
             fetch_at.pop(0)
             for name, path in PAGES.items():
-                fetches[name].append(timed_get(clients[name], path))
+                fetches[name].append(timed_get(clients[name], path, t0))
         upcoming = [t0 + seconds, *fetch_at[:1]]
         if next_sample < t0 + seconds:
             upcoming.append(next_sample)
@@ -1173,6 +1194,9 @@ def measure_window(
         ),
         "samples": samples,
         "pages": {name: page_figures(fetches[name]) for name in PAGES},
+        "page_fetches": fetches,
+        # Beats over 100 ms or failed: [s after the window's start, round trip or null].
+        "slow_beats": [[round(t - t0, 3), rtt] for t, rtt in window["slow_beats"]],
     }
 
 
