@@ -351,6 +351,11 @@ BATON_GATEWAY_MAX_AGENT_CONNECTIONS = env_int("BATON_GATEWAY_MAX_AGENT_CONNECTIO
 # One hop per token: P ends its stream with the decoding role's (a `continue` event) and the
 # gateway reads MD's or RLD's stream itself. false: P relays the decoder's tokens (as before).
 BATON_GATEWAY_DIRECT_STREAMS = env_bool("BATON_GATEWAY_DIRECT_STREAMS", default=True)
+# Stream chunks coalesce under load (routing/gateway/coalesce.py): with at least
+# BATON_GATEWAY_COALESCE_FROM streams open in the process, a chunk waits up to the interval for
+# more tokens to join it; below, each read from the agent is written at once. 0: off.
+BATON_GATEWAY_STREAM_INTERVAL_S = env_float("BATON_GATEWAY_STREAM_INTERVAL_S", 0.02, minimum=0.0)
+BATON_GATEWAY_COALESCE_FROM = env_int("BATON_GATEWAY_COALESCE_FROM", 64)
 # Admission and routing on the event loop, without a worker-thread hop, when the whole hot
 # path is in memory (no REDIS_URL) and every read is a cache hit (routing/gateway/views.py).
 BATON_GATEWAY_INLINE = env_bool("BATON_GATEWAY_INLINE", default=True)

@@ -41,6 +41,7 @@ from frontend.telemetry.aggregator import TOKEN_BUCKETS, summarize
 from frontend.telemetry.fleet import fleet_state
 from frontend.telemetry.service import ensure_rebuilt, get_aggregator, tail_new_records
 from pdd import metrics as agent_metrics
+from routing.gateway import coalesce
 from routing.gateway.overload import overload
 
 HISTOGRAMS = {
@@ -287,6 +288,23 @@ class TelemetryCollector:
             "baton_gateway_queue_refused",
             "Requests refused because the queue (or the tenant's share of it) was full.",
             value=stats.refused_total,
+        )
+        streams = coalesce.stats
+        yield GaugeMetricFamily(
+            "baton_gateway_streams_open",
+            "Streamed responses this gateway process is sending now.",
+            value=streams.open,
+        )
+        yield CounterMetricFamily(
+            "baton_gateway_stream_writes",
+            "Writes of streamed responses (each one or more tokens' events; fewer, larger "
+            "writes under load: BATON_GATEWAY_STREAM_INTERVAL_S).",
+            value=streams.writes_total,
+        )
+        yield CounterMetricFamily(
+            "baton_gateway_stream_pieces",
+            "Text pieces (token events) those writes carried.",
+            value=streams.pieces_total,
         )
 
     def _prefix_index(self) -> Metric:

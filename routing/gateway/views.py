@@ -26,7 +26,7 @@ from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from fleet.models import ServedModel
-from routing.gateway import admission, openai_shapes, routes
+from routing.gateway import admission, coalesce, openai_shapes, routes
 from routing.gateway.errors import GatewayError, notify_error
 from routing.gateway.overload import overload
 from routing.gateway.prepared import Prepared
@@ -176,6 +176,8 @@ async def _stream(p: Prepared, run: Run, deltas, first: list | None):
             openai_shapes.chunk(p.kind, p.request_id, p.model.name, created, text, finish, **kw)
         )
 
+    coalesce.stats.open += 1
+    pieces_in = coalesce.coalesced(deltas)
     try:
         head = b""
         if p.kind == "chat.completions":
@@ -183,8 +185,9 @@ async def _stream(p: Prepared, run: Run, deltas, first: list | None):
         if first:
             head += b"".join(chunk(piece, None, logprobs=lp) for piece, lp in first)
         yield head
-        async for pieces in deltas:
-            # The tokens that arrived together leave together: one event each, one write.
+        async for pieces in pieces_in:
+            # The tokens that arrived together (or waited together, under load: coalesce.py)
+            # leave together: one event each, one write.
             yield b"".join(chunk(piece, None, logprobs=lp) for piece, lp in pieces)
         # Every token is out: the request is complete. Start writing its record before the
         # last bytes go, so a client that closes right after [DONE] (the openai client does)
@@ -213,6 +216,8 @@ async def _stream(p: Prepared, run: Run, deltas, first: list | None):
         run.status, run.error = "cancelled", f"client disconnected ({type(exc).__name__})"
         raise
     finally:
+        coalesce.stats.open -= 1
+        await pieces_in.aclose()
         await run.record()
 
 

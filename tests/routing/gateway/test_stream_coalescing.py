@@ -111,3 +111,83 @@ def test_tokens_before_a_failure_in_the_same_burst_reach_the_client(prepared, mo
 
     assert asyncio.run(client()) == ["o", "k"]
     assert delivered == [[ord("o"), ord("k")]]
+
+
+def _texts(chunks: list[bytes]) -> list[list[str]]:
+    return [[e["choices"][0]["text"] for e in _events(c) if e["choices"]] for c in chunks]
+
+
+def _paced(word: bytes, gap_s: float, closed: list | None = None):
+    async def events(url, plan, source="prefill"):
+        try:
+            for i, t in enumerate(word):
+                await asyncio.sleep(gap_s)
+                yield [_token(i, t)]
+            yield [DONE]
+        finally:
+            if closed is not None:
+                closed.append(True)
+
+    return events
+
+
+def test_under_load_chunks_wait_for_the_interval_and_carry_several_tokens(
+    prepared, monkeypatch, settings  # noqa: F811
+):
+    settings.BATON_GATEWAY_COALESCE_FROM = 0  # every stream counts as "under load"
+    settings.BATON_GATEWAY_STREAM_INTERVAL_S = 0.05
+    monkeypatch.setattr(gw_run, "run_events", _paced(b"coalesced!", 0.01))
+
+    async def client() -> list[bytes]:
+        chunks = [chunk async for chunk in views._stream_body(prepared("cmpl-load"))]
+        await views.drain_pending_records()
+        return chunks
+
+    from routing.gateway import coalesce
+
+    writes = coalesce.stats.writes_total
+    texts = _texts(asyncio.run(client()))
+    token_chunks = [t for t in texts if t and any(t)]
+    assert "".join("".join(t) for t in texts) == "coalesced!"
+    # Ten tokens 10 ms apart, chunks held 50 ms: several tokens per write, in order.
+    assert len(token_chunks) < 10
+    assert max(len(t) for t in token_chunks) >= 2
+    assert coalesce.stats.writes_total - writes == len(token_chunks) - 1  # the first: with P's
+    assert coalesce.stats.open == 0
+
+
+def test_at_low_load_every_read_is_its_own_write(prepared, monkeypatch, settings):  # noqa: F811
+    settings.BATON_GATEWAY_COALESCE_FROM = 10_000
+    settings.BATON_GATEWAY_STREAM_INTERVAL_S = 0.05
+    monkeypatch.setattr(gw_run, "run_events", _paced(b"per-token", 0.005))
+
+    async def client() -> list[bytes]:
+        chunks = [chunk async for chunk in views._stream_body(prepared("cmpl-low"))]
+        await views.drain_pending_records()
+        return chunks
+
+    texts = _texts(asyncio.run(client()))
+    assert [t for t in texts if t and any(t)][:9] == [[c] for c in "per-token"]
+
+
+def test_a_client_leaving_under_load_closes_the_agents_stream(prepared, monkeypatch, settings):  # noqa: F811
+    settings.BATON_GATEWAY_COALESCE_FROM = 0
+    settings.BATON_GATEWAY_STREAM_INTERVAL_S = 0.02
+    closed: list = []
+    monkeypatch.setattr(gw_run, "run_events", _paced(b"x" * 200, 0.005, closed))
+
+    async def client() -> None:
+        body = views._stream_body(prepared("cmpl-leave"))
+        got = 0
+        async for _ in body:
+            got += 1
+            if got == 3:
+                break
+        await body.aclose()
+        await views.drain_pending_records()
+
+    asyncio.run(client())
+    assert closed == [True]
+    from routing.gateway import coalesce
+
+    assert coalesce.stats.open == 0
