@@ -18,7 +18,7 @@ added delay bounded whatever the decode speed."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +56,7 @@ def busy() -> bool:
     return stats.open >= int(settings.BATON_GATEWAY_COALESCE_FROM)
 
 
-async def coalesced(source: AsyncIterator[list[Any]]) -> AsyncIterator[list[Any]]:
+async def coalesced(source: AsyncIterator[list[Any]]) -> AsyncGenerator[list[Any], None]:
     """``source``'s lists of pieces, merged as described above. An exception of ``source``
     comes after the pieces before it; closing this generator cancels the pump, which closes
     ``source`` (the agents' streams with it)."""
