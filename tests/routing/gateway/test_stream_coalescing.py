@@ -131,8 +131,10 @@ def _paced(word: bytes, gap_s: float, closed: list | None = None):
     return events
 
 
-def test_under_load_chunks_wait_for_the_interval_and_carry_several_tokens(  # noqa: F811
-    prepared, monkeypatch, settings
+def test_under_load_chunks_wait_for_the_interval_and_carry_several_tokens(
+    prepared,  # noqa: F811
+    monkeypatch,
+    settings,
 ):
     settings.BATON_GATEWAY_COALESCE_FROM = 0  # every stream counts as "under load"
     settings.BATON_GATEWAY_STREAM_INTERVAL_S = 0.05
