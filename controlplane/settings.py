@@ -332,6 +332,9 @@ BATON_LIVE_REFRESH_S = float(env_str("BATON_LIVE_REFRESH_S", "10.0"))
 # full heartbeat again (fleet/agent_services.py).
 BATON_HEARTBEAT_FULL_EVERY_S = float(env_str("BATON_HEARTBEAT_FULL_EVERY_S", "10.0"))
 BATON_RECONCILE_INTERVAL_S = float(env_str("BATON_RECONCILE_INTERVAL_S", "5.0"))
+# The periodic reconcile asks only the agents whose last heartbeat differs from what operators
+# want; every this often it asks every online node's agent (fleet/tasks.py reconcile_fleet).
+BATON_RECONCILE_FULL_EVERY_S = float(env_str("BATON_RECONCILE_FULL_EVERY_S", "60.0"))
 # Gateway fault limits (docs/faults.md). A stream with tokens out that goes this long without
 # one (or 10 x its median gap, if more) has a frozen decoder and migrates; an attempt with no
 # token yet fails over to another path after the first-token timeout.

@@ -439,6 +439,33 @@ def plan_actions(
     return actions
 
 
+def nodes_with_drift() -> list[int]:
+    """Online, registered nodes whose last stored report (their last heartbeat) differs from
+    what operators want of their instances (plan_actions): those a periodic reconcile must
+    visit; the others' agents said at their last beat that they run what is wanted."""
+    nodes = Node.objects.filter(status=NodeStatus.ONLINE, registered_at__isnull=False).order_by(
+        "pk"
+    )
+    reports = dict(nodes.values_list("pk", "last_report"))
+    desired: dict[int, list[Instance]] = {node_id: [] for node_id in reports}
+    for instance in (
+        Instance.objects.filter(node_id__in=reports)
+        .order_by()
+        .only("pk", "node_id", "desired_state")
+    ):
+        desired[instance.node_id].append(instance)
+    drifting = []
+    for node_id, report in reports.items():
+        mine = desired[node_id]
+        if plan_actions(
+            desired=mine,
+            reported=_reported_states(report if isinstance(report, dict) else {}),
+            known_ids={i.pk for i in mine},
+        ):
+            drifting.append(node_id)
+    return drifting
+
+
 def _reported_states(state_doc: dict[str, Any]) -> dict[int, str]:
     states: dict[int, str] = {}
     for item in state_doc.get("instances", []):

@@ -4,8 +4,10 @@ compares what the agent reports with what is desired, so running it twice change
 from __future__ import annotations
 
 import logging
+import time
 
 from celery import shared_task
+from django.conf import settings
 
 from fleet import agent_services
 from fleet.agent_client import AgentUnreachable
@@ -57,11 +59,24 @@ def reconcile_node(node_id: int) -> list[str]:
 
 @shared_task(name="fleet.reconcile_fleet")
 def reconcile_fleet() -> int:
-    """Periodic: fan out one reconcile per online node, so one slow agent delays no other."""
-    node_ids = list(Node.objects.filter(status=NodeStatus.ONLINE).values_list("pk", flat=True))
+    """Periodic: fan out one reconcile per online node that needs one, so one slow agent
+    delays no other. A node needs one when its last heartbeat's report differs from what
+    operators want (agent_services.nodes_with_drift: no agent is asked for that); every
+    ``BATON_RECONCILE_FULL_EVERY_S`` every online node does, whatever it reported."""
+    global _last_full
+    now = time.monotonic()
+    if now - _last_full >= float(settings.BATON_RECONCILE_FULL_EVERY_S):
+        _last_full = now
+        node_ids = list(Node.objects.filter(status=NodeStatus.ONLINE).values_list("pk", flat=True))
+    else:
+        node_ids = agent_services.nodes_with_drift()
     for node_id in node_ids:
         reconcile_node.delay(node_id)
     return len(node_ids)
+
+
+# When this worker last sent every online node a reconcile (its first round does).
+_last_full = float("-inf")
 
 
 @shared_task(name="fleet.health_check")
