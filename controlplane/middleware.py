@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import weakref
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
@@ -37,6 +38,8 @@ from django.core.handlers.asgi import ASGIHandler as DjangoASGIHandler
 from django.core.handlers.asgi import get_script_prefix
 from django.urls import set_script_prefix
 from django.utils.module_loading import import_string
+
+from fleet import beats
 
 GATEWAY_PREFIX = "/v1/"
 
@@ -170,7 +173,10 @@ class ASGIHandler(DjangoASGIHandler):
     handler is Django's."""
 
     async def handle(self, scope, receive, send):
-        if not is_gateway_path(scope.get("path", "")):
+        path = scope.get("path", "")
+        if path.startswith(AGENT_PREFIX):
+            return await self._agent(scope, receive, send)
+        if not is_gateway_path(path):
             return await super().handle(scope, receive, send)
         try:
             body_file = await self.read_body(receive)
@@ -188,6 +194,24 @@ class ASGIHandler(DjangoASGIHandler):
         finally:
             body_file.close()
         return None
+
+    async def _agent(self, scope, receive, send) -> None:
+        """The agents' API: a heartbeat that repeats its node's last full one is taken on the
+        event loop (fleet/beats.py); the rest is Django's, at most BATON_AGENT_API_CONCURRENCY
+        at a time, so that a burst (a thousand agents registering after a restart) waits here
+        rather than in threads holding the database pool's connections past its timeout."""
+        if scope.get("path") == HEARTBEAT_PATH and scope.get("method") == "POST":
+            body, more = await _whole_body(receive)
+            if not more:
+                authorization = next(
+                    (v for k, v in scope.get("headers", ()) if k == b"authorization"), b""
+                )
+                if beats.take(authorization, body):
+                    await _answer_ok(send)
+                    return
+            receive = _replayed(body, more, receive)
+        async with _agent_slots():
+            await super().handle(scope, receive, send)
 
     async def _serve(self, request, receive, send) -> None:
         """The response, sent unless the client leaves first (its disconnect cancels the
@@ -230,6 +254,59 @@ class ASGIHandler(DjangoASGIHandler):
             finally:
                 settings.MIDDLEWARE = names
         return None
+
+
+HEARTBEAT_PATH = AGENT_PREFIX + "heartbeat"
+# Per event loop (a semaphore binds to the loop it first waits on; tests run several).
+_slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _agent_slots() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    slots = _slots.get(loop)
+    if slots is None:
+        slots = _slots[loop] = asyncio.Semaphore(max(1, int(settings.BATON_AGENT_API_CONCURRENCY)))
+    return slots
+
+
+async def _whole_body(receive) -> tuple[bytes, bool]:
+    """The request's body (BodyGuard, outside, has bounded its size and time); `more` True
+    when the client left first, so that Django sees the disconnect."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message.get("type") != "http.request":
+            return b"".join(chunks), True
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks), False
+
+
+def _replayed(body: bytes, more: bool, receive):
+    """`receive` with the first message, already read, given back once."""
+    first = [{"type": "http.request", "body": body, "more_body": more}]
+
+    async def again():
+        if first:
+            return first.pop()
+        return await receive()
+
+    return again
+
+
+async def _answer_ok(send) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(beats.OK)).encode()),
+                (b"x-content-type-options", b"nosniff"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": beats.OK})
 
 
 def _path(cls: type | None) -> str | None:

@@ -336,6 +336,9 @@ BATON_LIVE_REFRESH_S = float(env_str("BATON_LIVE_REFRESH_S", "10.0"))
 # validation, no locks: one UPDATE of the node's last heartbeat) for up to this long; then one
 # full heartbeat again (fleet/agent_services.py).
 BATON_HEARTBEAT_FULL_EVERY_S = float(env_str("BATON_HEARTBEAT_FULL_EVERY_S", "10.0"))
+# Requests of the agents' API that Django serves at once per web process; more wait on the
+# event loop (a burst must not hold threads and pooled connections past the pool's timeout).
+BATON_AGENT_API_CONCURRENCY = env_int("BATON_AGENT_API_CONCURRENCY", 16)
 BATON_RECONCILE_INTERVAL_S = float(env_str("BATON_RECONCILE_INTERVAL_S", "5.0"))
 # The periodic reconcile asks only the agents whose last heartbeat differs from what operators
 # want; every this often it asks every online node's agent (fleet/tasks.py reconcile_fleet).

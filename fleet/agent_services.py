@@ -145,6 +145,40 @@ def report_digest(report: Any) -> bytes | None:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
+def without_cache_lists(report: dict[str, Any]) -> dict[str, Any]:
+    """The report without the whole-cache block lists agents before KV cache events sent
+    (``cached_prefix_blocks``): the prefix index comes from the events now, and the lists
+    would only be stored and parsed again."""
+    items = report.get("instances")
+    if not isinstance(items, list) or not any(
+        isinstance(i, dict) and "cached_prefix_blocks" in i for i in items
+    ):
+        return report
+    return report | {
+        "instances": [
+            {k: v for k, v in i.items() if k != "cached_prefix_blocks"}
+            if isinstance(i, dict)
+            else i
+            for i in items
+        ]
+    }
+
+
+def full_beat_current(node_id: int, digest: bytes | None) -> bool:
+    """Whether a beat with `digest` repeats the node's last full heartbeat in this process,
+    taken at most BATON_HEARTBEAT_FULL_EVERY_S ago (fleet.beats: no database read to check the
+    node's row; a change to the node or its instances in this process forgets the full beat)."""
+    if digest is None:
+        return False
+    with _full_beats_lock:
+        last = _full_beats.get(node_id)
+    return (
+        last is not None
+        and last.digest == digest
+        and time.monotonic() - last.at <= float(settings.BATON_HEARTBEAT_FULL_EVERY_S)
+    )
+
+
 def forget_full_beat(node_id: int) -> None:
     """The next heartbeat of this node is taken whole (its instances changed here)."""
     with _full_beats_lock:

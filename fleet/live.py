@@ -85,6 +85,14 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 return 1
 """
+_LIVENESS = """
+for i = 1, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+  end
+end
+return 1
+"""
 _REMOVE = """
 local v = redis.call('INCR', KEYS[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
@@ -138,6 +146,27 @@ def publish_report(
     )
     with _written_lock:
         _written[key] = (digest, now)
+
+
+def publish_liveness(seen: dict[int, float]) -> None:
+    """Heartbeats that repeated their node's last report (fleet.beats): only when each node
+    was last heard of (wall time), for nodes whose entry the live view holds."""
+    if not seen:
+        return
+    client = _redis()
+    if client is None:
+        with _memory_lock:
+            for node_id, at in seen.items():
+                raw = _memory.get(str(node_id))
+                if raw is not None:
+                    entry = json.loads(raw)
+                    entry["received_at"] = max(float(entry.get("received_at") or 0.0), at)
+                    _memory[str(node_id)] = json.dumps(entry)
+        return
+    args: list[str] = []
+    for node_id, at in seen.items():
+        args += [str(node_id), repr(at)]
+    _script(client, _LIVENESS)(keys=[_KEY, _SEEN], args=args)
 
 
 class _Mirror:
@@ -200,7 +229,7 @@ def read_reports(*, max_age_s: float | None = None) -> list[dict[str, Any]]:
     seen = _mirror.refresh(client)
     fresh = []
     for key, entry in list(_mirror.entries.items()):
-        at = seen.get(key, entry["received_at"])
+        at = max(seen.get(key, 0.0), entry["received_at"])
         if now - at <= max_age_s:
             fresh.append(entry if at == entry["received_at"] else entry | {"received_at": at})
     return fresh

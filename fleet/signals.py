@@ -10,6 +10,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import Signal, receiver
 
+from fleet import beats
 from fleet.agent_services import forget_full_beat
 from fleet.dispatch import enqueue_after_commit
 from fleet.models import Instance, Node, WANLink
@@ -60,6 +61,11 @@ def instance_deleted(sender, instance: Instance, **kwargs) -> None:
     _push_after_commit({"type": "instance", "event": "deleted", "id": instance.pk})
 
 
+@receiver(post_delete, sender=Node)
+def node_deleted(sender, instance: Node, **kwargs) -> None:
+    beats.forget_node(instance.pk)
+
+
 @receiver(post_save, sender=WANLink)
 def link_saved(sender, instance: WANLink, created: bool, **kwargs) -> None:
     # Editing a link reaches the agents at both ends (bandwidth, RTT, pool size).
@@ -80,6 +86,8 @@ def link_saved(sender, instance: WANLink, created: bool, **kwargs) -> None:
 def node_saved(sender, instance: Node, created: bool, update_fields=None, **kwargs) -> None:
     if not created and _reports_only(Node, update_fields):
         return
+    # A changed node (its token, status, endpoint...) takes its next heartbeat whole.
+    beats.forget_node(instance.pk)
     _push_after_commit(
         {
             "type": "node",

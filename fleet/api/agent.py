@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import transaction
 from django.utils.functional import cached_property
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import (
@@ -19,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.schema import ErrorDetailSerializer
-from fleet import agent_services, kv_index, services
+from fleet import agent_services, beats, kv_index, services
 from fleet.endpoints import check_agent_address, check_agent_endpoint, check_agent_port
 from fleet.models import Instance, Node
 
@@ -172,25 +173,6 @@ class RegisterSerializer(StateDocumentSerializer):
             raise _policy_error(exc) from None
 
 
-def _without_cache_lists(report: dict) -> dict:
-    """The report without the whole-cache block lists agents before KV cache events sent
-    (``cached_prefix_blocks``): the prefix index comes from the events now, and the lists
-    would only be stored and parsed again."""
-    items = report.get("instances")
-    if not isinstance(items, list) or not any(
-        isinstance(i, dict) and "cached_prefix_blocks" in i for i in items
-    ):
-        return report
-    return report | {
-        "instances": [
-            {k: v for k, v in i.items() if k != "cached_prefix_blocks"}
-            if isinstance(i, dict)
-            else i
-            for i in items
-        ]
-    }
-
-
 class AgentView(APIView):
     authentication_classes = [AgentTokenAuthentication]
     permission_classes = [IsAgent]
@@ -220,7 +202,11 @@ class AgentRegisterView(AgentView):
     def post(self, request):
         body = RegisterSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        report = {k: v for k, v in _without_cache_lists(request.data).items() if k != "endpoint"}
+        report = {
+            k: v
+            for k, v in agent_services.without_cache_lists(request.data).items()
+            if k != "endpoint"
+        }
         return Response(
             agent_services.node_register(
                 node=request.user.node, endpoint=body.validated_data["endpoint"], report=report
@@ -244,7 +230,7 @@ class AgentHeartbeatView(AgentView):
         node = request.user.node
         data = request.data
         if isinstance(data, dict):
-            data = _without_cache_lists(data)
+            data = agent_services.without_cache_lists(data)
         digest = agent_services.report_digest(data)
         if node.registered_at is not None and agent_services.node_heartbeat_unchanged(
             node=node, report=data, digest=digest
@@ -257,6 +243,9 @@ class AgentHeartbeatView(AgentView):
             # Commands need the endpoint and command token that only registration hands out.
             return Response({"detail": "Register first."}, status=404)
         agent_services.node_heartbeat(node=node, report=data, digest=digest)
+        # The next beats that repeat this one may be taken before Django (fleet.beats).
+        token = get_authorization_header(request).split()[1].decode(errors="replace")
+        transaction.on_commit(lambda: beats.remember(token, node.pk))
         return Response({"ok": True})
 
 
