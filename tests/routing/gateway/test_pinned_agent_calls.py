@@ -134,7 +134,8 @@ def test_ip_literal_endpoints_are_called_as_before(two_prefills_by_address):
     for _ in range(4):
         assert _send(client).status_code == 200
     assert set(connected) <= {("10.0.0.1", "10.0.0.1:9000"), ("10.0.0.2", "10.0.0.2:9000")}
-    assert dns.asked == []  # nothing resolved
+    # No agent endpoint was resolved (the database's own host may be, on PostgreSQL).
+    assert not [h for h in dns.asked if h.startswith("10.0.0.")]
 
 
 @pytest.fixture
