@@ -321,10 +321,12 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
                 body["first_event"] = token_event(0, pre.first_token, "prefill", pre.first_logprob)
             keep_in_background(agent, sends)
             done = True
+            # The caller has the prompt: it puts it back (a 64K-token prompt is ~400 KB of
+            # JSON each way).
             yield {
                 "type": "continue",
                 "url": url,
-                "body": body,
+                "body": {k: v for k, v in body.items() if k != "prompt_ids"},
                 "instance": downstream.instance,
                 "role": "md" if req.pipeline == Pipeline.P_MD else "rld",
                 "stats": stats,

@@ -168,7 +168,10 @@ class Run:
             prefill_url=event.url.split("/v1/pdd/", 1)[0],
             token_offset=self.token_count,
         )
-        return run_events(event.url, dict(event.body), source=event.role)
+        # P leaves the prompt out of the decoder's call (it is this attempt's own).
+        body = dict(event.body)
+        body.setdefault("prompt_ids", self.p.plan["prompt_ids"])
+        return run_events(event.url, body, source=event.role)
 
     async def _events(self):
         """The agent's events; a decoder that falls silent mid-stream (frozen, or its link

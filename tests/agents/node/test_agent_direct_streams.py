@@ -21,6 +21,8 @@ def run_direct(p, rld, md, request_id, prompt, max_tokens, pipeline, handoff="on
     first, _, _ = stream_events(f"{p.http}/v1/pdd/generate", body)
     assert first[-1]["type"] == "continue", first
     follow = first[-1]
+    assert "prompt_ids" not in follow["body"]  # the caller has them
+    follow["body"]["prompt_ids"] = prompt
     rest, _, _ = stream_events(follow["url"], follow["body"])
     return first, follow, rest
 
@@ -79,7 +81,7 @@ def test_an_early_first_token_comes_from_p_and_not_again(cluster):
     first, _, _ = stream_events(f"{cluster['p'].http}/v1/pdd/generate", body)
     assert [e["type"] for e in first] == ["token", "continue"]
     assert "first_event" not in first[-1]["body"]
-    rest, _, _ = stream_events(first[-1]["url"], first[-1]["body"])
+    rest, _, _ = stream_events(first[-1]["url"], first[-1]["body"] | {"prompt_ids": prompt})
     result = summarize(rest)
     expected = run_single(cluster["single"], prompt, 10)["output_token_ids"]
     assert [first[0]["token_id"], *result["output_token_ids"]] == expected
@@ -93,6 +95,7 @@ def test_a_first_event_that_is_not_ps_token_is_400(cluster):
     body["direct"] = True
     first, _, _ = stream_events(f"{cluster['p'].http}/v1/pdd/generate", body)
     follow = first[-1]
+    follow["body"]["prompt_ids"] = prompt
     forged = dict(follow["body"])
     forged["first_event"] = dict(forged["first_event"], token_id=forged["first_token"] + 1)
     r = httpx.post(follow["url"], json=forged, timeout=30)

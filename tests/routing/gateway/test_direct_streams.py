@@ -45,6 +45,7 @@ def fleet(transactional_db, settings, monkeypatch):
             yield [{"type": "continue", "url": f"{target}/v1/pdd/decode", "body": follow,
                     "instance": main["instance"], "role": "md", "stats": stats}]  # fmt: skip
             return
+        assert body["prompt_ids"]  # P leaves the prompt out; the gateway puts it back
         if script["md_fails"]:
             script["md_fails"] -= 1
             raise AgentRunError("MD agent unreachable: connection refused", at_prefill=False)
