@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
+import time
 import weakref
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
@@ -199,7 +201,9 @@ class ASGIHandler(DjangoASGIHandler):
         """The agents' API: a heartbeat that repeats its node's last full one is taken on the
         event loop (fleet/beats.py); the rest is Django's, at most BATON_AGENT_API_CONCURRENCY
         at a time, so that a burst (a thousand agents registering after a restart) waits here
-        rather than in threads holding the database pool's connections past its timeout."""
+        rather than in threads holding the database pool's connections past its timeout; one
+        that waited longer than BATON_AGENT_API_QUEUE_TIMEOUT_S is answered 503 (busy,
+        Retry-After) instead of served after its agent stopped waiting."""
         if scope.get("path") == HEARTBEAT_PATH and scope.get("method") == "POST":
             body, more = await _whole_body(receive)
             if not more:
@@ -210,7 +214,13 @@ class ASGIHandler(DjangoASGIHandler):
                     await _answer_ok(send)
                     return
             receive = _replayed(body, more, receive)
+        queued = time.monotonic()
         async with _agent_slots():
+            if time.monotonic() - queued > float(settings.BATON_AGENT_API_QUEUE_TIMEOUT_S):
+                # Its agent has likely given up on it (a 10-s client timeout) and will try
+                # again: serving it now would only delay the requests queued behind it.
+                await _answer_busy(send)
+                return
             await super().handle(scope, receive, send)
 
     async def _serve(self, request, receive, send) -> None:
@@ -292,6 +302,24 @@ def _replayed(body: bytes, more: bool, receive):
         return await receive()
 
     return again
+
+
+async def _answer_busy(send) -> None:
+    body = json.dumps(
+        {"detail": "The control plane is busy; try again shortly.", "code": "busy"}
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", b"1"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _answer_ok(send) -> None:

@@ -339,6 +339,7 @@ BATON_HEARTBEAT_FULL_EVERY_S = float(env_str("BATON_HEARTBEAT_FULL_EVERY_S", "10
 # Requests of the agents' API that Django serves at once per web process; more wait on the
 # event loop (a burst must not hold threads and pooled connections past the pool's timeout).
 BATON_AGENT_API_CONCURRENCY = env_int("BATON_AGENT_API_CONCURRENCY", 16)
+BATON_AGENT_API_QUEUE_TIMEOUT_S = env_float("BATON_AGENT_API_QUEUE_TIMEOUT_S", 5.0, minimum=0.0)
 BATON_RECONCILE_INTERVAL_S = float(env_str("BATON_RECONCILE_INTERVAL_S", "5.0"))
 # The periodic reconcile asks only the agents whose last heartbeat differs from what operators
 # want; every this often it asks every online node's agent (fleet/tasks.py reconcile_fleet).

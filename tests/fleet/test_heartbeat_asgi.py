@@ -207,3 +207,34 @@ def test_a_burst_of_agent_calls_waits_for_a_slot(world, settings, monkeypatch):
     answers = run(go())
     assert [r.status_code for r in answers] == [200] * 8
     assert inside["most"] <= 2
+
+
+def test_a_request_that_waited_too_long_for_a_slot_is_answered_busy(world, settings, monkeypatch):
+    node, token, inst, _ = world
+    settings.BATON_AGENT_API_CONCURRENCY = 1  # one at a time: no two threads in the database
+    settings.BATON_AGENT_API_QUEUE_TIMEOUT_S = 0.02
+    from controlplane import middleware
+
+    monkeypatch.setattr(middleware, "_slots", middleware.weakref.WeakKeyDictionary())
+    real = agent_api.AgentRegisterView.post
+
+    def slow(self, request):
+        import time
+
+        time.sleep(0.1)
+        return real(self, request)
+
+    monkeypatch.setattr(agent_api.AgentRegisterView, "post", slow)
+
+    async def go():
+        async with _client() as client:
+            body = doc(inst, 0) | {"endpoint": "http://127.0.0.1:9159"}
+            return await asyncio.gather(
+                *(_post(client, token, "/api/v1/agent/register", body) for _ in range(4))
+            )
+
+    answers = run(go())
+    codes = sorted(r.status_code for r in answers)
+    assert codes[0] == 200 and 503 in codes  # the first served; those that waited, refused
+    busy = next(r for r in answers if r.status_code == 503)
+    assert busy.headers["retry-after"] == "1" and busy.json()["code"] == "busy"
