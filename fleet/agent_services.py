@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import random
 import secrets
 import threading
 import time
@@ -118,7 +119,7 @@ class _FullBeat:
     that change nothing without reading or locking anything."""
 
     digest: bytes
-    at: float  # time.monotonic()
+    until: float  # time.monotonic() after which the next beat is taken whole again
     node_updated_at: Any  # the node row's updated_at then: any edit since ends the fast path
     hostname: str
     datacenter: str
@@ -172,11 +173,7 @@ def full_beat_current(node_id: int, digest: bytes | None) -> bool:
         return False
     with _full_beats_lock:
         last = _full_beats.get(node_id)
-    return (
-        last is not None
-        and last.digest == digest
-        and time.monotonic() - last.at <= float(settings.BATON_HEARTBEAT_FULL_EVERY_S)
-    )
+    return last is not None and last.digest == digest and time.monotonic() <= last.until
 
 
 def forget_full_beat(node_id: int) -> None:
@@ -204,7 +201,7 @@ def node_heartbeat_unchanged(*, node: Node, report: dict[str, Any], digest: byte
         last is None
         or last.digest != digest
         or last.node_updated_at != node.updated_at
-        or time.monotonic() - last.at > float(settings.BATON_HEARTBEAT_FULL_EVERY_S)
+        or time.monotonic() > last.until
     ):
         return False
     now = timezone.now()
@@ -292,7 +289,7 @@ def node_heartbeat(*, node: Node, report: dict[str, Any], digest: bytes | None =
     full = (
         _FullBeat(
             digest=digest,
-            at=time.monotonic(),
+            until=_full_beat_until(),
             node_updated_at=node.updated_at,
             hostname=hostname,
             datacenter=datacenter,
@@ -319,6 +316,14 @@ def node_heartbeat(*, node: Node, report: dict[str, Any], digest: bytes | None =
             REPORTED_STATES.get(str(item.get("state")), ActualState.FAILED),
             reason="reported by the agent",
         )
+
+
+def _full_beat_until() -> float:
+    """When a full heartbeat taken now stops vouching for the beats that repeat it: after
+    BATON_HEARTBEAT_FULL_EVERY_S, less a random part of up to a half, so that nodes that came up
+    together (a thousand after a restart) do not all take their full beat in the same second."""
+    every = float(settings.BATON_HEARTBEAT_FULL_EVERY_S)
+    return time.monotonic() + every * random.uniform(0.5, 1.0)
 
 
 def _remember_full_beat(node_id: int, full: _FullBeat | None) -> None:

@@ -7,9 +7,11 @@ thread, a token lookup and an UPDATE each, more than one process has. Most beats
 node's last full one (its instances' states, loads and reports; only the agent's own heartbeat
 stats move), so the ASGI handler (controlplane/middleware.py) asks ``take`` first:
 
-- the token must be one a full heartbeat of this process authenticated within
-  ``TOKEN_TTL_S`` (the hash of the token -> the node id; a node's save in this process, such
-  as a token rotation, forgets it at once, another process's within the TTL);
+- the token must be one a full heartbeat of this process authenticated (the hash of the token
+  -> the node id), trusted for ``TOKEN_TTL_S`` after that or after the last flush that found
+  it still the node's (each flush compares the tokens of its beats with the database: a
+  rotation or a deleted node, in any process, ends the fast path at the next flush; a save of
+  the node in this process at once);
 - the document must say what the node's last full heartbeat in this process said, at most
   ``BATON_HEARTBEAT_FULL_EVERY_S`` ago (``agent_services.full_beat_current``);
 - then the beat is noted and answered ``{"ok": true}`` at once. A flusher thread writes the
@@ -46,8 +48,8 @@ OK = b'{"ok":true}'
 # sha256(token) -> (node id, monotonic time it stops being trusted)
 _tokens: dict[bytes, tuple[int, float]] = {}
 _tokens_lock = threading.Lock()
-# node id -> wall time of its first beat noted since the last flush
-_pending: dict[int, float] = {}
+# node id -> (wall time of its first beat noted since the last flush, its token's key)
+_pending: dict[int, tuple[float, bytes]] = {}
 _pending_lock = threading.Lock()
 _flusher: threading.Thread | None = None
 _flusher_lock = threading.Lock()
@@ -94,7 +96,7 @@ def take(authorization: bytes, body: bytes) -> bool:
     if not agent_services.full_beat_current(node_id, digest):
         return False
     with _pending_lock:
-        _pending.setdefault(node_id, time.time())
+        _pending.setdefault(node_id, (time.time(), key))
     stats["taken"] += 1
     _ensure_flusher()
     return True
@@ -129,18 +131,24 @@ def flush() -> int:
         _pending.clear()
     if not batch:
         return 0
-    online = set(
-        Node.objects.filter(pk__in=list(batch), status=NodeStatus.ONLINE).values_list(
-            "pk", flat=True
-        )
-    )
+    rows = Node.objects.filter(pk__in=list(batch)).values_list("pk", "status", "agent_token_hash")
+    online = set()
+    trusted_until = time.monotonic() + TOKEN_TTL_S
+    for node_id, status, token_hash in rows:
+        key = batch[node_id][1]
+        if status == NodeStatus.ONLINE and token_hash == key.hex():
+            online.add(node_id)
+            with _tokens_lock:  # checked against the database just now: trusted a while more
+                if key in _tokens:
+                    _tokens[key] = (node_id, trusted_until)
     for node_id in set(batch) - online:
-        forget_node(node_id)  # offline meanwhile, or deleted: its next beat goes to Django
+        # Offline meanwhile, deleted, or its token rotated: its next beat goes to Django.
+        forget_node(node_id)
     if online:
-        oldest = min(batch[n] for n in online)
+        oldest = min(batch[n][0] for n in online)
         Node.objects.filter(pk__in=list(online), status=NodeStatus.ONLINE).update(
             last_heartbeat_at=datetime.fromtimestamp(oldest, UTC)
         )
-        live.publish_liveness({n: batch[n] for n in online})
+        live.publish_liveness({n: batch[n][0] for n in online})
     stats["flushes"] += 1
     return len(online)

@@ -238,3 +238,23 @@ def test_a_request_that_waited_too_long_for_a_slot_is_answered_busy(world, setti
     assert codes[0] == 200 and 503 in codes  # the first served; those that waited, refused
     busy = next(r for r in answers if r.status_code == 503)
     assert busy.headers["retry-after"] == "1" and busy.json()["code"] == "busy"
+
+
+def test_a_token_rotated_in_another_process_ends_the_fast_path_at_the_next_flush(world):
+    node, token, inst, calls = world
+
+    async def beat(n):
+        async with _client() as client:
+            if n == 0:
+                await _post(client, token, "/api/v1/agent/register",
+                            doc(inst, 0) | {"endpoint": "http://127.0.0.1:9160"})  # fmt: skip
+            return await _post(client, token, "/api/v1/agent/heartbeat", doc(inst, n + 1))
+
+    assert run(beat(0)).status_code == 200
+    assert run(beat(1)).status_code == 200  # fast
+    # Another process rotates the token: no signal reaches this one.
+    Node.objects.filter(pk=node.pk).update(agent_token_hash="0" * 64)
+    beats.flush()
+    n = len(calls)
+    assert run(beat(2)).status_code == 401
+    assert len(calls) == n  # refused by authentication, before the view

@@ -161,9 +161,9 @@ def test_an_edit_of_the_node_ends_the_fast_path(agent, instance):
 
 
 def test_a_full_beat_comes_again_after_the_configured_time(agent, instance, settings):
+    settings.BATON_HEARTBEAT_FULL_EVERY_S = 0.0  # a full beat vouches for no later one
     _register(agent, instance)
     beat(agent, doc(instance, 1))
-    settings.BATON_HEARTBEAT_FULL_EVERY_S = 0.0
     queries: list[str] = []
     beat(agent, doc(instance, 2), queries)
     assert any("fleet_instance" in q for q in queries)
