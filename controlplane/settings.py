@@ -329,6 +329,11 @@ SPECTACULAR_SETTINGS = {
 # Agents: heartbeat period, and how many missed beats make a node offline.
 BATON_HEARTBEAT_INTERVAL_S = float(env_str("BATON_HEARTBEAT_INTERVAL_S", "2.0"))
 BATON_HEARTBEAT_MISSES = env_int("BATON_HEARTBEAT_MISSES", 3)
+# The agent probe (routing/probes.py) asks a node's agent for /health only once its last
+# heartbeat is this old (unset: 1.25 heartbeat intervals; 0: every node, every round).
+BATON_PROBE_AFTER_S = (
+    float(env_str("BATON_PROBE_AFTER_S", "")) if env_str("BATON_PROBE_AFTER_S", "") else None
+)
 # A node's live-view entry (fleet/live.py) is rewritten when its report changes, and at least
 # this often for the agent's own heartbeat stats; its liveness moves at every beat.
 BATON_LIVE_REFRESH_S = float(env_str("BATON_LIVE_REFRESH_S", "10.0"))

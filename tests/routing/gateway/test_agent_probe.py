@@ -34,6 +34,7 @@ def agents(settings):
     connections but never answer (frozen), one with its heartbeat overdue."""
     settings.REDIS_URL = ""
     settings.BATON_HEARTBEAT_INTERVAL_S = 2.0
+    settings.BATON_PROBE_AFTER_S = 0  # every node, late or not (the default: late ones only)
     fleet_live._memory.clear()
     live = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
     threading.Thread(target=live.serve_forever, daemon=True).start()
@@ -77,6 +78,13 @@ def test_dead_and_frozen_agents_are_marked_suspect_and_a_live_one_is_not(agents)
         "frozen-fresh": OK,  # its heartbeats still arrive: slow, not dead
     }
     assert set(suspect_ledger().marks()) == {"12", "13"}
+
+
+def test_by_default_only_agents_whose_heartbeat_is_late_are_asked(agents, settings):
+    settings.BATON_PROBE_AFTER_S = None  # 1.25 intervals: 2.5 s
+    verdicts = {r.hostname: r.verdict for r in probe_agents(timeout_s=0.3)}
+    assert verdicts == {"frozen-overdue": SILENT}  # the others beat on time: not asked
+    assert set(suspect_ledger().marks()) == {"13"}
 
 
 def test_no_reports_means_nothing_to_probe(settings):

@@ -166,6 +166,7 @@ def rebinding(two_agents, settings, monkeypatch):  # noqa: F811
     127.0.0.2, where another server listens that the policy refuses."""
     (allowed, forbidden), port = two_agents
     settings.REDIS_URL = ""
+    settings.BATON_PROBE_AFTER_S = 0  # the probe asks every agent, late or not
     settings.BATON_AGENT_NETWORKS = ["127.0.0.1/32"]
     dns = FakeDNS({"agent.test": ["127.0.0.1"]})
     monkeypatch.setattr(socket, "getaddrinfo", dns)
