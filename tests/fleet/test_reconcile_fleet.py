@@ -49,14 +49,21 @@ def test_the_periodic_round_visits_drift_and_every_node_now_and_then(
     (node_a, a), (node_b, _) = two_nodes
     sent: list[int] = []
     monkeypatch.setattr(tasks.reconcile_node, "delay", sent.append)
-    monkeypatch.setattr(tasks, "_last_full", float("-inf"))
-    settings.BATON_RECONCILE_FULL_EVERY_S = 3600
+    monkeypatch.setattr(tasks, "_round", -1)
+    settings.BATON_RECONCILE_INTERVAL_S = 5
+    settings.BATON_RECONCILE_FULL_EVERY_S = 3600  # 720 shares: node ids 1..n fall in few
     assert tasks.reconcile_fleet() == 2  # the first round: every online node
     assert sorted(sent) == sorted([node_a.pk, node_b.pk])
     sent.clear()
-    assert tasks.reconcile_fleet() == 0  # nothing drifts: no agent is asked
+    # Rounds whose share holds neither node, with nothing drifting: no agent is asked.
+    monkeypatch.setattr(tasks, "_round", 700)
+    assert tasks.reconcile_fleet() == 0
     services.instance_set_desired_state(instance=a, desired_state=DesiredState.DRAINED)
     assert tasks.reconcile_fleet() == 1 and sent == [node_a.pk]
     sent.clear()
-    settings.BATON_RECONCILE_FULL_EVERY_S = 0
-    assert tasks.reconcile_fleet() == 2
+    # One full sweep per BATON_RECONCILE_FULL_EVERY_S: over 2 rounds here, every node once.
+    settings.BATON_RECONCILE_FULL_EVERY_S = 10
+    services.instance_set_desired_state(instance=a, desired_state=DesiredState.RUNNING)
+    tasks.reconcile_fleet()
+    tasks.reconcile_fleet()
+    assert sorted(sent) == sorted([node_a.pk, node_b.pk])
