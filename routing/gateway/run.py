@@ -23,7 +23,13 @@ from routing.gateway.records import (
     admission_progress,
     record_request,
 )
-from routing.gateway.runner import AgentBusy, AgentRunError, continuation_target, run_events
+from routing.gateway.runner import (
+    AgentBusy,
+    AgentRunError,
+    cancel_on_path,
+    continuation_target,
+    run_events,
+)
 from routing.gateway.stream import TextAssembler
 from routing.gateway.workers import pending_records, record_writer
 
@@ -121,6 +127,7 @@ class Run:
         ``continue``) the decoding role's, read directly, one hop per token."""
         self.prefill_stats = self.continued_at = self.kv_wait_s = None
         source = run_events(self.p.url, self.p.plan)
+        ended = False  # a done event came through
         try:
             while True:
                 try:
@@ -137,6 +144,7 @@ class Run:
                     ) from None
                 at = next((i for i, e in enumerate(batch) if isinstance(e, ContinueEvent)), None)
                 if at is None:
+                    ended = ended or any(isinstance(e, DoneEvent) for e in batch)
                     yield batch
                     continue
                 if at:
@@ -147,6 +155,13 @@ class Run:
                 source = self._follow(follow)
         finally:
             await source.aclose()
+            if self.continued_at is not None and not ended:
+                # P handed the stream over and is done; whatever ended it early (a dead
+                # decoder, a stall, the client leaving), the other agents on the path must
+                # let the request go, as P told them when it relayed: MD's reservation would
+                # otherwise hold the prompt's KV "in flight" and make the next attempt wait
+                # for it (reserve_ttl_s).
+                cancel_on_path(self.p.plan)
 
     def _follow(self, event: ContinueEvent):
         """P's stream ended with ``continue``: check the decoder it names is the routed one,

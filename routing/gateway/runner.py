@@ -10,6 +10,7 @@ attempt fails like an unreachable agent and the request goes to another instance
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -172,6 +173,38 @@ def continuation_target(plan: dict[str, Any], url: str, body: Any, role: str) ->
     if not isinstance(body, dict) or str(body.get("instance")) != str(target.get("instance")):
         return f"the {role.upper()} stream is not for instance {target.get('instance')}"
     return None
+
+
+# Cancels in flight (held so that they are not collected before they ran).
+_cancels: set = set()
+
+
+def cancel_on_path(plan: dict[str, Any]) -> None:
+    """Tell the decoders of a request's plan (its ``main`` and ``relay``) to let it go
+    (``POST /v1/pdd/cancel``, idempotent), in the background: the stream P handed over ended
+    without its ``done``. Failures are ignored (a dead agent has nothing to let go)."""
+    rid = plan.get("request_id")
+    targets = [plan.get(k) for k in ("main", "relay")]
+    urls = [
+        str(t["http"]).rstrip("/") + "/v1/pdd/cancel"
+        for t in targets
+        if isinstance(t, dict) and t.get("http")
+    ]
+    if not rid or not urls:
+        return
+
+    async def cancel(url: str) -> None:
+        try:
+            await http_client().post(
+                url, json={"request_id": rid}, headers=data_plane_headers(), timeout=5.0
+            )
+        except Exception:  # noqa: BLE001 - best effort, as P's own cancels are
+            pass
+
+    for url in urls:
+        task = asyncio.ensure_future(cancel(url))
+        _cancels.add(task)
+        task.add_done_callback(_cancels.discard)
 
 
 async def run_events(

@@ -61,6 +61,8 @@ def fleet(transactional_db, settings, monkeypatch):
 
     monkeypatch.setattr(gw_run, "run_events", events)
     monkeypatch.setattr(gw_run, "admission_attempt", noted)
+    script["cancelled"] = []
+    monkeypatch.setattr(gw_run, "cancel_on_path", lambda plan: script["cancelled"].append(plan))
     yield _tenant_client(), made, calls, attempts, script
     fleet_live._memory.clear()
 
@@ -70,7 +72,7 @@ BODY = {"model": "baton-tiny", "prompt": "hello", "max_tokens": 3}
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_the_gateway_reads_the_decoders_stream_itself(fleet, stream):
-    client, made, calls, attempts, _ = fleet
+    client, made, calls, attempts, script = fleet
     if stream:
         status, raw = post_stream(client, "/v1/completions", BODY | {"stream": True})
         assert status == 200
@@ -87,6 +89,7 @@ def test_the_gateway_reads_the_decoders_stream_itself(fleet, stream):
     assert attempts[-1]["token_offset"] == 0
     record = RequestRecord.objects.get()
     assert record.status == "ok" and record.completion_tokens == 3
+    assert script["cancelled"] == []  # the stream ended with its done: nothing to cancel
     assert record.tokens_by_md == 2  # counted from the decoder's token events
     assert record.kv_bytes_wan == 4096  # P's figures, from its `continue`
     assert record.cached_tokens == 4
@@ -113,3 +116,5 @@ def test_a_failure_of_the_decoders_stream_points_at_the_decoder(fleet):
     md_ids = {str(made["md1"][1].pk), str(made["md2"][1].pk)}
     assert set(first["instances"]) <= md_ids and first["instances"]  # MD, not P
     assert [s for _, s in calls] == ["prefill", "md", "prefill", "md"]
+    # The failed attempt's decoders were told to let it go (MD's reservation), once.
+    assert [plan["request_id"] for plan in script["cancelled"]] == [record.request_id]
