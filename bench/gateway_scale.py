@@ -497,7 +497,13 @@ class Load:
             if conn is None:
                 conn = conns[target.netloc] = StreamConn(target.hostname or "", target.port or 80)
             pending.clear()
-            next_body = json.dumps(follow["body"], separators=(",", ":")).encode()
+            # P leaves the prompt out of the decoder's call (agents/PROTOCOL.md): put it back,
+            # as the gateway does.
+            rest = json.dumps(
+                {k: v for k, v in follow["body"].items() if k != "prompt_ids"},
+                separators=(",", ":"),
+            ).encode()
+            next_body = b'{"prompt_ids":[%s,%s],%s' % (head_ids, tail_ids, rest[1:])
             status, _ = await conn.post(target.path, next_body, headers, on_chunk)
         if status != 200:
             rec.fail(_error_kind(status, bytes(pending)))
