@@ -104,6 +104,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from bench.control_path import pct
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "var" / "bench-gateway-scale"
 SUMMARY = ROOT / "bench" / "gateway" / "scale_summary.json"
@@ -190,14 +192,6 @@ def quick_config(out: Path = OUT) -> Config:
 
 def say(message: str) -> None:
     print(f"[gateway-scale] {message}", file=sys.stderr, flush=True)
-
-
-def pct(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (None when empty)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def ms(seconds: float | None) -> float | None:
