@@ -193,24 +193,23 @@ class Run:
         black-holed) is a failure after the stall limit, so the request migrates. An attempt
         with no token after FIRST_TOKEN_TIMEOUT_S (a frozen P) fails over the same way."""
         events = self._batches()
-        loop = asyncio.get_running_loop()
         limit: float | None = None
         try:
-            # One deadline for the whole stream, moved per event (asyncio.wait_for made a task
-            # per event) and lifted while the event is with the caller, whose time (the
-            # client's back-pressure included) is not the agent's silence.
-            async with asyncio.timeout(None) as deadline:
-                while True:
-                    limit = self._stall_limit_s()
-                    deadline.reschedule(
-                        loop.time() + (FIRST_TOKEN_TIMEOUT_S if limit is None else limit)
-                    )
+            while True:
+                limit = self._stall_limit_s()
+                # A deadline per read, entered in the task that reads: the stream is read by
+                # whichever task iterates it (the view for the first tokens, then the
+                # coalescing pump), and asyncio.timeout cancels the task that entered it. One
+                # deadline held across reads cancelled the view instead of failing the
+                # attempt: every stalled stream was cut, none migrated to its end. The
+                # deadline is lifted while the event is with the caller, whose time (the
+                # client's back-pressure included) is not the agent's silence.
+                async with asyncio.timeout(FIRST_TOKEN_TIMEOUT_S if limit is None else limit):
                     try:
                         raw = await events.__anext__()
                     except StopAsyncIteration:
                         return
-                    deadline.reschedule(None)
-                    yield raw
+                yield raw
         except TimeoutError:
             if limit is None:
                 raise AgentRunError(

@@ -341,3 +341,37 @@ def test_an_answer_carries_the_gateway_s_stage_timings(two_decoders, stream):
     # a read needs the database ("inline"), and a worker does it all ("resume" after).
     expected = ["queue", "inline", "auth", "parse", "tokenize", "limit", "route", "admit"]
     assert stages == expected + ["resume"] + ([] if stream else ["agents", "record"])
+
+
+def test_a_streamed_request_whose_decoder_falls_silent_is_migrated_to_its_end(
+    two_decoders, monkeypatch
+):
+    """As above, streamed: the migrated attempt's tokens and the final events reach the
+    client, and the record says ok (bench/paper's run: every migrated stream cut)."""
+    import asyncio as aio
+    import json
+
+    client, made, plans = two_decoders
+    monkeypatch.setattr(gw_run, "STALL_FLOOR_S", 0.3)
+
+    async def events(url, plan):
+        plans.append(plan)
+        start = len(plan["prompt_ids"]) - len(PROMPT)
+        for i in range(plan["sampling"]["max_tokens"]):
+            if len(plans) == 1 and i == 3:
+                await aio.sleep(30)  # frozen
+            yield {"type": "token", "index": i, "token_id": ord("a") + start + i, "role": "md"}
+        yield {"type": "done", "finish_reason": "length", "stats": {}}
+
+    monkeypatch.setattr(gw_run, "run_events", events)
+    body = {"model": "baton-tiny", "prompt": "hello", "max_tokens": 8, "stream": True}
+    status, raw = post_stream(client, "/v1/completions", body)
+    assert status == 200
+    lines = [line for line in raw.decode().splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    text = "".join(
+        (json.loads(line[6:])["choices"] or [{"text": ""}])[0]["text"] for line in lines[:-1]
+    )
+    assert text == "abcdefgh"
+    record = RequestRecord.objects.get()
+    assert (record.status, record.migrations, record.completion_tokens) == ("ok", 1, 8)
