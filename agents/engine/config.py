@@ -124,6 +124,13 @@ class EngineConfig:
     max_queued: int = 256  # requests waiting for admission; beyond this submit raises EngineFull
     max_batch_tokens: int = 2048  # new tokens one forward may process (prefill chunking bound)
     dtype: str = "float32"
+    # Running decodes join a forward that extends other requests (one position each, first
+    # in the token budget), as vLLM's chunked prefill and SGLang's --enable-mixed-chunk do;
+    # off: extends run alone and every decode waits for them (agents/engine/scheduler.py).
+    # The emulated engine turns it on (a long extend would otherwise freeze every stream of
+    # its instance for the extend's whole modelled time); the torch engine keeps it off, so
+    # its decode steps stay on the decode path its token checks cover.
+    mixed_batches: bool = False
     # "int8": decode steps multiply by int8 weight-only copies of the linears (one scale per
     # output row, bf16 activations; CPU only, the float weights stay for prefill / extend).
     # "packed": by oneDNN-prepacked copies of the linears (the same values in oneDNN's blocked

@@ -235,6 +235,7 @@ class EmulatedEngine(EngineCore):
             max_batch_tokens=profile.engine.prefill_batch_tokens,
             seed=base.seed,
             device="cpu",
+            mixed_batches=True,
         )
         self.model_config = EmulatedModel(profile.name, profile.vocab_size, profile.max_position)
         wire = max(1, round(profile.model.kv_bytes_per_token / self.kv_scale))
@@ -267,6 +268,7 @@ class EmulatedEngine(EngineCore):
             "speedup": self.pacer.speedup,
             "modelled_busy_s": round(self.pacer.charged_s, 6),
             "behind_s": round(self.pacer.lost_s, 6),
+            "mixed_batches": self.config.mixed_batches,
         }
 
     def represented_bytes(self, payload: bytes) -> int:

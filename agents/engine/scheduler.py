@@ -1,6 +1,9 @@
 """Continuous-batching scheduler: admits queued requests against running-slot and KV-block
 budgets (reusing radix-cached prefixes), and picks each step's batch: extends first, else one
-decode token for every running request."""
+decode token for every running request. With ``EngineConfig.mixed_batches`` the running
+decodes ride along with the extends (one position each, ahead of them in the token budget),
+so a long extend (a prompt's chunk, the handoff's k tokens at a long context) does not hold
+every decoding request's next token back for its whole length."""
 
 from __future__ import annotations
 
@@ -174,10 +177,17 @@ class Scheduler:
         """Pick the next forward's requests and positions; None when nothing can run."""
         self._admit_waiting()
         extends = [r for r in self.running if r.extend_len > 1]
-        candidates = extends or list(self.running)
+        if not extends:
+            candidates = sorted(self.running, key=lambda r: r.arrival)
+        elif self.config.mixed_batches:
+            decodes = [r for r in self.running if r.extend_len == 1]
+            candidates = sorted(decodes, key=lambda r: r.arrival)
+            candidates += sorted(extends, key=lambda r: r.arrival)
+        else:
+            candidates = sorted(extends, key=lambda r: r.arrival)
         budget = self.config.max_batch_tokens
         batch, counts = [], []
-        for req in sorted(candidates, key=lambda r: r.arrival):
+        for req in candidates:
             assert req.extend_len >= 1, f"running request {req.request_id} has nothing to run"
             if budget <= 0:
                 break

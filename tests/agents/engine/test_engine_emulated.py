@@ -155,6 +155,43 @@ def test_continuous_batching_decodes_every_running_request_in_one_step():
     assert max(s.batch for s in engine.steps if s.kind == "decode") == 5
 
 
+def test_decodes_ride_along_a_long_extend_so_no_stream_waits_for_all_of_it():
+    """A 40K-token prompt arriving while two requests decode: every forward of its prefill
+    (three chunks) also gives each decoding request its next token, and their tokens are
+    still the context's (``single``'s)."""
+    engine = emulated()
+    for i in range(2):
+        engine.add_request(f"d{i}", prompt(64, i), SamplingParams(max_tokens=12))
+    got: dict[str, list[int]] = {"d0": [], "d1": []}
+    for _ in range(3):  # their prefill and first decode steps
+        for o in engine.step():
+            got[o.request_id] += o.token_ids
+    before = {k: len(v) for k, v in got.items()}
+    engine.add_request("long", prompt(40_000, 9), SamplingParams(max_tokens=2))
+    for _ in range(3):  # the long prompt's three chunks
+        for o in engine.step():
+            if o.request_id in got:
+                got[o.request_id] += o.token_ids
+    mixed = list(engine.steps)[-3:]
+    assert [s.kind for s in mixed] == ["extend"] * 3
+    # The decodes come first in the token budget: each chunk is 2 positions shorter.
+    assert [s.new_tokens for s in mixed] == [16384, 16384, 40_000 - 2 * 16382 + 2]
+    assert all(s.batch == 3 for s in mixed)
+    assert {k: len(v) - before[k] for k, v in got.items()} == {"d0": 3, "d1": 3}
+    while engine.has_work():
+        for o in engine.step():
+            if o.request_id in got:
+                got[o.request_id] += o.token_ids
+    assert engine.describe()["mixed_batches"] is True
+    for i in range(2):
+        ref = emulated().generate(prompt(64, i), SamplingParams(max_tokens=12))
+        assert got[f"d{i}"] == ref.output_ids
+
+
+def test_the_torch_engines_default_keeps_extends_alone():
+    assert EngineConfig().mixed_batches is False
+
+
 # -- tokens ----------------------------------------------------------------------------------
 
 
