@@ -828,6 +828,10 @@ class Agent:
                 # Wall seconds the engine thread has spent in engine work (steps and commands:
                 # prefill, KV export and import) since the instance started.
                 "busy_s": round(inst.worker.busy_s, 6),
+                # The longest single step and command (wall seconds): what held every stream
+                # of the instance at once (logged when over a second).
+                "longest_step_s": round(inst.worker.longest_step_s, 6),
+                "longest_command_s": round(inst.worker.longest_command_s, 6),
             }
         return doc
 

@@ -29,6 +29,10 @@ STALL_WAIT_S = 0.05
 # thread time); once the engine has no work left it is taken at once, so an idle engine's
 # snapshot is exact.
 SNAPSHOT_EVERY_S = 0.5
+# A step or command that holds the engine thread longer than this (wall seconds) is logged
+# with what it was: every stream of the instance waits for it (a stall the gateway may take
+# for a frozen decoder).
+SLOW_S = 1.0
 
 
 class EngineWorker:
@@ -57,6 +61,9 @@ class EngineWorker:
         # Wall seconds this thread has spent in engine work (commands and steps) since it
         # started: the instance's engine_busy_s in the agent's state document.
         self.busy_s = 0.0
+        # The longest step and command so far (wall seconds), for the state document.
+        self.longest_step_s = 0.0
+        self.longest_command_s = 0.0
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
         self._thread.start()
 
@@ -108,7 +115,15 @@ class EngineWorker:
                 log.exception("engine step failed")
                 self._fail_all(exc)
                 outputs = []
-            self.busy_s += time.perf_counter() - began
+            took = time.perf_counter() - began
+            self.busy_s += took
+            if took > self.longest_step_s:
+                self.longest_step_s = took
+            if took > SLOW_S:
+                last = getattr(self.engine, "steps", None)
+                log.warning(
+                    "engine step took %.2f s (%s)", took, last[-1] if last else "no step record"
+                )
             stalled = not outputs
             self.stats = self.engine.stats()
             self._changed = True
@@ -127,7 +142,12 @@ class EngineWorker:
             result, error = None, exc
         else:
             error = None
-        self.busy_s += time.perf_counter() - began
+        took = time.perf_counter() - began
+        self.busy_s += took
+        if took > self.longest_command_s:
+            self.longest_command_s = took
+        if took > SLOW_S:
+            log.warning("engine command %s took %.2f s", getattr(fn, "__qualname__", fn), took)
         self.stats = self.engine.stats()
         self._changed = True
         self._refresh_snapshot()

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import platform
 import random
+import shutil
 import sys
 import threading
 import time
@@ -319,7 +321,9 @@ def kv_settled(states: dict[str, dict]) -> bool:
 
 
 def run_system(cp: ControlPlane, system: scale.System, nodes: list[dict], bar: Bar,
-               window_s: float) -> dict:  # fmt: skip
+               window_s: float, logs: Path | None = None) -> dict:  # fmt: skip
+    """One system's replay; each agent's log (warnings: slow engine steps, recomputes) is kept
+    under ``logs`` when given."""
     config = system.config
     trace = make_trace(config | {"workload": config["workload"] | {"duration_s": window_s}})
     n = len(trace)
@@ -507,8 +511,12 @@ def run_system(cp: ControlPlane, system: scale.System, nodes: list[dict], bar: B
             },
         }
     finally:
-        for proc in agents.values():
+        for host, proc in agents.items():
             proc.kill()
+            if logs is not None and proc.log_path:
+                logs.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(OSError):
+                    shutil.copyfile(proc.log_path, logs / f"{host}.log")
             proc.cleanup()
     return result
 
@@ -585,7 +593,9 @@ def main(argv: list[str] | None = None) -> int:
             bar.index, bar.label = index, system.label
             say(f"{system.label}: {', '.join(f'{p.count} {p.role} {p.gpu}' for p in system.pools)}")
             try:
-                live = run_system(cp, system, fleets[key], bar, args.window_s)
+                live = run_system(
+                    cp, system, fleets[key], bar, args.window_s, logs=out / "agents" / key
+                )
             except Exception:  # noqa: BLE001 - reported, the other systems still run
                 live = {"error": traceback.format_exc()[-2000:]}
                 say(f"{system.label} failed: {live['error'][-300:]}")
