@@ -82,29 +82,12 @@ def instance_reports() -> dict[tuple[int, str], tuple[dict[str, Any], dict[str, 
     return found
 
 
-# A prefill instance's backlog is full at this many forwards' worth of waiting positions (the
-# planner's simulator uses the same unit, planner/instances.py): its load is the larger of its
-# slots' and its backlog's, so that one whose queue of prompts would take seconds counts as
-# saturated (routing.policy.PolicySettings.saturated_load) although few requests are queued.
-PREFILL_BACKLOG_FORWARDS = 8
-
-
 def _load(item: dict[str, Any]) -> tuple[float, int]:
     load = item.get("load") or {}
     running = float(load.get("running", 0))
     queued = int(load.get("queued", 0))
     capacity = _capacity(item)
-    slots = (running + queued) / capacity if capacity > 0 else 0.0
-    if item.get("role") != "prefill":
-        return slots, queued
-    try:
-        backlog = float(load.get("backlog_tokens") or 0)
-        batch = float(load.get("batch_tokens") or 0)
-    except (TypeError, ValueError):
-        return slots, queued
-    if batch <= 0 or backlog <= 0:
-        return slots, queued
-    return max(slots, backlog / (PREFILL_BACKLOG_FORWARDS * batch)), queued
+    return ((running + queued) / capacity if capacity > 0 else 0.0), queued
 
 
 def _capacity(item: dict[str, Any]) -> float:

@@ -311,8 +311,6 @@ class EngineCore(ABC):
             tokens_generated=self._tokens_generated,
             forwards=self._forwards,
             preemptions=self.scheduler.num_preemptions,
-            backlog_tokens=sum(r.extend_len for r in self.scheduler.running if r.extend_len > 1)
-            + sum(r.extend_len for r in self.scheduler.waiting),
         )
 
     @abstractmethod

@@ -65,10 +65,6 @@ class EngineStats(NamedTuple):
     tokens_generated: int  # tokens sampled
     forwards: int
     preemptions: int
-    # Positions still to run before the running and queued requests' next tokens, beyond one
-    # each (prompts and their chunks, handoff extends): the prefill work waiting on this
-    # engine. A queued prompt counts whole (its cached prefix is matched at admission).
-    backlog_tokens: int = 0
 
     @property
     def cache_hit_rate(self) -> float:

@@ -802,10 +802,6 @@ class Agent:
                 "held": st.held,
                 "active_requests": inst.active,
                 "max_running": inst.worker.engine.config.max_running,
-                # Prefill work waiting (positions), and how many one forward runs: the
-                # control plane weighs a prefill instance's load by it (routing/live.py).
-                "backlog_tokens": st.backlog_tokens,
-                "batch_tokens": inst.worker.engine.config.max_batch_tokens,
             }
             doc["kv"] = {
                 "used_blocks": st.kv_blocks_used,

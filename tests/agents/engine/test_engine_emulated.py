@@ -188,17 +188,6 @@ def test_decodes_ride_along_a_long_extend_so_no_stream_waits_for_all_of_it():
         assert got[f"d{i}"] == ref.output_ids
 
 
-def test_stats_count_the_prompt_positions_still_to_run():
-    engine = emulated()
-    engine.add_request("a", prompt(40_000), SamplingParams(max_tokens=2))
-    engine.add_request("b", prompt(64, 1), SamplingParams(max_tokens=2))
-    assert engine.stats().backlog_tokens == 40_064  # queued: whole prompts
-    engine.step()  # a's first chunk takes the whole budget; b's prompt waits
-    assert engine.stats().backlog_tokens == 40_000 - (16384 - 64)
-    drain(engine)
-    assert engine.stats().backlog_tokens == 0
-
-
 def test_the_torch_engines_default_keeps_extends_alone():
     assert EngineConfig().mixed_batches is False
 
