@@ -47,6 +47,12 @@ class EngineCore(ABC):
     scheduler: Scheduler
     requests: dict[str, Request]
     _undelivered: list[TokenOutput]
+    # Called with other requests' outputs from each forward a command runs (prefill, extend,
+    # import's recompute: ``_drive``), instead of keeping them for the next ``step()``: the
+    # agent's worker sets it so that decoding streams get their tokens forward by forward
+    # while a command holds the engine (a handoff's extend of 0.8 s modelled, repeated per
+    # catch-up batch, held every stream of an MD past the gateway's stall limit).
+    on_outputs: Callable[[list[TokenOutput]], None] | None = None
 
     def _init_counters(self) -> None:
         self._arrivals = itertools.count()
@@ -385,8 +391,15 @@ class EngineCore(ABC):
                     raise EngineFull(
                         f"{req.request_id}: cannot be scheduled; KV blocks are held elsewhere"
                     )
+                others = []
                 for out in outputs:
-                    (mine if out.request_id == req.request_id else self._undelivered).append(out)
+                    (mine if out.request_id == req.request_id else others).append(out)
+                if others:
+                    if self.on_outputs is None:
+                        self._undelivered.extend(others)
+                    else:
+                        earlier, self._undelivered = self._undelivered, []
+                        self.on_outputs(earlier + others)
         except BaseException:
             if req.status != RequestStatus.FINISHED:
                 self.abort(req.request_id)

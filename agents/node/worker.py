@@ -64,6 +64,8 @@ class EngineWorker:
         # The longest step and command so far (wall seconds), for the state document.
         self.longest_step_s = 0.0
         self.longest_command_s = 0.0
+        # Other requests' tokens from the forwards a command runs go out forward by forward.
+        engine.on_outputs = self._deliver
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
         self._thread.start()
 
@@ -128,10 +130,14 @@ class EngineWorker:
             self.stats = self.engine.stats()
             self._changed = True
             self._refresh_snapshot()
-            for out in outputs:
-                sink = self._sinks.get(out.request_id)
-                if sink is not None:
-                    self._loop.call_soon_threadsafe(sink, out)
+            self._deliver(outputs)
+
+    def _deliver(self, outputs: list[TokenOutput]) -> None:
+        """Hand each output to its request's sink on the loop (engine thread)."""
+        for out in outputs:
+            sink = self._sinks.get(out.request_id)
+            if sink is not None:
+                self._loop.call_soon_threadsafe(sink, out)
 
     def _run_command(self, fn: Callable[[Engine], Any], future: asyncio.Future) -> None:
         error: BaseException | None

@@ -188,6 +188,30 @@ def test_decodes_ride_along_a_long_extend_so_no_stream_waits_for_all_of_it():
         assert got[f"d{i}"] == ref.output_ids
 
 
+def test_a_command_hands_other_requests_tokens_out_forward_by_forward():
+    """A prefill run as one command (three forwards of a 40K prompt) while a request decodes:
+    with ``on_outputs`` set (the agent's worker sets it), the decoding request's token of each
+    forward goes out then; without it, they wait for the next step()."""
+    for hooked in (True, False):
+        engine = emulated()
+        engine.add_request("d", prompt(64), SamplingParams(max_tokens=20))
+        for _ in range(2):
+            engine.step()
+        calls: list[list[int]] = []
+        if hooked:
+            engine.on_outputs = lambda outs, calls=calls: calls.append(
+                [t for o in outs for t in o.token_ids]
+            )
+        engine.prefill("p", prompt(40_000, 3), SamplingParams(max_tokens=1))
+        if hooked:
+            assert [len(c) for c in calls] == [1, 1, 1]
+            assert sum(len(o.token_ids) for o in engine.step() if o.request_id == "d") == 1
+        else:
+            assert calls == []
+            # The three tokens made meanwhile, and this step's.
+            assert sum(len(o.token_ids) for o in engine.step() if o.request_id == "d") == 4
+
+
 def test_the_torch_engines_default_keeps_extends_alone():
     assert EngineConfig().mixed_batches is False
 
