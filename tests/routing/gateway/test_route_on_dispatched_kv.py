@@ -223,3 +223,17 @@ def test_md_s_heartbeat_reporting_the_kv_in_flight_keeps_the_hit(fake_fleet):
     fake_fleet["report_md"](incoming_prefix_blocks=incoming[5:])
     (md,) = routes.live_views.get("baton-tiny").snapshot.main_decode
     assert set(md.cached_prefix_blocks) == set(incoming)
+
+
+def test_the_ledger_records_only_the_blocks_past_what_md_reports(fake_fleet):
+    """A request whose MD reports most of its prefix sends only the rest to the ledger: a later
+    request asks the ledger from the end of MD's reported run, never for the leading blocks."""
+    client, main = fake_fleet["client"], fake_fleet["main"]
+    hashes = list(prefix_block_hashes(list(TURN_2.encode()), BLOCK))  # 52 blocks
+    fake_fleet["report_md"](incoming_prefix_blocks=hashes[:50])
+    record = _send(client, TURN_2)
+    assert record.pipeline == "p-md"
+    md = str(main.pk)
+    ledger = routes.dispatched_blocks
+    assert ledger.held(md, hashes[50:], after=0.0) == 2  # the new blocks are in it
+    assert ledger.held(md, hashes, after=0.0) == 0  # the reported ones are not
