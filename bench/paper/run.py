@@ -406,7 +406,13 @@ def run_system(cp: ControlPlane, system: scale.System, nodes: list[dict], bar: B
         async def replay() -> None:
             ended = [asyncio.Event() for _ in range(n)]
             answers: list[str | None] = [None] * n
-            limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
+            # Idle connections expire here before uvicorn's 5-s keep-alive timeout closes them:
+            # at 5 s on both sides a request could go out on a connection the server was
+            # closing (likely how 4 PDD and 1 CDC-PD requests of the run at 5eb5b9c ended:
+            # ReadError after 1-2 s, before any byte of an answer, so with no record).
+            limits = httpx.Limits(
+                max_connections=2000, max_keepalive_connections=200, keepalive_expiry=2.0
+            )
             async with httpx.AsyncClient(timeout=httpx.Timeout(3600, connect=30),
                                          limits=limits) as http:  # fmt: skip
                 start = time.monotonic()
