@@ -104,7 +104,7 @@ class TelemetryCollector:
         tail_new_records()
         aggregator.store.flush()
         totals = aggregator.totals()
-        fleet = fleet_state()
+        fleet = fleet_state(instances=False)
 
         for key, (name, doc) in HISTOGRAMS.items():
             family = HistogramMetricFamily(name, doc, labels=["model", "pipeline"])
@@ -204,7 +204,6 @@ class TelemetryCollector:
             link_of=fleet.link_of(p.wan.keys()),
         )
         yield from self._links(fleet, minute)
-        yield from self._instances()
         yield self._prefix_index()
         yield from self._overload()
         yield GaugeMetricFamily(
@@ -321,19 +320,22 @@ class TelemetryCollector:
             held.add_metric([instance], blocks)
         return held
 
-    def _instances(self) -> Iterator[Metric]:
-        """Per-instance and per-node figures from the nodes' fresh heartbeats (the same
-        families each agent's own /metrics serves: pdd/metrics.py)."""
-        nodes = [
-            (str(e.get("hostname") or ""), str(e.get("datacenter") or ""), e.get("report") or {})
-            for e in sorted(read_reports(), key=lambda e: str(e.get("hostname")))
-        ]
-        for family in agent_metrics.instance_families(nodes) + agent_metrics.node_families(nodes):
-            kind = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
-            out = kind(family.name, family.doc, labels=list(family.labels))
-            for labels, value in family.samples:
-                out.add_metric(list(labels), value)
-            yield out
+
+def instances_text() -> str:
+    """Per-instance and per-node figures from the nodes' fresh heartbeats (the same families
+    each agent's own /metrics serves: pdd/metrics.py), in the text format.
+
+    Rendered by pdd.metrics.render, not prometheus_client: at a thousand nodes they are ~31,000
+    samples, and prometheus_client's exposition (label names checked and escaped per sample)
+    took 0.9 of /metrics' 1.4 s. The same lines but for label order and float spelling
+    (``1650000.0`` for ``1.65e+06``), which Prometheus reads alike."""
+    nodes = [
+        (str(e.get("hostname") or ""), str(e.get("datacenter") or ""), e.get("report") or {})
+        for e in sorted(read_reports(), key=lambda e: str(e.get("hostname")))
+    ]
+    return agent_metrics.render(
+        agent_metrics.instance_families(nodes) + agent_metrics.node_families(nodes)
+    )
 
 
 def token_buckets(counts) -> list[tuple[str, int]]:
@@ -376,4 +378,5 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    body = generate_latest(registry) + instances_text().encode()
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -103,29 +103,39 @@ def fleet_cost_per_hour(*, when: datetime | None = None) -> tuple[float, str, li
     total = 0.0
     currencies: set[str] = set()
     unpriced: list[int] = []
-    running = Instance.objects.filter(actual_state=ActualState.RUNNING).select_related("node")
-    for inst in running:
-        price = prices.get((inst.node.gpu_type_id, inst.node.datacenter_id))
+    # Four columns, not the rows: a node's and an instance's stored reports are large JSON.
+    running = Instance.objects.filter(actual_state=ActualState.RUNNING).values_list(
+        "pk", "gpu_count", "node__gpu_type_id", "node__datacenter_id"
+    )
+    for pk, gpu_count, gpu_type_id, datacenter_id in running:
+        price = prices.get((gpu_type_id, datacenter_id))
         if price is None:
-            unpriced.append(inst.pk)
+            unpriced.append(pk)
             continue
-        total += inst.gpu_count * float(price.price_per_gpu_hour)
+        total += gpu_count * float(price.price_per_gpu_hour)
         currencies.add(price.currency)
     currency = ",".join(sorted(currencies)) if currencies else "USD"
     return total, currency, unpriced
 
 
-def fleet_state(*, when: datetime | None = None) -> FleetState:
+def fleet_state(*, when: datetime | None = None, instances: bool = True) -> FleetState:
+    """The fleet's cost, instances and WAN links. ``instances=False`` leaves the instance list
+    empty (each one's load and engine come from its stored report, large JSON at a thousand
+    nodes) and keeps only where each instance is (``instance_dc``, for ``link_of``): what
+    /metrics needs."""
     cost, currency, unpriced = fleet_cost_per_hour(when=when)
-    instances = []
+    listed: list[dict[str, Any]] = []
     instance_dc: dict[str, str] = {}
+    if not instances:
+        for pk, dc in Instance.objects.values_list("pk", "node__datacenter__name"):
+            instance_dc[str(pk)] = dc
     rows = Instance.objects.select_related(
         "node", "node__datacenter", "node__gpu_type", "served_model"
     )
-    for inst in rows:
+    for inst in rows if instances else ():
         dc = inst.node.datacenter.name
         instance_dc[str(inst.pk)] = dc
-        instances.append(
+        listed.append(
             {
                 "id": inst.pk,
                 "role": inst.role,
@@ -164,7 +174,7 @@ def fleet_state(*, when: datetime | None = None) -> FleetState:
         cost_per_hour=cost,
         currency=currency,
         unpriced_instances=unpriced,
-        instances=instances,
+        instances=listed,
         links=links,
         instance_dc=instance_dc,
         link_by_dcs=link_by_dcs,
