@@ -82,6 +82,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from bench.testbed import stop_on_signals
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "var" / "bench-control-path"
 SUMMARY = ROOT / "bench" / "control_path" / "summary.json"
@@ -1375,6 +1377,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", default=str(SUMMARY))
     parser.add_argument("--probe", help=argparse.SUPPRESS)  # the probe process's config
     args = parser.parse_args(argv)
+    # run_one's cleanup then stops uvicorn, the Celery worker and the probe, and drops the
+    # bench database, whatever stopped the run (left running, they served the next run's
+    # database and Redis db and skewed its figures).
+    stop_on_signals()
     if args.probe:
         asyncio.run(probe_main(Path(args.probe)))
         return 0

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from bench.testbed import stop_on_signals
+
 ROOT = Path(__file__).resolve().parents[1]
 AGENT_PORTS = {"a-prefill-1": 9101, "a-relay-1": 9102, "b-decode-1": 9201}
 # The emulated fleet's agents (fleet/management/commands/seed_demo.py EMULATED_NODES).
@@ -61,8 +63,10 @@ def manage(*args: str, env: dict[str, str]) -> str:
     return out.stdout.strip()
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+def logs_dir() -> Path:
+    """Where the demo's processes log: beside the control plane's own state, in BATON_VAR_DIR
+    (default var/)."""
+    return Path(os.environ.get("BATON_VAR_DIR") or ROOT / "var") / "demo-logs"
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -245,13 +249,10 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    # SIGTERM (a supervisor, `timeout`) and SIGHUP (the terminal closed) stop everything just
-    # as Ctrl-C does.
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGHUP, _interrupt)
+    stop_on_signals()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     url = f"http://{args.host}:{args.port}"
-    logs = ROOT / "var" / "demo-logs"
+    logs = logs_dir()
     logs.mkdir(parents=True, exist_ok=True)
     check_ports_free(args.host, [args.port])
     agent_ports = dict(AGENT_PORTS) if args.no_emulated else {**AGENT_PORTS, **EMULATED_PORTS}
@@ -465,7 +466,7 @@ async def run_traffic(url: str, api_key: str, args, procs) -> int:
                 say(f"{EMULATED_MODEL} (emulated): {emulated.line()}")
             dead = [p for p in procs if p.poll() is not None]
             if dead:
-                say(f"a process exited (code {dead[0].returncode}); logs in var/demo-logs")
+                say(f"a process exited (code {dead[0].returncode}); logs in {logs_dir()}")
                 stop.set()
                 return 1
     finally:

@@ -28,6 +28,18 @@ from agents.node.launch import AgentProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def stop_on_signals() -> None:
+    """SIGTERM (a supervisor, `timeout`) and SIGHUP (the terminal closed) stop a benchmark
+    just as Ctrl-C does, so its cleanup (``finally``) stops the processes it started."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
+
+
 SETUP = """
 import json
 from decimal import Decimal

@@ -42,7 +42,7 @@ from bench.emulated.fleet_scale import machine_busy, start_agents
 from bench.paper import report, scale
 from bench.pdd.fleet import ControlPlane, start_control_plane
 from bench.pdd.run import cpu_seconds
-from bench.testbed import ROOT
+from bench.testbed import ROOT, stop_on_signals
 from pdd.profiles import PAPER_GPUS
 from pdd.tokenizer import apply_chat_template
 from planner.api import make_trace, run_fleet
@@ -557,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=str(ROOT / "var" / "bench-paper"))
     args = parser.parse_args(argv)
+    stop_on_signals()  # the agents and the control plane are stopped in the finally blocks
     catalogue = scale.systems()
     wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in catalogue]
