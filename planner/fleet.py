@@ -112,6 +112,12 @@ class FleetSpec:
     # transfers a first token waits on (P-MD). Its user is already answered by RLD, so delaying
     # it costs RLD a longer hold, not TTFT. On, as the agents do (agents/transfer/pool.py).
     relay_transfers_yield: bool = True
+    # Whether a session's context lives on one prefill unit, as on the live fleet: its turns go
+    # to that P (its home, by session id as MD's warm-start home is) whatever that P's queue,
+    # since the live policy picks the P with the longest cached prefix and a P's load there
+    # is its slots, not its backlog. False (the default, what the planner's reports were made
+    # with): the least backlogged P is chosen and still holds every session's prefix.
+    prefill_affinity: bool = False
     # Every instance on one machine whose cores they share (``planner.host``: the live testbed,
     # one-thread CPU engines and the gateway on a few cores). None: each instance has its own
     # chip, as in a real fleet.
@@ -141,6 +147,7 @@ class FleetSpec:
             "relay_transfers_yield",
             "drc_counts_in_flight",
             "decision_counts_in_flight",
+            "prefill_affinity",
         ):
             check_bool(self, name)
         if self.host is not None and not isinstance(self.host, HostSpec):

@@ -179,6 +179,9 @@ class Simulator:
         self._p_rld = fleet.system == System.P_RLD
         self._drc_in_flight = fleet.drc_counts_in_flight
         self._decision_in_flight = fleet.decision_counts_in_flight
+        # fleet.prefill_affinity: each session's home P, in the order the prefill units come.
+        self._p_affinity = fleet.prefill_affinity
+        self._p_keys = list(self.prefill)
         self._pool_wait_aware = fleet.pool_wait_aware
         self._link_pairs = [(link, link_states[dc]) for dc, link in self.links.items()]
         # Each role's instances in id order, with their (load, queue depth) in a parallel list
@@ -488,7 +491,14 @@ class Simulator:
                 if main_id in waits:
                     self.depends[i] = waits[main_id]
                 md.expect(session, self.version[i])
-        p = self.prefill[decision.prefill_id]
+        prefill_id = decision.prefill_id
+        if self._p_affinity:
+            # The session's context is on its home P, which the live policy's longest-prefix
+            # choice sends it back to (the pipeline and decoders above do not depend on it).
+            keys = self._p_keys
+            prefill_id = keys[session % len(keys)]
+            self.route[i] = (prefill_id, relay_id, main_id)
+        p = self.prefill[prefill_id]
         self._route_obj[i] = (p, rld, md)
         # P's own prefix cache holds the reusable prefix, so P computes only the uncached part.
         p.submit(i, n_in - cached, cached, self._prefilled)

@@ -111,6 +111,11 @@ def _scale(config: dict[str, Any], pools: list[dict[str, Any]]) -> dict[str, Any
     work["settle_s"] = 0.0
     work["seed"] = SEED
     out["warmup_s"] = WARMUP_S
+    # The prediction models the live fleet's prefill affinity: a session's context is on one P
+    # and its turns go back there (planner.fleet.FleetSpec.prefill_affinity). Added after the
+    # third live run, which showed TTFT made of P's queue while the simulator's P held every
+    # prefix and took the least backlogged unit; the live run itself is unchanged.
+    out["fleet"]["prefill_affinity"] = True
     return out
 
 

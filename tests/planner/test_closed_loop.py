@@ -237,3 +237,33 @@ def test_a_transfer_only_run_has_no_settle_span() -> None:
     assert make_trace(cfg, settle=False).settle_s == 0.0
     plain = make_trace({"workload": {**cfg["workload"], "settle_s": 0}})
     assert np.array_equal(make_trace(cfg, settle=False).arrival_s, plain.arrival_s)
+
+
+def test_with_prefill_affinity_every_turn_of_a_session_goes_to_its_home_prefill() -> None:
+    """fleet.prefill_affinity models the live fleet, where a session's context is on one P and
+    the policy's longest-prefix choice sends its turns back there; without it the least
+    backlogged P is chosen (and holds every prefix)."""
+    used: dict[bool, dict[int, set[str]]] = {}
+    for affinity in (False, True):
+        cfg = config(True)
+        cfg["fleet"]["prefill_affinity"] = affinity
+        trace = make_trace(cfg)
+        sim = Simulator(fleet_from_dict(cfg["fleet"]))
+        record = sim.run(trace)
+        served = ~np.isnan(record.arrival_s)
+        by_session: dict[int, set[str]] = {}
+        for i in np.flatnonzero(served):
+            if sim.route[i] is not None:
+                by_session.setdefault(int(trace.session_id[i]), set()).add(sim.route[i][0])
+        used[affinity] = by_session
+    keys = sorted({p for ps in used[True].values() for p in ps})
+    assert len(keys) == 2
+    assert all(len(ps) == 1 for ps in used[True].values())
+    assert any(len(ps) > 1 for ps in used[False].values())
+
+
+def test_prefill_affinity_must_be_a_boolean() -> None:
+    cfg = config(True)
+    cfg["fleet"]["prefill_affinity"] = "yes"
+    with pytest.raises(ValueError, match="prefill_affinity"):
+        fleet_from_dict(cfg["fleet"])
