@@ -391,7 +391,7 @@ class EngineCore(ABC):
                     raise EngineFull(
                         f"{req.request_id}: cannot be scheduled; KV blocks are held elsewhere"
                     )
-                others = []
+                others: list[TokenOutput] = []
                 for out in outputs:
                     (mine if out.request_id == req.request_id else others).append(out)
                 if others:
