@@ -70,6 +70,9 @@ def summarise(live: Mapping[str, Any], system: scale.System) -> dict[str, Any]:
         "tokens": {"rld": rld, "md": md},
         "pipelines": dict(pipelines),
         "handoff_modes": dict(modes),
+        # Requests moved to another path after tokens went out (a stalled or dead decoder): a
+        # migration to p-rld-md counts as relayed, so they are shown beside the pipelines.
+        "migrations": sum(int(r.get("migrations") or 0) for r in mine),
         "wan_utilisation": wan_bytes / run_s / link if run_s and system.key != "idc-pd" else None,
         "warm": live.get("warm"),
         "completed": len(completed),
@@ -177,6 +180,7 @@ def render(results: Mapping[str, Any]) -> str:
     row(
         "pipelines (live)", lambda e: ", ".join(f"{k} {v}" for k, v in live(e)["pipelines"].items())
     )
+    row("migrations (live)", lambda e: str(live(e).get("migrations", "n/a")))
     row(
         "handoffs (live, by mode)",
         lambda e: ", ".join(f"{k} {v}" for k, v in live(e)["handoff_modes"].items()) or "0",

@@ -95,3 +95,21 @@ def test_nodes_gone_offline_are_reported():
                     "cost_per_hour": 11.0, "pools": []}},
     }  # fmt: skip
     assert "| nodes gone offline while running | 2 |" in report.render(results)
+
+
+def test_migrations_are_counted_beside_the_pipelines():
+    """A migration to p-rld-md counts as relayed: the report shows how many there were."""
+    system = scale.systems()["pdd"]
+    live = live_run([8.0] * 4)
+    live["records"][1] |= {"pipeline": "p-rld-md", "migrations": 1}
+    live["records"][2]["migrations"] = 2
+    out = report.summarise(live, system)
+    assert out["migrations"] == 3
+    assert out["pipelines"] == {"p-md": 3, "p-rld-md": 1}
+    results = {
+        "started": "now", "machine": {"cpus": 2}, "wall_s": 60.0, "window_s": 40.0,
+        "systems": {"pdd": {"live": out, "predicted": {"ttft_s": {"p50": 1, "p90": 1,
+                    "p99": 1}, "rld_share": 0.0, "wan_utilisation": 0.0, "sla_met": True},
+                    "cost_per_hour": 11.0, "pools": []}},
+    }  # fmt: skip
+    assert "| migrations (live) | 3 |" in report.render(results)
