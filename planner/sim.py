@@ -478,7 +478,13 @@ class Simulator:
             self.relay[relay_key].state.handoff_mode = decision.handoff_mode
         main_id = chosen if pipeline == Pipeline.P_MD or pipeline == Pipeline.P_RLD_MD else None
         relay_id = decision.relay_id if pipeline != Pipeline.P_MD else None
-        self.route[i] = (decision.prefill_id, relay_id, main_id)
+        prefill_id = decision.prefill_id
+        if self._p_affinity:
+            # The session's context is on its home P, which the live policy's longest-prefix
+            # choice sends it back to (the pipeline and decoders above do not depend on it).
+            keys = self._p_keys
+            prefill_id = keys[session % len(keys)]
+        self.route[i] = (prefill_id, relay_id, main_id)
         rld: DecodeInstance | None = None
         md: DecodeInstance | None = None
         if relay_id is not None:
@@ -491,13 +497,6 @@ class Simulator:
                 if main_id in waits:
                     self.depends[i] = waits[main_id]
                 md.expect(session, self.version[i])
-        prefill_id = decision.prefill_id
-        if self._p_affinity:
-            # The session's context is on its home P, which the live policy's longest-prefix
-            # choice sends it back to (the pipeline and decoders above do not depend on it).
-            keys = self._p_keys
-            prefill_id = keys[session % len(keys)]
-            self.route[i] = (prefill_id, relay_id, main_id)
         p = self.prefill[prefill_id]
         self._route_obj[i] = (p, rld, md)
         # P's own prefix cache holds the reusable prefix, so P computes only the uncached part.

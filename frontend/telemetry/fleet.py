@@ -126,13 +126,16 @@ def fleet_state(*, when: datetime | None = None, instances: bool = True) -> Flee
     cost, currency, unpriced = fleet_cost_per_hour(when=when)
     listed: list[dict[str, Any]] = []
     instance_dc: dict[str, str] = {}
-    if not instances:
-        for pk, dc in Instance.objects.values_list("pk", "node__datacenter__name"):
-            instance_dc[str(pk)] = dc
-    rows = Instance.objects.select_related(
-        "node", "node__datacenter", "node__gpu_type", "served_model"
-    )
-    for inst in rows if instances else ():
+    if instances:
+        rows = Instance.objects.select_related(
+            "node", "node__datacenter", "node__gpu_type", "served_model"
+        )
+    else:
+        rows = Instance.objects.none()
+        instance_dc = {
+            str(pk): dc for pk, dc in Instance.objects.values_list("pk", "node__datacenter__name")
+        }
+    for inst in rows:
         dc = inst.node.datacenter.name
         instance_dc[str(inst.pk)] = dc
         listed.append(

@@ -82,19 +82,24 @@ def test_the_report_names_every_goal():
     assert "| simulator vs live P90 TTFT, pdd | within 10% | 1.00 s | 1.10 s | 10.0% off" in text
 
 
+def _rendered(live: dict) -> str:
+    """The report of a PDD-only run whose live figures are ``live``."""
+    results = {
+        "started": "now", "machine": {"cpus": 2}, "wall_s": 60.0, "window_s": 40.0,
+        "systems": {"pdd": {"live": live, "predicted": {"ttft_s": {"p50": 1, "p90": 1,
+                    "p99": 1}, "rld_share": 0.0, "wan_utilisation": 0.0, "sla_met": True},
+                    "cost_per_hour": 11.0, "pools": []}},
+    }  # fmt: skip
+    return report.render(results)
+
+
 def test_nodes_gone_offline_are_reported():
     system = scale.systems()["pdd"]
     live = live_run([8.0] * 3)
     live["nodes_gone_offline"] = 2
     out = report.summarise(live, system)
     assert out["control_plane"]["nodes_gone_offline"] == 2
-    results = {
-        "started": "now", "machine": {"cpus": 2}, "wall_s": 60.0, "window_s": 40.0,
-        "systems": {"pdd": {"live": out, "predicted": {"ttft_s": {"p50": 1, "p90": 1,
-                    "p99": 1}, "rld_share": 0.0, "wan_utilisation": 0.0, "sla_met": True},
-                    "cost_per_hour": 11.0, "pools": []}},
-    }  # fmt: skip
-    assert "| nodes gone offline while running | 2 |" in report.render(results)
+    assert "| nodes gone offline while running | 2 |" in _rendered(out)
 
 
 def test_migrations_are_counted_beside_the_pipelines():
@@ -106,10 +111,4 @@ def test_migrations_are_counted_beside_the_pipelines():
     out = report.summarise(live, system)
     assert out["migrations"] == 3
     assert out["pipelines"] == {"p-md": 3, "p-rld-md": 1}
-    results = {
-        "started": "now", "machine": {"cpus": 2}, "wall_s": 60.0, "window_s": 40.0,
-        "systems": {"pdd": {"live": out, "predicted": {"ttft_s": {"p50": 1, "p90": 1,
-                    "p99": 1}, "rld_share": 0.0, "wan_utilisation": 0.0, "sla_met": True},
-                    "cost_per_hour": 11.0, "pools": []}},
-    }  # fmt: skip
-    assert "| migrations (live) | 3 |" in report.render(results)
+    assert "| migrations (live) | 3 |" in _rendered(out)

@@ -220,12 +220,11 @@ def test_a_decoder_dying_mid_stream_migrates_the_request_without_gap_or_duplicat
     assert record.decision.inputs["retried"][0]["migrated_at_token"] == 3
 
 
-def test_a_decoder_that_falls_silent_mid_stream_is_migrated(two_decoders, monkeypatch):
-    """A frozen MD (SIGSTOP, a black-holed link after the handoff) sends nothing more: after
-    the stall limit the request moves on, and the frozen MD is avoided from then on."""
+def _freeze_the_first_decoder(monkeypatch, plans: list[dict]) -> None:
+    """The first attempt's MD falls silent after 3 tokens; the next attempt answers (token k
+    of the answer is ord("a") + k). The stall limit is 0.3 s."""
     import asyncio as aio
 
-    client, made, plans = two_decoders
     monkeypatch.setattr(gw_run, "STALL_FLOOR_S", 0.3)
 
     async def events(url, plan):
@@ -238,6 +237,13 @@ def test_a_decoder_that_falls_silent_mid_stream_is_migrated(two_decoders, monkey
         yield {"type": "done", "finish_reason": "length", "stats": {}}
 
     monkeypatch.setattr(gw_run, "run_events", events)
+
+
+def test_a_decoder_that_falls_silent_mid_stream_is_migrated(two_decoders, monkeypatch):
+    """A frozen MD (SIGSTOP, a black-holed link after the handoff) sends nothing more: after
+    the stall limit the request moves on, and the frozen MD is avoided from then on."""
+    client, made, plans = two_decoders
+    _freeze_the_first_decoder(monkeypatch, plans)
     started = time.monotonic()
     response = client.post(
         "/v1/completions",
@@ -348,22 +354,10 @@ def test_a_streamed_request_whose_decoder_falls_silent_is_migrated_to_its_end(
 ):
     """As above, streamed: the migrated attempt's tokens and the final events reach the
     client, and the record says ok (bench/paper's run: every migrated stream cut)."""
-    import asyncio as aio
     import json
 
     client, made, plans = two_decoders
-    monkeypatch.setattr(gw_run, "STALL_FLOOR_S", 0.3)
-
-    async def events(url, plan):
-        plans.append(plan)
-        start = len(plan["prompt_ids"]) - len(PROMPT)
-        for i in range(plan["sampling"]["max_tokens"]):
-            if len(plans) == 1 and i == 3:
-                await aio.sleep(30)  # frozen
-            yield {"type": "token", "index": i, "token_id": ord("a") + start + i, "role": "md"}
-        yield {"type": "done", "finish_reason": "length", "stats": {}}
-
-    monkeypatch.setattr(gw_run, "run_events", events)
+    _freeze_the_first_decoder(monkeypatch, plans)
     body = {"model": "baton-tiny", "prompt": "hello", "max_tokens": 8, "stream": True}
     status, raw = post_stream(client, "/v1/completions", body)
     assert status == 200
