@@ -164,6 +164,12 @@ def _serve_parser(sub) -> None:
         help="P waits this long for MD's prefix reservation (default 3); then p-rld-md goes on "
         "with RLD alone and p-md fails over",
     )
+    p.add_argument(
+        "--handoff-attach-s",
+        type=float,
+        help="MD keeps a stream RLD handed to a direct caller this long for its attach "
+        "(default 10)",
+    )
     p.add_argument("--log-level", default="WARNING")
 
 

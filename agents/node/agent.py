@@ -28,6 +28,7 @@ from agents.node.inflight import block_prefix_len
 from agents.node.kv_events import KVEventLog
 from agents.node.served import ServedLedger
 from agents.node.settings import ROLES, AgentSettings, split_host_port
+from agents.node.tail import Tails
 from agents.node.worker import EngineWorker
 from agents.transfer.client import FabricClient
 from agents.transfer.counters import Direction, FabricCounters, FabricName
@@ -219,6 +220,8 @@ class Agent:
         # Tokens each recent request streamed to its caller (served.py), for a gateway that
         # has to finish a dead process's requests.
         self.served = ServedLedger()
+        # MD's requests whose stream outlives RLD's after the handoff (one hop per token).
+        self.tails = Tails()
         # Peer agents' data plane; no pooled-connection cap, streams can be long.
         self.http = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=32)
@@ -283,6 +286,7 @@ class Agent:
     async def close(self) -> None:
         if self._janitor is not None:
             self._janitor.cancel()
+        await self.tails.close()
         for inst in list(self.instances.values()):
             await self._stop_instance(inst)
         for server in (self.intra_server, self.wan_server):
@@ -895,6 +899,8 @@ class Agent:
             "instances": [self.instance_state(i) for i in self.instances.values()],
             "tokens_by_role": dict(self.tokens_by_role),
             "late_kv_cached": self.late_kv_cached,
+            # MD's streams RLD handed to a direct caller after the handoff (one hop per token).
+            "handed_over": self.tails.to_json(),
             "kv_in_flight": {
                 "incoming": len(self.incoming),
                 "reservations": len(self.reservations),

@@ -26,6 +26,7 @@ from agents.node.pipeline_common import (
     quiet,
     token_event,
 )
+from agents.node.tail import Tail
 from agents.node.wire import output_logprob
 from agents.node.worker import EngineWorker
 from pdd.events import ENGINE_FULL
@@ -41,6 +42,9 @@ class DecodeRequest:
     sampling: SamplingParams
     start_token: int
     hold: bool
+    # RLD's gateway reads MD's stream itself after the handoff (``detachable``): the decoding
+    # outlives RLD's held stream as a tail (agents/node/tail.py), attached to from an index.
+    detachable: bool = False
 
 
 async def reserve_prefix(agent: Agent, inst: Instance, request_id: str, prompt: list[int]) -> int:
@@ -223,7 +227,7 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
         return
     queue = agent.inbox(rid, inst.instance_id)
     length = len(req.prompt)
-    imported = finished = dropped = False
+    imported = finished = dropped = detached = False
     payload: bytes | None = None
     admission: asyncio.Future | None = None
     try:
@@ -313,32 +317,29 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
                 # of anything the engine has queued since.
                 first_out = out
                 break
-        while True:
-            if first_out is not None:
-                what, out, first_out = "tok", first_out, None
-            else:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    yield error_event(f"{rid}: {item}")
-                    return
-                what, out = item
-            if what != "tok":
-                yield error_event(f"{rid}: unexpected transfer {what!r} while decoding")
-                return
-            for j, tok in enumerate(out.token_ids):
-                agent.count_tokens(inst)
-                yield token_event(index, tok, "md", output_logprob(out, j))
-                index += 1
-            if out.finished:
-                finished = True
-                yield {"type": "done", "finish_reason": out.finish_reason}
-                return
+        decoded = _decoded(agent, inst, rid, queue, index, first_out)
+        if req.hold and req.detachable:
+            # The gateway reads MD's stream itself once RLD let go (one hop per token): the
+            # decoding runs as a tail of its own, which this stream (RLD's) reads first.
+            tail = Tail(rid, inst.instance_id, agent.settings.handoff_attach_s)
+            agent.begin(inst)
+            agent.tails.start(tail, decoded, _tail_cleanup(agent, inst, rid))
+            detached = True
+            async for event in tail.read(index):
+                yield event
+            return
+        async for event in decoded:
+            finished = finished or event.get("type") == "done"
+            yield event
     finally:
-        worker.remove_sink(rid)
-        if imported and finished:
+        if detached:
+            pass  # the tail's cleanup lets the request go when it ends
+        elif imported and finished:
+            worker.remove_sink(rid)
             agent.drop_inbox(rid, inst.instance_id)
             await agent.unreserve(rid)
         elif imported or admission is not None or dropped:
+            worker.remove_sink(rid)
             # Imported but not finished, or the import was queued on the engine (and failed, or
             # the caller left meanwhile: this abort runs after it), or the reservation was
             # dropped: let the request go. Whatever was imported stays in the prefix cache, so
@@ -347,10 +348,62 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
             await quiet(worker.call(lambda e: e.abort(rid)))
             await agent.unreserve(rid)
         else:
+            worker.remove_sink(rid)
             # The caller left before P's KV was imported (RLD finished alone): keep the KV
             # anyway, or MD's cache falls behind P's and every later turn becomes low-hit
             # (docs/pdd.md).
             fire_and_forget(agent, _cache_late_kv(agent, inst, req, queue, payload))
+
+
+async def _decoded(
+    agent: Agent,
+    inst: Instance,
+    rid: str,
+    queue: asyncio.Queue,
+    index: int,
+    first_out: TokenOutput | None,
+) -> Events:
+    """MD's token events from `index` on (its first output `first_out`, when the handoff's
+    extend made one), then ``done``, or an error event."""
+    while True:
+        if first_out is not None:
+            what, out, first_out = "tok", first_out, None
+        else:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                yield error_event(f"{rid}: {item}")
+                return
+            what, out = item
+        if what != "tok":
+            yield error_event(f"{rid}: unexpected transfer {what!r} while decoding")
+            return
+        for j, tok in enumerate(out.token_ids):
+            agent.count_tokens(inst)
+            yield token_event(index, tok, "md", output_logprob(out, j))
+            index += 1
+        if out.finished:
+            yield {"type": "done", "finish_reason": out.finish_reason}
+            return
+
+
+def _tail_cleanup(agent: Agent, inst: Instance, rid: str) -> Callable[[bool], Any]:
+    """What ends a detached request on MD (agents/node/tail.py): its sink and inbox go, the
+    engine lets it go unless it finished (its KV stays in the prefix cache), and the
+    reservation and the instance's active count are released."""
+
+    async def cleanup(finished: bool) -> None:
+        worker = inst.worker
+        try:
+            if worker is not None:
+                worker.remove_sink(rid)
+            agent.drop_inbox(rid, inst.instance_id)
+            if not finished and worker is not None:
+                await quiet(worker.call(lambda e: e.abort(rid)))
+            await agent.unreserve(rid)
+        finally:
+            agent.end(inst)
+
+    return cleanup
 
 
 async def main_stream_closed(agent: Agent, inst: Instance, req: DecodeRequest) -> None:

@@ -88,6 +88,10 @@ class EventStream(Response):
                 await self.on_close()
 
 
+async def _nothing() -> None:
+    """An EventStream's close with nothing to release."""
+
+
 def error(
     status: int, message: str, field: str | None = None, code: str | None = None
 ) -> JSONResponse:
@@ -382,7 +386,10 @@ def build_app(agent: Agent) -> Starlette:
         hold = body.get("hold", False)
         if not isinstance(hold, bool):
             raise bad("hold", "must be a boolean")
-        req = pipelines.DecodeRequest(rid, prompt, first, sampling, start, hold)
+        detachable = body.get("detachable", False)
+        if not isinstance(detachable, bool):
+            raise bad("detachable", "must be a boolean")
+        req = pipelines.DecodeRequest(rid, prompt, first, sampling, start, hold, detachable)
         events = direct_stream(body, rid, first, pipelines.run_main(agent, inst, req))
         agent.begin(inst)
         return stream(inst, events, lambda: pipelines.main_stream_closed(agent, inst, req))
@@ -394,11 +401,24 @@ def build_app(agent: Agent) -> Starlette:
         main = None if body.get("main") is None else Peer.parse(body.get("main"), "main")
         start = get_int(body, "main_start_token", 0, minimum=0)
         req = pipelines.RelayRequest(
-            rid, prompt, first, sampling, main, start, HandoffPlan.parse(body)
-        )
+            rid, prompt, first, sampling, main, start, HandoffPlan.parse(body),
+            direct=get_bool(body, "direct"),
+        )  # fmt: skip
         events = direct_stream(body, rid, first, pipelines.run_relay(agent, inst, req))
         agent.begin(inst)
         return stream(inst, events)
+
+    async def pdd_attach(request: Request) -> Response:
+        """MD's stream of a request after RLD's handoff, from a token index (the gateway's one
+        hop per token; RLD's ``continue`` names this call)."""
+        body = await body_of(request)
+        inst = agent.instance(get_str(body, "instance", None), "main_decode")
+        rid = get_str(body, "request_id")
+        start = get_int(body, "from_index", 0, minimum=0)
+        tail = agent.tails.get(rid, inst.instance_id)
+        if tail is None:
+            return error(404, f"no handed-off stream of request {rid!r} here", "request_id")
+        return EventStream(agent.served.count(rid, tail.read(start, attach=True)), _nothing)
 
     async def pdd_request(request: Request) -> Response:
         """What this agent streamed for a recent request it served to its caller (served.py)."""
@@ -442,6 +462,7 @@ def build_app(agent: Agent) -> Starlette:
         Route("/v1/pdd/reserve", data(pdd_reserve), methods=["POST"]),
         Route("/v1/pdd/decode", data(pdd_decode), methods=["POST"]),
         Route("/v1/pdd/relay", data(pdd_relay), methods=["POST"]),
+        Route("/v1/pdd/attach", data(pdd_attach), methods=["POST"]),
         Route("/v1/pdd/release", data(pdd_release), methods=["POST"]),
         Route("/v1/pdd/cancel", data(pdd_cancel), methods=["POST"]),
         Route("/v1/pdd/requests/{request_id}", data(pdd_request), methods=["GET"]),

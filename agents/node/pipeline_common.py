@@ -83,13 +83,14 @@ async def pump_stream(
 
 
 async def led_by(first: dict[str, Any], events: Events) -> Events:
-    """`events` with `first` (P's token event) ahead of their first token or done event, as P
-    sends it at the head of the decoding role's stream; an error before either goes out alone
+    """`events` with `first` (P's token event) ahead of their first token, done event or
+    `continue` (RLD handing the stream to MD before it made a token of its own), as P sends
+    it at the head of the decoding role's stream; an error before any of them goes out alone
     (no token was made for the user). Closing this closes `events`."""
     sent = False
     try:
         async for event in events:
-            if not sent and event.get("type") in ("token", "done"):
+            if not sent and event.get("type") in ("token", "done", "continue"):
                 sent = True
                 yield first
             yield event

@@ -2,7 +2,9 @@
 
 RLD imports P's full KV, decodes at once and streams its tokens, opens MD's held `decode`
 stream itself, hands the request off to MD by token ids (one-shot or catch-up batches), and
-relays MD's continuation. If MD or the WAN fails before the handoff is acknowledged, RLD
+relays MD's continuation; a caller that reads the decoder's stream itself (``direct``) gets a
+``continue`` naming MD's stream from the handoff's token index instead (agents/node/tail.py),
+so MD's tokens take one hop. If MD or the WAN fails before the handoff is acknowledged, RLD
 finishes the request itself with the same tokens. agents/PROTOCOL.md, "RLD's handoff", has
 the table of every event and failure in each phase.
 
@@ -54,6 +56,9 @@ log = logging.getLogger(__name__)
 
 # How long a finished relay lets its in-flight handoff batches (token IDs) reach MD.
 HANDOFF_SEND_GRACE_S = 5.0
+# How long a relay that hands the stream over waits for its final batch's send to report its
+# bytes (it has normally reported: MD's token came after the batch).
+HANDOFF_BYTES_WAIT_S = 0.5
 
 
 @dataclass(slots=True)
@@ -65,6 +70,9 @@ class RelayRequest:
     main: Peer | None
     main_start_token: int
     plan: HandoffPlan
+    # The caller reads the decoding role's stream itself (one hop per token): after the
+    # handoff this stream ends with a `continue` naming MD's attach, instead of relaying MD.
+    direct: bool = False
 
 
 @dataclass
@@ -102,7 +110,8 @@ class Phase(enum.StrEnum):
     WAIT_KV = "wait_kv"  # MD's stream opened; waiting for P's full KV (other items kept)
     RELAY = "relay"  # RLD decodes and streams; MD gets ready, catch-up batches may fly
     FINAL = "final"  # final batch sent (cut at c): RLD's tokens buffered until MD's token c
-    MAIN = "main"  # handoff acknowledged: RLD's request released, MD's tokens relayed
+    MAIN = "main"  # handoff acknowledged: RLD's request released, MD's tokens relayed (or
+    # the stream ends with `continue` to MD's, for a direct caller)
     SOLO = "solo"  # handoff abandoned (MD or the WAN failed): RLD finishes the request
     DONE = "done"  # the last event (done or error) is out
 
@@ -500,6 +509,34 @@ class RelaySession:
         await quiet(self.worker.call(lambda e: e.release(self.rid)))
         self.engine_live = False
         self.buffered.clear()
+        if self.req.direct:
+            await self.hand_over()
+
+    async def hand_over(self) -> None:
+        """One hop per token: end this stream with a `continue` naming MD's stream from the
+        handoff's token index (MD keeps decoding for whoever attaches; closing the held stream
+        does not cancel it there)."""
+        main = self.main
+        assert main is not None
+        unsent = [task for task in self.handoff.sent if not task.done()]
+        if unsent:  # the final batch's byte count, for the record
+            await asyncio.wait(unsent, timeout=HANDOFF_BYTES_WAIT_S)
+        self.md_done = True  # MD owns the request now
+        stats = self.done_event(None)["stats"]
+        self.finish(
+            {
+                "type": "continue",
+                "url": f"{main.http}/v1/pdd/attach",
+                "body": {
+                    "request_id": self.rid,
+                    "instance": main.instance,
+                    "from_index": self.next_index,
+                },
+                "instance": main.instance,
+                "role": "md",
+                "stats": stats,
+            }
+        )
 
     def abandon(self, reason: str) -> None:
         """MD or the WAN failed before the handoff completed (RELAY / FINAL): cancel MD, flush
@@ -540,6 +577,8 @@ class RelaySession:
             "start_token": req.main_start_token,
             "hold": True,
         }
+        if req.direct:
+            body["detachable"] = True
         self.md_task = asyncio.create_task(
             pump_stream(
                 self.agent.http,

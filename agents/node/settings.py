@@ -101,6 +101,10 @@ class AgentSettings:
     # prefills). A frozen MD or a black-holed link then costs p-rld-md this much TTFT (RLD
     # decodes alone) and makes p-md fail over at the gateway, instead of a 10 s wait.
     reserve_timeout_s: float = 3.0
+    # MD keeps decoding a request RLD handed over to a direct caller (one hop per token) this
+    # long without a reader: RLD's held stream left and the caller's attach is on its way. An
+    # ended one is kept as long for an attach still coming.
+    handoff_attach_s: float = 10.0
     # What the agent resolved and applied before torch loaded (the state document's "threads").
     thread_plan: ThreadPlan | None = field(default=None, repr=False)
 
@@ -123,6 +127,7 @@ class AgentSettings:
             "handoff_ack_floor_s",
             "reserve_ttl_s",
             "reserve_timeout_s",
+            "handoff_attach_s",
         ):
             check_number(getattr(self, name), name, gt=0)
         check_number(self.kv_scale, "kv_scale", ge=1)
@@ -446,6 +451,7 @@ SLOW_MOTION_TIMEOUTS = (
     "handoff_ack_floor_s",
     "reserve_ttl_s",
     "reserve_timeout_s",
+    "handoff_attach_s",
 )
 
 

@@ -84,6 +84,10 @@ class Run:
         self.prefill_stats: DoneStats | None = None
         self.continued_at: float | None = None
         self.kv_wait_s: float | None = None
+        # RLD's figures from its `continue` to MD after the handoff (one hop per token), and
+        # whose stream the attempt reads now (prefill, rld or md).
+        self.relay_stats: DoneStats | None = None
+        self.following = "prefill"
 
     async def deltas(self, recover: Recover):
         """Yield text pieces in order as tokens arrive, as lists of ``(piece, logprobs)``: the
@@ -124,8 +128,10 @@ class Run:
 
     async def _batches(self):
         """The attempt's events, parsed, a list per read: P's stream, then (after P's
-        ``continue``) the decoding role's, read directly, one hop per token."""
-        self.prefill_stats = self.continued_at = self.kv_wait_s = None
+        ``continue``) the decoding role's, read directly, one hop per token; in p-rld-md
+        RLD's, then (after RLD's ``continue`` at the handoff) MD's from the handoff's index."""
+        self.prefill_stats = self.relay_stats = self.continued_at = self.kv_wait_s = None
+        self.following = "prefill"
         source = run_events(self.p.url, self.p.plan)
         ended = False  # a done event came through
         try:
@@ -164,16 +170,26 @@ class Run:
                 cancel_on_path(self.p.plan)
 
     def _follow(self, event: ContinueEvent):
-        """P's stream ended with ``continue``: check the decoder it names is the routed one,
-        note P's figures and where the stream now comes from (for a process that finishes this
-        admission), and open the decoder's stream."""
-        if self.continued_at is not None:
-            raise AgentRunError("a decoder's stream sent 'continue'", at_prefill=False)
+        """A stream ended with ``continue``: P's (to MD or RLD), or RLD's after the handoff
+        (to MD, from the handoff's token index). Check the decoder it names is the routed one,
+        note the figures and where the stream now comes from (for a process that finishes
+        this admission), and open the decoder's stream."""
+        from_relay = self.continued_at is not None
+        if from_relay and (self.following != "rld" or event.role != "md"):
+            raise AgentRunError(
+                f"a {self.following.upper()} stream sent 'continue' to {event.role.upper()}",
+                at_prefill=False,
+            )
         refused = continuation_target(self.p.plan, event.url, event.body, event.role)
         if refused is not None:
-            raise AgentRunError(f"the prefill agent's continuation was refused: {refused}")
-        self.prefill_stats = event.stats
-        self.continued_at = time.monotonic()
+            who = "RLD's" if from_relay else "the prefill agent's"
+            raise AgentRunError(f"{who} continuation was refused: {refused}", at_prefill=False)
+        if from_relay:
+            self.relay_stats = event.stats  # the handoff's figures; MD's done has none
+        else:
+            self.prefill_stats = event.stats
+            self.continued_at = time.monotonic()
+        self.following = event.role
         # Every token delivered so far (P's own, when it went out early) is before the
         # decoder's stream, whose ledger counts the rest (agents/node/served.py).
         record_writer.submit(
@@ -183,9 +199,9 @@ class Run:
             prefill_url=event.url.split("/v1/pdd/", 1)[0],
             token_offset=self.token_count,
         )
-        # P leaves the prompt out of the decoder's call (it is this attempt's own).
         body = dict(event.body)
-        body.setdefault("prompt_ids", self.p.plan["prompt_ids"])
+        if not from_relay:  # P leaves the prompt out of the decoder's call (the attempt's own)
+            body.setdefault("prompt_ids", self.p.plan["prompt_ids"])
         return run_events(event.url, body, source=event.role)
 
     async def _events(self):
@@ -303,7 +319,8 @@ class Run:
         if self.prefill_stats is None:
             return done
         stats = self.prefill_stats
-        stats.handoff, stats.handoff_bytes = done.handoff, done.handoff_bytes
+        handoff = self.relay_stats if self.relay_stats is not None else done
+        stats.handoff, stats.handoff_bytes = handoff.handoff, handoff.handoff_bytes
         stats.tokens_by_role = None  # counted from the token events (Run.by_role)
         stats.kv_wait_s = self.kv_wait_s if self.kv_wait_s is not None else 0.0
         return stats

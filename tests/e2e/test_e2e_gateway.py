@@ -93,6 +93,32 @@ def test_non_streamed_and_streamed_chat_match_a_single_engine_run(cluster):
     assert usage.prompt_tokens == len(chat_prompt_ids(messages))
 
 
+def test_after_the_handoff_the_gateway_reads_md_itself(cluster):
+    """One hop per token in p-rld-md too: once MD acknowledged the handoff, RLD's stream ends
+    with a `continue` to MD's, which the gateway reads itself; the tokens are single's."""
+    set_policy(cluster, wan_time_threshold_s=0.0)  # every request relays: p-rld-md
+    messages = [*MESSAGES, {"role": "user", "content": f"one hop {time.time_ns()}"}]
+    reference = ByteTokenizer().decode(single_run(cluster, chat_prompt_ids(messages), 200))
+    tokens = {host: cluster.command_token(host) for host in cluster.agents}
+
+    def attached() -> int:
+        return sum(
+            cluster.agent_state(host, tokens[host]).get("handed_over", {}).get("attached", 0)
+            for host in cluster.agents
+        )
+
+    before = attached()
+    answer = client(cluster).chat.completions.create(
+        model="baton-tiny", messages=messages, max_tokens=200, temperature=0
+    )
+    assert answer.choices[0].message.content == reference
+    record = last_request(cluster)
+    assert record["pipeline"] == "p-rld-md" and record["status"] == "ok", record
+    assert record["handoff_at_token"], record  # the handoff completed
+    assert record["tokens_by_md"] == 200 - record["handoff_at_token"]
+    assert attached() == before + 1  # MD's stream was attached to by the gateway
+
+
 def test_completions_endpoint_works_with_the_client(cluster):
     set_policy(cluster, wan_time_threshold_s=10.0)
     prompt = "The quick brown fox jumps over the lazy dog. " * 4

@@ -5,9 +5,11 @@ with the handoff as before. The decoder's served ledger counts what it streamed.
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
-from agent_node_helpers import get, make_prompt, run_single
+from agent_node_helpers import FAST_LINK, get, make_prompt, pdd_agents, run_single
 
 from agents.node.loopback import pdd_body, stream_events, summarize
 
@@ -27,9 +29,20 @@ def run_direct(p, rld, md, request_id, prompt, max_tokens, pipeline, handoff="on
     return first, follow, rest
 
 
+def follow_handoff(rest):
+    """RLD's stream ends with a `continue` to MD's after the handoff: (RLD's events without it,
+    the continue, MD's stream from the handoff's index)."""
+    assert rest[-1]["type"] == "continue", rest[-3:]
+    handed = rest[-1]
+    main, _, _ = stream_events(handed["url"], handed["body"])
+    return rest[:-1], handed, main
+
+
 CASES = [
     pytest.param("p-md", "one-shot", {}, id="p-md"),
     pytest.param("p-rld-md", "one-shot", {"handoff_at": 4}, id="one-shot"),
+    # MD may be ready before RLD's first token: P's token still leads RLD's `continue`.
+    pytest.param("p-rld-md", "one-shot", {"handoff_at": 0}, id="one-shot-at-once"),
     pytest.param(
         "p-rld-md",
         "catch-up",
@@ -44,7 +57,7 @@ def test_the_decoders_stream_read_directly_equals_single(cluster, pipeline, hand
     prompt = make_prompt(70, 31)
     max_tokens = 30
     expected = run_single(cluster["single"], prompt, max_tokens)["output_token_ids"]
-    rid = f"direct-{pipeline}-{handoff}"
+    rid = f"direct-{pipeline}-{handoff}-{extra.get('handoff_at', 0)}"
     first, follow, rest = run_direct(
         cluster["p"], cluster["rld"], cluster["md"], rid, prompt, max_tokens, pipeline, handoff,
         **extra,
@@ -55,22 +68,34 @@ def test_the_decoders_stream_read_directly_equals_single(cluster, pipeline, hand
     assert follow["url"].startswith(decoder.http + "/v1/pdd/")
     assert follow["role"] == ("md" if pipeline == "p-md" else "rld")
     assert follow["stats"]["prefill_s"] > 0
-    result = summarize(rest)
+    if pipeline == "p-md":
+        result = summarize(rest)
+    else:
+        # One hop per token after the handoff too: RLD names MD's stream from its token index.
+        relayed, handed, main = follow_handoff(rest)
+        assert handed["role"] == "md" and handed["url"] == cluster["md"].http + "/v1/pdd/attach"
+        result = summarize(relayed + main)
+        result["stats"] = handed["stats"]
     assert result["error"] is None, result["error"]
     assert result["output_token_ids"] == expected
     assert result["indexes"] == list(range(max_tokens))
     assert result["roles"][0] == "prefill"
+    # Each decoder's ledger counts what it streamed to the caller, P's token included.
+    served = get(decoder, f"/v1/pdd/requests/{rid}").json()
     if pipeline == "p-md":
         assert set(result["roles"][1:]) == {"md"}
+        assert served["tokens"] == max_tokens and served["state"] == "done"
     else:
         handoff_stats = result["stats"]["handoff"]
         assert handoff_stats["completed"] is True, handoff_stats
         at = handoff_stats["at_token"]
+        assert handed["body"]["from_index"] == at
         assert result["roles"][1:at] == ["rld"] * (at - 1)
         assert result["roles"][at:] == ["md"] * (max_tokens - at)
-    # The decoder's ledger counts what it streamed to the caller, P's token included.
-    served = get(decoder, f"/v1/pdd/requests/{rid}").json()
-    assert served["tokens"] == max_tokens and served["state"] == "done"
+        assert result["stats"]["tokens_by_role"] == {"rld": at - 1, "md": 0}
+        assert served["tokens"] == at
+        md_served = get(cluster["md"], f"/v1/pdd/requests/{rid}").json()
+        assert md_served["tokens"] == max_tokens - at and md_served["state"] == "done"
 
 
 def test_an_early_first_token_comes_from_p_and_not_again(cluster):
@@ -103,3 +128,43 @@ def test_a_first_event_that_is_not_ps_token_is_400(cluster):
     # The real one still streams (nothing of the refused call stayed on MD).
     rest, _, _ = stream_events(follow["url"], follow["body"])
     assert summarize(rest)["error"] is None
+
+
+def test_an_attach_for_no_handed_off_stream_is_404(cluster):
+    r = httpx.post(
+        f"{cluster['md'].http}/v1/pdd/attach",
+        json={"request_id": "never-handed-off", "from_index": 3},
+        timeout=30,
+    )
+    assert r.status_code == 404 and r.json()["field"] == "request_id"
+    r = httpx.post(
+        f"{cluster['md'].http}/v1/pdd/attach",
+        json={"request_id": "x", "from_index": -1},
+        timeout=30,
+    )
+    assert r.status_code == 400 and r.json()["field"] == "from_index"
+
+
+def test_a_handed_off_stream_nobody_attaches_to_is_let_go_on_md():
+    """RLD handed over and the caller never came: MD decodes on for --handoff-attach-s, then
+    lets the request go (no slot held for ever); the KV stays cached."""
+    prompt = make_prompt(60, 34)
+    with pdd_agents(FAST_LINK, "--handoff-attach-s", "0.5", single=False, tag="-attach") as ag:
+        body = pdd_body("direct-orphan", prompt, 1500, "p-rld-md", "one-shot", ag["p"],
+                        ag["rld"], ag["md"], handoff_at=4)  # fmt: skip
+        body["direct"] = True
+        first, _, _ = stream_events(f"{ag['p'].http}/v1/pdd/generate", body)
+        follow = first[-1]
+        rest, _, _ = stream_events(follow["url"], follow["body"] | {"prompt_ids": prompt})
+        assert rest[-1]["type"] == "continue", rest[-3:]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            state = get(ag["md"], "/state").json()
+            if state["active_requests"] == 0:
+                break
+            time.sleep(0.1)
+        assert state["active_requests"] == 0, state
+        # The request is gone from MD's engine; an attach now finds it ended or forgotten.
+        handed = rest[-1]
+        late, _, _ = stream_events(handed["url"], handed["body"])
+        assert late[-1]["type"] == "error"

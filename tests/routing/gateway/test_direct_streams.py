@@ -46,6 +46,22 @@ def fleet(transactional_db, settings, monkeypatch):
                     "instance": main["instance"], "role": "md", "stats": stats}]  # fmt: skip
             return
         assert body["prompt_ids"]  # P leaves the prompt out; the gateway puts it back
+        if script.get("md_continues"):  # only RLD may hand its stream over (to MD)
+            yield [{"type": "token", "index": 0, "token_id": ord("o"), "role": "prefill"}]
+            yield [
+                {
+                    "type": "continue",
+                    "url": f"{url.split('/v1/pdd/')[0]}/v1/pdd/attach",
+                    "body": {
+                        "request_id": body["request_id"],
+                        "instance": body["instance"],
+                        "from_index": 1,
+                    },
+                    "instance": body["instance"],
+                    "role": "md",
+                }
+            ]
+            return  # fmt: skip
         if script["md_fails"]:
             script["md_fails"] -= 1
             raise AgentRunError("MD agent unreachable: connection refused", at_prefill=False)
@@ -118,3 +134,15 @@ def test_a_failure_of_the_decoders_stream_points_at_the_decoder(fleet):
     assert [s for _, s in calls] == ["prefill", "md", "prefill", "md"]
     # The failed attempt's decoders were told to let it go (MD's reservation), once.
     assert [plan["request_id"] for plan in script["cancelled"]] == [record.request_id]
+
+
+def test_a_continue_from_mds_own_stream_is_refused(fleet):
+    """A second `continue` is followed only from RLD's stream to MD's (after the handoff)."""
+    client, _, calls, _, script = fleet
+    script["md_continues"] = True
+    response = client.post("/v1/completions", BODY, format="json")
+    assert response.status_code == 502, response.content
+    assert not any(url.endswith("/v1/pdd/attach") for url, _ in calls)
+    record = RequestRecord.objects.get()
+    errors = [r["error"] for r in record.decision.inputs["retried"]]
+    assert any("a MD stream sent 'continue' to MD" in e for e in errors), errors
