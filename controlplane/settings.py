@@ -323,6 +323,8 @@ SPECTACULAR_SETTINGS = {
         "DesiredStateEnum": "fleet.choices.DesiredState",
         "ActualStateEnum": "fleet.choices.ActualState",
         "PlanRunStatusEnum": "fleet.choices.PlanRunStatus",
+        "ProposalStatusEnum": "plans.models.ProposalStatus",
+        "ProposalStepStatusEnum": "plans.models.StepStatus",
     },
 }
 
@@ -410,6 +412,9 @@ CELERY_BEAT_SCHEDULE = {
     "billing-close-statements": {"task": "billing.close_statements", "schedule": 300.0},
     # Requests a killed gateway process left half-done: recorded as "interrupted".
     "routing-finish-interrupted": {"task": "routing.finish_interrupted", "schedule": 30.0},
+    # The autopilot (plans/autopilot.py): applies approved proposals step by step, records
+    # realised figures, proposes on its own interval and, in automatic mode, approves.
+    "plans-autopilot-tick": {"task": "plans.autopilot_tick", "schedule": 10.0},
 }
 
 # Roles: members of this group (or staff) may write; every other authenticated user reads.

@@ -299,6 +299,81 @@ def _pick_case(data: Mapping[str, Any], case: str | None) -> tuple[str, dict[str
     return next(iter(configs.items()))
 
 
+def _sized_config(
+    scenario: str | Mapping[str, Any],
+    rps: float | None,
+    case: str | None,
+    fleet: Mapping[str, Any] | None,
+    sla: Mapping[str, Any] | None,
+    workload: Mapping[str, Any] | None,
+) -> tuple[dict[str, Any], str, dict[str, Any], float]:
+    """The scenario, its case's name, the case's config with the overrides, and the rate;
+    every field checked before any run."""
+    from planner.api import _parse_case
+
+    data = load_scenario(scenario)
+    if data["kind"] != "fleet":
+        raise ValueError("size: needs a fleet scenario")
+    name, config = _pick_case(data, case)
+    config.pop("goodput_search", None)
+    if fleet is not None:
+        config["fleet"] = copy.deepcopy(dict(fleet))
+    if sla:
+        config["sla"] = {**config.get("sla", {}), **sla}
+    if workload:
+        config["workload"] = {**config.get("workload", {}), **workload}
+    if rps is None:
+        rps = config.get("workload", {}).get("rps", 80.0)
+    rps = number(rps, "rps", positive=True)
+    config.setdefault("workload", {})["rps"] = rps
+    if config.get("trace_file"):
+        raise ValueError("size: needs a generated workload (a trace file has its own rate)")
+    _parse_case(name, config, "fleet")
+    return data, name, config, rps
+
+
+def figures(
+    scenario: str | Mapping[str, Any],
+    rps: float,
+    points: Iterable[Mapping[str, Any]],
+    *,
+    fleet: Mapping[str, Any] | None = None,
+    sla: Mapping[str, Any] | None = None,
+    workload: Mapping[str, Any] | None = None,
+    goodput: bool = True,
+    progress: Progress | None = None,
+) -> list[dict[str, Any]]:
+    """Each point's figures at ``rps`` on one worker: a point is ``{"counts": {pool key: n},
+    "policy": {...}?}`` (the policy's settings over the fleet's). Gives the full run's
+    P50/P90/P99 TTFT, whether the SLA holds, the relay share and the cost per hour, and with
+    ``goodput`` the highest rate meeting the SLA (a search from rps / 4 up to 4 x rps) and
+    BCR = goodput / cost. What the autopilot compares: the running fleet, the proposed one,
+    and the proposed one under other routing thresholds."""
+    _, _, config, rps = _sized_config(scenario, rps, None, fleet, sla, workload)
+    progress = progress or Progress(enabled=False)
+    out = []
+    try:
+        for point in points:
+            spec = copy.deepcopy(config["fleet"])
+            if point.get("policy"):
+                spec["policy"] = {**spec.get("policy", {}), **point["policy"]}
+            keys = _keys(spec)
+            counts = tuple(int(point["counts"][k]) for k in keys)
+            runner = Runner(spec, config, 1, progress)
+            row: dict[str, Any] = {"counts": dict(zip(keys, counts, strict=True))}
+            row.update(runner.at(counts, rps, "figures"))
+            if goodput:
+                found = runner.goodputs([(counts, max(rps / 4, 0.05), 4 * rps)])[0]
+                row.update(goodput_rps=found["goodput_rps"], bcr=found["bcr"],
+                           goodput_at_ceiling=found["at_ceiling"])  # fmt: skip
+            if point.get("policy"):
+                row["policy"] = dict(point["policy"])
+            out.append(row)
+    finally:
+        progress.close()
+    return out
+
+
 def size(
     scenario: str | Mapping[str, Any],
     rps: float | None = None,
@@ -325,32 +400,14 @@ def size(
     ``band_pct`` / ``constants_pct``: the band around the found fleet's figures (0: none);
     ``seeds``: how many other seeds show the sampling spread at the rate.
     """
-    from planner.api import _parse_case
     from planner.bands import band
 
-    data = load_scenario(scenario)
-    if data["kind"] != "fleet":
-        raise ValueError("size: needs a fleet scenario")
-    name, config = _pick_case(data, case)
-    config.pop("goodput_search", None)
-    if fleet is not None:
-        config["fleet"] = copy.deepcopy(dict(fleet))
-    if sla:
-        config["sla"] = {**config.get("sla", {}), **sla}
-    if workload:
-        config["workload"] = {**config.get("workload", {}), **workload}
-    if rps is None:
-        rps = config.get("workload", {}).get("rps", 80.0)
-    rps = number(rps, "rps", positive=True)
-    config.setdefault("workload", {})["rps"] = rps
-    if config.get("trace_file"):
-        raise ValueError("size: needs a generated workload (a trace file has its own rate)")
+    data, name, config, rps = _sized_config(scenario, rps, case, fleet, sla, workload)
     workers = available_cores() if workers is None else integer(workers, "workers", 1)
     max_count = integer(max_count, "max_count", 1)
     seeds = integer(seeds, "seeds", 0, 16)
     seed = int(config.get("workload", {}).get("seed", 0))
     scan = sorted({number(m, "bcr_scan", positive=True) for m in bcr_scan})
-    _parse_case(name, config, "fleet")  # every field checked before any run
     fleet_spec = config["fleet"]
     start = tuple(int(p.get("count", 0)) for p in fleet_spec["pools"])
     progress = progress or Progress()

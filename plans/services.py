@@ -330,6 +330,22 @@ def plan_inputs_from_fleet(
             "main_decode": per_node[md_gpu.pk],
         },
         "fleet_spec": fleet_spec,
+        # Where each role's pool is in the database: its datacenter and GPU type (the
+        # autopilot starts instances there).
+        "places": {
+            str(role): {
+                "datacenter": dc.pk,
+                "gpu_type": gpu.pk,
+                "gpus_per_node": per_node[gpu.pk],
+                "gpu": name,
+                "pool": f"{role}@{dc.name}:{name}",
+            }
+            for role, (name, dc, gpu) in {
+                InstanceRole.PREFILL: (p_name, p_dc, p_gpu),
+                InstanceRole.RELAY_DECODE: (p_name, p_dc, p_gpu),
+                InstanceRole.MAIN_DECODE: (md_name, md_dc, md_gpu),
+            }.items()
+        },
         "workload_spec": workload,
         "sla": copy.deepcopy(config.get("sla", {})),
         "search_space": search_space,

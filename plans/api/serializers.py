@@ -216,3 +216,78 @@ class SizingRunListSerializer(SizingRunSerializer):
     class Meta(SizingRunSerializer.Meta):
         fields = [f for f in SizingRunSerializer.Meta.fields if f != "result"]
         read_only_fields = fields
+
+
+# --- the autopilot ---------------------------------------------------------------------------
+
+
+class AutopilotSettingsSerializer(serializers.ModelSerializer):
+    """The autopilot's settings: schedule, SLA and the automatic mode's guardrails."""
+
+    class Meta:
+        from plans.models import AutopilotSettings
+
+        model = AutopilotSettings
+        fields = [
+            "automatic",
+            "scenario",
+            "interval_s",
+            "window_s",
+            "p90",
+            "p99",
+            "max_change_per_step",
+            "cooldown_s",
+            "budget_per_hour",
+            "floors",
+            "updated_at",
+        ]
+        read_only_fields = ["updated_at"]
+
+    def validate_scenario(self, value: str) -> str:
+        try:
+            services._scenario_config(value)
+        except services.PlanInputError as exc:
+            raise serializers.ValidationError(exc.message) from exc
+        return value
+
+    def validate_floors(self, value):
+        from plans.autopilot import check_floors
+
+        try:
+            return check_floors(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+
+
+class ProposalStepSerializer(serializers.ModelSerializer):
+    class Meta:
+        from plans.models import ProposalStep
+
+        model = ProposalStep
+        fields = ["index", "action", "role", "node", "instance_id_ref", "status", "note",
+                  "updated_at"]  # fmt: skip
+        read_only_fields = fields
+
+
+class ProposalListSerializer(serializers.ModelSerializer):
+    class Meta:
+        from plans.models import Proposal
+
+        model = Proposal
+        fields = ["id", "status", "trigger", "reason", "current", "target", "guardrails",
+                  "decided_by", "decided_at", "applied_at", "created_at"]  # fmt: skip
+        read_only_fields = fields
+
+
+class ProposalSerializer(serializers.ModelSerializer):
+    steps = ProposalStepSerializer(many=True, read_only=True)
+
+    class Meta:
+        from plans.models import Proposal
+
+        model = Proposal
+        fields = ["id", "status", "trigger", "scenario", "reason", "error", "profile",
+                  "fingerprint", "current", "target", "changes", "predicted", "thresholds",
+                  "guardrails", "decided_by", "decided_at", "applied_at", "realised", "steps",
+                  "sizing", "created_at", "updated_at"]  # fmt: skip
+        read_only_fields = fields
