@@ -42,12 +42,13 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 
 from fleet.choices import ActualState, DesiredState, NodeStatus
 from fleet.dispatch import enqueue_after_commit
 from fleet.events import event_record
-from fleet.models import Instance, Node, ServedModel
+from fleet.models import Instance, Node, ServedModel, WANLink
 from fleet.services import instance_create, instance_delete, instance_set_desired_state
 from plans.models import AutopilotSettings, Proposal, ProposalStatus, ProposalStep
 from plans.profile import workload_overrides, workload_profile
@@ -120,12 +121,53 @@ def fleet_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def running_by_role() -> dict[str, list[Instance]]:
-    """Instances meant to run (desired running), per role, newest first."""
+def served_model_of(row: AutopilotSettings) -> ServedModel | None:
+    """The served model the autopilot sizes: the settings', else the one with the most
+    instances (ties: the first made)."""
+    if row.served_model_id is not None:
+        return row.served_model
+    return (
+        ServedModel.objects.annotate(n=Count("instances"))
+        .filter(n__gt=0)
+        .order_by("-n", "pk")
+        .first()
+    )
+
+
+def link_of(model: ServedModel | None) -> WANLink | None:
+    """The WAN link the model's fleet spans: from a datacenter holding its prefill instances to
+    one holding its main decoders (None: no such link; the planner takes the first up)."""
+    if model is None:
+        return None
+    mine = Instance.objects.filter(served_model=model)
+    p_dcs = set(mine.filter(role="prefill").values_list("node__datacenter_id", flat=True))
+    md_dcs = set(mine.filter(role="main_decode").values_list("node__datacenter_id", flat=True))
+    return (
+        WANLink.objects.select_related("from_datacenter", "to_datacenter")
+        .filter(from_datacenter_id__in=p_dcs, to_datacenter_id__in=md_dcs)
+        .order_by("pk")
+        .first()
+    )
+
+
+def _inputs(row: AutopilotSettings, scenario: str | None = None) -> dict[str, Any]:
+    """The planner's arguments for the sized model's fleet (its WAN link)."""
+    return plan_inputs_from_fleet(
+        scenario=scenario or row.scenario,
+        prefill_counts=[1],
+        relay_counts=[0],
+        main_counts=[1],
+        link=link_of(served_model_of(row)),
+    )
+
+
+def running_by_role(model: ServedModel | None = None) -> dict[str, list[Instance]]:
+    """A model's instances meant to run (desired running), per role, newest first."""
     out: dict[str, list[Instance]] = {role: [] for role in ROLES}
-    for inst in Instance.objects.filter(desired_state=DesiredState.RUNNING).order_by(
-        "-created_at", "-pk"
-    ):
+    rows = Instance.objects.filter(desired_state=DesiredState.RUNNING)
+    if model is not None:
+        rows = rows.filter(served_model=model)
+    for inst in rows.select_related("node").order_by("-created_at", "-pk"):
         out.setdefault(inst.role, []).append(inst)
     return out
 
@@ -152,11 +194,13 @@ def proposal_create(*, trigger: str = "manual", actor: str = "") -> Proposal:
     """Record a proposal being sized; a worker sizes it after commit (in-process on the
     embedded defaults). Missing fleet data fails here (PlanInputError naming ``fleet``)."""
     row = settings_get()
-    plan_inputs_from_fleet(
-        scenario=row.scenario, prefill_counts=[1], relay_counts=[0], main_counts=[1]
-    )
+    _inputs(row)
+    model = served_model_of(row)
     proposal = Proposal.objects.create(
-        trigger=trigger, scenario=row.scenario, fingerprint=fleet_fingerprint()
+        trigger=trigger,
+        scenario=row.scenario,
+        model=model.name if model is not None else "",
+        fingerprint=fleet_fingerprint(),
     )
     event_record(
         kind="autopilot.proposal",
@@ -298,17 +342,6 @@ def _sla(row: AutopilotSettings) -> dict[str, float]:
     return sla
 
 
-def _model_name() -> str:
-    """The served model the profile reads: the one with the most instances."""
-    model = (
-        ServedModel.objects.filter(instances__isnull=False)
-        .order_by("-pk")
-        .values_list("name", flat=True)
-        .first()
-    )
-    return model or ""
-
-
 def proposal_execute(*, proposal_id: int) -> Proposal | None:
     """Size a proposal (sizing -> proposed / unchanged / failed). Only a proposal in
     ``sizing`` is sized, so a repeated call changes nothing."""
@@ -319,13 +352,12 @@ def proposal_execute(*, proposal_id: int) -> Proposal | None:
         return proposal
     row = settings_get()
     try:
-        profile = workload_profile(row.window_s, model=_model_name() or None)
-        inputs = plan_inputs_from_fleet(
-            scenario=proposal.scenario, prefill_counts=[1], relay_counts=[0], main_counts=[1]
-        )
+        model = ServedModel.objects.filter(name=proposal.model).first()
+        profile = workload_profile(row.window_s, model=proposal.model or None)
+        inputs = _inputs(row, proposal.scenario)
         places = inputs["places"]
         keys = {role: places[role]["pool"] for role in ROLES}
-        current = running_by_role()
+        current = running_by_role(model)
         now_counts = {role: len(current.get(role, [])) for role in ROLES}
         floors = floors_of(row)
         fleet = inputs["fleet_spec"]
@@ -576,11 +608,9 @@ def _step_event(step: ProposalStep, message: str, instance: Instance | None = No
     )
 
 
-def _served_model(role: str) -> ServedModel | None:
-    inst = Instance.objects.filter(role=role).order_by("-pk").first()
-    if inst is not None:
-        return inst.served_model
-    return ServedModel.objects.order_by("pk").first()
+def _served_model(step: ProposalStep) -> ServedModel | None:
+    """The model a start serves: the proposal's."""
+    return ServedModel.objects.filter(name=step.proposal.model).first()
 
 
 def _advance_start(step: ProposalStep) -> None:
@@ -590,7 +620,7 @@ def _advance_start(step: ProposalStep) -> None:
             if locked.status != ProposalStep.PENDING:
                 return
             node = Node.objects.filter(pk=locked.node_id).first() if locked.node_id else None
-            model = _served_model(locked.role)
+            model = _served_model(locked)
             if node is None or model is None:
                 locked.status = ProposalStep.FAILED
                 locked.note = "its node or the served model is gone"
@@ -727,16 +757,15 @@ def proposal_apply(*, proposal_id: int) -> Proposal | None:
 # --- the honesty loop and the tick ---------------------------------------------------------------
 
 
-def _ttft_quantiles(since, until) -> dict[str, Any]:
+def _ttft_quantiles(since, until, model: str = "") -> dict[str, Any]:
     from routing.models import RequestRecord
 
-    values = sorted(
-        v
-        for v in RequestRecord.objects.filter(
-            created_at__gte=since, created_at__lt=until, status="ok", ttft_s__isnull=False
-        ).values_list("ttft_s", flat=True)
-        if v is not None
+    rows = RequestRecord.objects.filter(
+        created_at__gte=since, created_at__lt=until, status="ok", ttft_s__isnull=False
     )
+    if model:
+        rows = rows.filter(model=model)
+    values = sorted(v for v in rows.values_list("ttft_s", flat=True) if v is not None)
     if not values:
         return {"requests": 0}
 
@@ -760,14 +789,14 @@ def record_realised(proposal: Proposal, now=None) -> bool:
     if now < end:
         return False
     after = (proposal.predicted or {}).get("after") or {}
-    current = running_by_role()
+    current = running_by_role(ServedModel.objects.filter(name=proposal.model).first())
     nodes = {role: len(current.get(role, [])) for role in ROLES}
     unit = {p["role"]: p["unit_price"] for p in (proposal.target or {}).get("pools", {}).values()}
     cost = sum(unit.get(r, 0.0) * n for r, n in nodes.items())
     window = {
         "from": start.isoformat(),
         "to": end.isoformat(),
-        **_ttft_quantiles(start, end),
+        **_ttft_quantiles(start, end, proposal.model),
         "cost_per_hour": cost,
         "nodes": nodes,
         "predicted_ttft_p90_s": after.get("ttft_p90_s"),

@@ -194,6 +194,15 @@ class AutopilotSettings(models.Model):
         default=False,
         help_text="Apply proposals without an operator's approval, within the guardrails below.",
     )
+    served_model = models.ForeignKey(
+        "fleet.ServedModel",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="The served model whose fleet the autopilot sizes (empty: the one with the "
+        "most instances).",
+    )
     scenario = models.CharField(
         max_length=64,
         default="tiny-size",
@@ -272,6 +281,7 @@ class Proposal(models.Model):
         help_text="manual (asked for) or schedule (the autopilot's period).",
     )
     scenario = models.CharField(max_length=64)
+    model = models.CharField(max_length=128, blank=True, help_text="The served model sized.")
     profile = models.JSONField(default=dict, blank=True, help_text="The live workload profile.")
     fingerprint = models.CharField(
         max_length=64,

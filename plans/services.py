@@ -122,7 +122,17 @@ def _gpus_per_node(gpu_type: GPUType) -> int:
     return max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
 
 
-def _wan_link(notes: list[str]) -> WANLink:
+def _wan_link(notes: list[str], chosen: WANLink | None = None) -> WANLink:
+    """The link planned over: `chosen` when given (the autopilot's served model's), else the
+    first that is up."""
+    if chosen is not None:
+        links = [chosen]
+        if chosen.status != LinkStatus.UP:
+            notes.append(f"WAN link {_link_name(chosen)} is {chosen.status}; planned as if up")
+        if chosen.rtt_ms <= 0:
+            raise PlanInputError("fleet", f"WAN link {_link_name(chosen)} has rtt_ms 0; the "
+                                 "planner needs a positive round-trip time")  # fmt: skip
+        return chosen
     links = list(WANLink.objects.select_related("from_datacenter", "to_datacenter"))
     if not links:
         raise PlanInputError(
@@ -218,6 +228,7 @@ def plan_inputs_from_fleet(
     main_counts: Sequence[int],
     duration_s: float | None = None,
     at: datetime | None = None,
+    link: WANLink | None = None,
 ) -> dict[str, Any]:
     """The planner's arguments for the fleet in the database, as one JSON-ready dict.
 
@@ -254,7 +265,7 @@ def plan_inputs_from_fleet(
         "counts are nodes; GPU interconnect (GB/s per GPU) stands in for the planner's RDMA NIC "
         "bandwidth (Gbit/s per node), which only the P -> RLD fabric transfer uses",
     ]
-    link = _wan_link(notes)
+    link = _wan_link(notes, link)
     p_dc, md_dc = link.from_datacenter, link.to_datacenter
     p_gpu, p_price = _priced_gpu(p_dc, at, "prefill", notes)
     md_gpu, md_price = _priced_gpu(md_dc, at, "main-decode", notes)

@@ -230,6 +230,7 @@ class AutopilotSettingsSerializer(serializers.ModelSerializer):
         model = AutopilotSettings
         fields = [
             "automatic",
+            "served_model",
             "scenario",
             "interval_s",
             "window_s",
@@ -286,7 +287,7 @@ class ProposalSerializer(serializers.ModelSerializer):
         from plans.models import Proposal
 
         model = Proposal
-        fields = ["id", "status", "trigger", "scenario", "reason", "error", "profile",
+        fields = ["id", "status", "trigger", "scenario", "model", "reason", "error", "profile",
                   "fingerprint", "current", "target", "changes", "predicted", "thresholds",
                   "guardrails", "decided_by", "decided_at", "applied_at", "realised", "steps",
                   "sizing", "created_at", "updated_at"]  # fmt: skip

@@ -74,6 +74,7 @@ def _proposal(fleet_rows, changes, **kw) -> Proposal:
     return Proposal.objects.create(
         status=ProposalStatus.PROPOSED,
         scenario="tiny-size",
+        model=fleet_rows["model"].name,
         fingerprint=autopilot.fleet_fingerprint(),
         changes=changes,
         target={"cost_per_hour": 26.0, "nodes": {}, "pools": {}},
@@ -382,3 +383,33 @@ def test_the_profile_endpoint(db, viewer):
     _record(timezone.now())
     body = viewer.get(f"{API}profile/").json()
     assert body["requests"] == 1 and body["window_s"] == 900
+
+
+def test_the_autopilot_sizes_one_served_model_over_its_own_link(fleet, gpu_a, gpu_b):
+    """Two models on two links (the demo's trio and emulated fleet): the settings' model, or
+    the one with the most instances, is sized over the link its P and MD span."""
+    from fleet.models import Datacenter, ServedModel, WANLink
+
+    dc_c = Datacenter.objects.create(name="dc-c", region="city-c")
+    dc_d = Datacenter.objects.create(name="dc-d", region="city-d")
+    other = ServedModel.objects.create(name="other", source="baton-tiny", num_layers=4,
+                                       kv_bytes_per_token=2048)  # fmt: skip
+    link_cd = WANLink.objects.create(from_datacenter=dc_c, to_datacenter=dc_d,
+                                     bandwidth_gbps=5, rtt_ms=10)  # fmt: skip
+    _price(gpu_a, dc_c, "1.00")
+    _price(gpu_b, dc_d, "1.50")
+    for name, dc, gpu, role in (("c-1", dc_c, gpu_a, "prefill"), ("c-2", dc_c, gpu_a, "prefill"),
+                                ("d-1", dc_d, gpu_b, "main_decode")):  # fmt: skip
+        node, _ = services.node_create(hostname=name, datacenter=dc, gpu_type=gpu, gpu_count=8)
+        services.instance_create(role=role, node=node, served_model=other, gpu_count=8)
+    row = autopilot.settings_get()
+    assert autopilot.served_model_of(row) == other  # 3 instances against 2
+    assert autopilot.link_of(other) == link_cd
+    assert autopilot.link_of(fleet["model"]).from_datacenter.name == "dc-a"
+    assert len(autopilot.running_by_role(other)["prefill"]) == 2
+    row.served_model = fleet["model"]
+    row.save()
+    proposal = autopilot.proposal_execute(proposal_id=autopilot.proposal_create().pk)
+    assert proposal.model == "baton-tiny", proposal.error
+    assert proposal.current["nodes"] == {"prefill": 1, "relay_decode": 0, "main_decode": 1}
+    assert all("dc-a" in k or "dc-b" in k for k in proposal.current["pools"])
