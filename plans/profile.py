@@ -25,8 +25,6 @@ import math
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count
-from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from routing.models import RequestRecord
@@ -64,17 +62,19 @@ def holt_forecast(counts: list[float], horizon: int = HORIZON_MIN) -> float:
 
 
 def per_minute(records, start: datetime, now: datetime) -> list[int]:
-    """Arrivals per whole minute from `start` to `now` (oldest first, zeros included)."""
-    rows = (
-        records.filter(created_at__gte=start, created_at__lt=now)
-        .annotate(minute=TruncMinute("created_at"))
-        .values("minute")
-        .annotate(n=Count("id"))
-    )
-    by_minute = {row["minute"].replace(second=0, microsecond=0): row["n"] for row in rows}
-    first = start.replace(second=0, microsecond=0)
-    minutes = max(1, math.ceil((now - first).total_seconds() / 60))
-    return [by_minute.get(first + timedelta(minutes=i), 0) for i in range(minutes)]
+    """Arrivals per minute counted back from `now` (oldest first, zeros included): the last
+    entry is the minute that ends now, never a partial clock minute, so a steady rate gives
+    level counts and the forecast no false fall."""
+    minutes = max(1, int((now - start).total_seconds() // 60))
+    counts = [0] * minutes
+    since = now - timedelta(minutes=minutes)
+    for at in records.filter(created_at__gte=since, created_at__lt=now).values_list(
+        "created_at", flat=True
+    ):
+        back = int((now - at).total_seconds() // 60)
+        if 0 <= back < minutes:
+            counts[minutes - 1 - back] += 1
+    return counts
 
 
 def workload_profile(

@@ -413,3 +413,13 @@ def test_the_autopilot_sizes_one_served_model_over_its_own_link(fleet, gpu_a, gp
     assert proposal.model == "baton-tiny", proposal.error
     assert proposal.current["nodes"] == {"prefill": 1, "relay_decode": 0, "main_decode": 1}
     assert all("dc-a" in k or "dc-b" in k for k in proposal.current["pools"])
+
+
+def test_arrivals_per_minute_count_back_from_now(db):
+    from plans.profile import per_minute
+
+    now = timezone.now()
+    for back_s in (5, 30, 59, 61, 119, 200):
+        _record(now - timedelta(seconds=back_s))
+    counts = per_minute(RequestRecord.objects.all(), now - timedelta(seconds=240), now)
+    assert counts == [1, 0, 2, 3]  # 200 s ago; none; 61 and 119 s; 5, 30 and 59 s
