@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from frontend import fleet_edit, planner_size, views
+from frontend import fleet_edit, planner_autopilot, planner_size, views
 from frontend.metrics import metrics_view
 
 app_name = "frontend"
@@ -23,6 +23,21 @@ urlpatterns = [
     path("requests/<path:request_id>/", views.RequestDetailView.as_view(), name="request"),
     path("planner/", views.PlannerView.as_view(), name="planner"),
     path("planner/size/", planner_size.SizingStartView.as_view(), name="planner-size"),
+    path(
+        "planner/autopilot/propose/",
+        planner_autopilot.ProposeView.as_view(),
+        name="planner-autopilot-propose",
+    ),
+    path(
+        "planner/autopilot/<int:pk>/approve/",
+        planner_autopilot.DecideView.as_view(approve=True),
+        name="planner-autopilot-approve",
+    ),
+    path(
+        "planner/autopilot/<int:pk>/reject/",
+        planner_autopilot.DecideView.as_view(approve=False),
+        name="planner-autopilot-reject",
+    ),
     path("billing/", views.BillingView.as_view(), name="billing"),
     path("billing/usage/<path:request_id>/", views.UsageDetailView.as_view(), name="usage"),
     path("telemetry/snapshot/", views.SnapshotJSONView.as_view(), name="snapshot"),

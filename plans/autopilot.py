@@ -134,6 +134,13 @@ def served_model_of(row: AutopilotSettings) -> ServedModel | None:
     )
 
 
+def live_profile(row: AutopilotSettings | None = None) -> dict[str, Any]:
+    """The live workload profile of the model the autopilot sizes, over the settings' window."""
+    row = row or settings_get()
+    model = served_model_of(row)
+    return workload_profile(row.window_s, model=model.name if model is not None else None)
+
+
 def link_of(model: ServedModel | None) -> WANLink | None:
     """The WAN link the model's fleet spans: from a datacenter holding its prefill instances to
     one holding its main decoders (None: no such link; the planner takes the first up)."""

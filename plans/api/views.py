@@ -13,7 +13,6 @@ from fleet.events import event_record
 from plans import autopilot, services, sizing
 from plans.api import serializers as s
 from plans.models import PlanRun, Proposal, SizingRun
-from plans.profile import workload_profile
 
 
 class PlanRunViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
@@ -77,12 +76,11 @@ class SizingRunViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Re
 class AutopilotProfileView(APIView):
     """The live workload profile the autopilot sizes for (plans/profile.py): rates and a
     forecast, hit-rate, prompt and output length distributions, singular share, WAN throughput,
-    over the settings' window of request records."""
+    over the settings' window of the sized served model's request records."""
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
-        row = autopilot.settings_get()
-        return Response(workload_profile(row.window_s))
+        return Response(autopilot.live_profile())
 
 
 class AutopilotSettingsView(APIView):
