@@ -519,6 +519,39 @@ def guardrail_violations(proposal: Proposal, row: AutopilotSettings | None = Non
     cap = row.budget_per_hour
     if cap is not None and cost is not None and Decimal(str(cost)) > cap:
         out.append(f"the fleet would cost {cost:,.2f}/h, above the budget {cap}/h")
+    out += _scale_down_holds(proposal, row)
+    return out
+
+
+def _scale_down_holds(proposal: Proposal, row: AutopilotSettings) -> list[str]:
+    """Why a proposal that shrinks a role waits: a proposal of the last scale_down_after_s
+    wanted more of it (a dip in the rate is not a fall), or the fleet misses the SLA now."""
+    now_nodes = (proposal.current or {}).get("nodes") or {}
+    target = (proposal.target or {}).get("nodes") or {}
+    shrinking = [r for r in ROLES if target.get(r, 0) < now_nodes.get(r, 0)]
+    if not shrinking:
+        return []
+    out = []
+    since = proposal.created_at - timedelta(seconds=row.scale_down_after_s)
+    for earlier in Proposal.objects.filter(
+        created_at__gte=since, created_at__lt=proposal.created_at, model=proposal.model
+    ).exclude(status__in=[ProposalStatus.SIZING, ProposalStatus.FAILED]):
+        wanted = (earlier.target or {}).get("nodes") or {}
+        more = [r for r in shrinking if wanted.get(r, 0) > target.get(r, 0)]
+        if more:
+            out.append(
+                f"scale-down held: proposal #{earlier.pk} of the last {row.scale_down_after_s} s "
+                f"wanted more {', '.join(more)}"
+            )
+            break
+    sla = (proposal.sizing or {}).get("sla") or _sla(row)
+    now = timezone.now()
+    live = _ttft_quantiles(now - timedelta(seconds=60), now, proposal.model)
+    for key, label in (("ttft_p90_s", "P90"), ("ttft_p99_s", "P99")):
+        limit, seen = sla.get(key), live.get(key)
+        if limit is not None and seen is not None and seen > limit:
+            out.append(f"scale-down held: the fleet misses the SLA now ({label} {seen:.1f} s)")
+            break
     return out
 
 

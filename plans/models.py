@@ -242,6 +242,13 @@ class AutopilotSettings(models.Model):
         validators=[MaxValueValidator(86_400)],
         help_text="Automatic mode: no apply within this many seconds of the last one's end.",
     )
+    scale_down_after_s = models.PositiveIntegerField(
+        default=300,
+        validators=[MaxValueValidator(86_400)],
+        help_text="Automatic mode: a proposal that shrinks a role waits until no proposal of "
+        "this many seconds before it wanted more of that role, and never applies while the "
+        "fleet misses the SLA.",
+    )
     budget_per_hour = models.DecimalField(
         max_digits=12,
         decimal_places=2,

@@ -3,7 +3,9 @@
 The autopilot sizes the fleet for this profile instead of a scenario's made-up workload:
 
 - **Rate:** requests that arrived in the last 1, 5 and 15 minutes (every record counts,
-  whatever became of it: demand is demand), per minute over the window, and a forecast a few
+  whatever became of it: demand is demand; a record's arrival is its end less its e2e time,
+  and requests still in flight count from the gateway's admissions), per minute over the
+  window, and a forecast a few
   minutes ahead by Holt's linear smoothing of the per-minute counts (level + trend, never
   below zero). The rate the planner sizes for is the larger of the last minute's rate and the
   forecast, so a ramp is met before it peaks and a fall is not followed until it shows.
@@ -61,16 +63,33 @@ def holt_forecast(counts: list[float], horizon: int = HORIZON_MIN) -> float:
     return max(0.0, level + horizon * trend)
 
 
-def per_minute(records, start: datetime, now: datetime) -> list[int]:
+def arrival_times(model: str | None, start: datetime, now: datetime) -> list[datetime]:
+    """When each request of the window arrived: a record's arrival is its end less its e2e
+    time (records are written when a request ends, so under overload the records lag the
+    arrivals); requests still in flight are the gateway's admissions (written on arrival)."""
+    from routing.models import Admission
+
+    records = RequestRecord.objects.filter(created_at__gte=start)
+    admissions = Admission.objects.filter(admitted_at__gte=start, admitted_at__lt=now)
+    if model:
+        records = records.filter(model=model)
+        admissions = admissions.filter(model=model)
+    out = []
+    for created, e2e in records.values_list("created_at", "e2e_s"):
+        at = created - timedelta(seconds=e2e or 0.0)
+        if start <= at < now:
+            out.append(at)
+    out.extend(admissions.values_list("admitted_at", flat=True))
+    return out
+
+
+def per_minute(times: list[datetime], start: datetime, now: datetime) -> list[int]:
     """Arrivals per minute counted back from `now` (oldest first, zeros included): the last
     entry is the minute that ends now, never a partial clock minute, so a steady rate gives
     level counts and the forecast no false fall."""
     minutes = max(1, int((now - start).total_seconds() // 60))
     counts = [0] * minutes
-    since = now - timedelta(minutes=minutes)
-    for at in records.filter(created_at__gte=since, created_at__lt=now).values_list(
-        "created_at", flat=True
-    ):
+    for at in times:
         back = int((now - at).total_seconds() // 60)
         if 0 <= back < minutes:
             counts[minutes - 1 - back] += 1
@@ -87,12 +106,13 @@ def workload_profile(
     if model:
         records = records.filter(model=model)
     in_window = records.filter(created_at__gte=start, created_at__lte=now)
+    times = arrival_times(model, start, now)
     rates = {}
     for label, seconds in (("1m", 60), ("5m", 300), ("15m", 900)):
         seconds = min(seconds, window_s)
-        n = in_window.filter(created_at__gte=now - timedelta(seconds=seconds)).count()
-        rates[label] = n / seconds
-    minutes = per_minute(records, start, now)
+        since = now - timedelta(seconds=seconds)
+        rates[label] = sum(1 for at in times if at >= since) / seconds
+    minutes = per_minute(times, start, now)
     forecast = holt_forecast([float(n) for n in minutes]) / 60.0
     sizing_rps = max(rates["1m"], forecast)
     served = list(
@@ -109,7 +129,7 @@ def workload_profile(
     )
     hits = [min(1.0, c / p) for p, c, *_ in served]
     wan = [b * 8 / w / 1e9 for *_, b, w in served if b and w and w > 0]  # Gbit/s, per request
-    total = in_window.count()
+    total = len(times)
     singular = in_window.filter(pipeline="rld-only").count()
     return {
         "window_s": window_s,

@@ -77,6 +77,12 @@ class PolicySettings:
     kv_bytes_per_token: int = 4_400
     # Instances at or above this load are skipped while a less loaded one exists.
     saturated_load: float = 0.95
+    # P's prefix cache steers the P choice only where it saves a real share of the prefill: a
+    # P's cached prefix counts when it covers at least this share of the prompt, so a session's
+    # turns (90% and more cached) go back to the P that holds the context, while fresh prompts
+    # that share only a system prompt go to the least loaded P. (With every hit counted, a P
+    # started later never got a request: the first P held the system prompt, the new one not.)
+    prefill_min_hit_share: float = 0.5
     # Relay a request whose MD is full (load >= main_full_load: it would wait there for a
     # decode slot) while an RLD below saturated_load can start it at once. See the full-MD rule.
     relay_when_main_saturated: bool = True
@@ -121,6 +127,7 @@ class PolicySettings:
             raise ValueError(f"fallback_no_relay: must be {Fallback.P_MD!r} or {Fallback.REJECT!r}")
         _check_int(self, "kv_bytes_per_token", lo=1)
         _check_number(self, "saturated_load", lo=0.0)
+        _check_number(self, "prefill_min_hit_share", lo=0.0, hi=1.0)
         _check_number(self, "main_full_load", lo=0.0)
         _check_number(self, "wan_min_share", lo=1e-6, hi=1.0)
         _check_number(self, "degraded_bandwidth_factor", lo=1e-6, hi=1.0)
@@ -392,10 +399,16 @@ def _choose_prefill(
 ) -> InstanceState | None:
     """Cache-aware P choice where P's prefix caches are known (the prefix index): the longest
     cached prefix among unsaturated Ps, load breaks ties, so a session's turns return to the P
-    that holds its context and P computes only the new tokens; least loaded otherwise."""
+    that holds its context and P computes only the new tokens; least loaded otherwise. A
+    cached prefix shorter than ``prefill_min_hit_share`` of the prompt does not count."""
     if not any(inst.cached_prefix_blocks for inst in snapshot.prefill if inst.healthy):
         return _least_loaded(snapshot.prefill, settings.saturated_load)
-    hits = {inst.id: prefix_hit_tokens(request, inst) for inst in snapshot.prefill if inst.healthy}
+    floor = settings.prefill_min_hit_share * request.prompt_tokens
+    hits = {}
+    for inst in snapshot.prefill:
+        if inst.healthy:
+            hit = prefix_hit_tokens(request, inst)
+            hits[inst.id] = hit if hit >= floor and hit > 0 else 0
     return _first_in_order(snapshot.prefill, settings.saturated_load, hits)
 
 

@@ -238,6 +238,7 @@ class AutopilotSettingsSerializer(serializers.ModelSerializer):
             "p99",
             "max_change_per_step",
             "cooldown_s",
+            "scale_down_after_s",
             "budget_per_hour",
             "floors",
             "updated_at",

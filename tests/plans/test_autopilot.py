@@ -415,11 +415,62 @@ def test_the_autopilot_sizes_one_served_model_over_its_own_link(fleet, gpu_a, gp
     assert all("dc-a" in k or "dc-b" in k for k in proposal.current["pools"])
 
 
-def test_arrivals_per_minute_count_back_from_now(db):
+def test_arrivals_per_minute_count_back_from_now():
     from plans.profile import per_minute
 
     now = timezone.now()
-    for back_s in (5, 30, 59, 61, 119, 200):
-        _record(now - timedelta(seconds=back_s))
-    counts = per_minute(RequestRecord.objects.all(), now - timedelta(seconds=240), now)
+    times = [now - timedelta(seconds=back_s) for back_s in (5, 30, 59, 61, 119, 200, 300)]
+    counts = per_minute(times, now - timedelta(seconds=240), now)
     assert counts == [1, 0, 2, 3]  # 200 s ago; none; 61 and 119 s; 5, 30 and 59 s
+
+
+def test_arrivals_are_when_requests_came_not_when_they_ended(db):
+    """Records are written at a request's end: under overload they lag the arrivals, and the
+    rate sized for must not fall while the queue grows. Requests in flight count too."""
+    from plans.profile import arrival_times
+    from routing.models import Admission
+
+    now = timezone.now()
+    late = _record(now - timedelta(seconds=10))  # ended 10 s ago after 100 s: came 110 s ago
+    RequestRecord.objects.filter(pk=late.pk).update(e2e_s=100.0)
+    tenant = Tenant.objects.get(name="acme")
+    for i in range(3):
+        Admission.objects.create(request_id=f"in-flight-{i}", tenant=tenant, model="baton-tiny",
+                                 endpoint="chat.completions")  # fmt: skip
+    profile = workload_profile(900, now=now + timedelta(seconds=1))
+    assert profile["requests"] == 4
+    assert profile["rate_rps"]["1m"] == pytest.approx(3 / 60)  # the admissions, just now
+    times = arrival_times(None, now - timedelta(seconds=900), now + timedelta(seconds=1))
+    assert min(times) == pytest.approx(now - timedelta(seconds=110), abs=timedelta(seconds=1))
+
+
+def test_a_scale_down_waits_for_a_stable_rate_and_a_fleet_that_meets_the_sla(fleet):
+    """A dip in the rate right after a ramp is not a fall: a proposal that shrinks a role is
+    held while a proposal of the last scale_down_after_s wanted more of it, or while the fleet
+    misses the SLA now."""
+    row = _automatic(scale_down_after_s=300)
+    shrink = {"current": {"nodes": {"prefill": 2, "relay_decode": 0, "main_decode": 1}},
+              "sizing": {"sla": {"ttft_p90_s": 10.0, "ttft_p99_s": 15.0}}}  # fmt: skip
+    earlier = _proposal(fleet, [])
+    Proposal.objects.filter(pk=earlier.pk).update(
+        status=ProposalStatus.UNCHANGED,
+        target={"nodes": {"prefill": 2, "relay_decode": 0, "main_decode": 1}},
+    )
+    proposal = _proposal(fleet, [_drain(fleet["p"])], **shrink)
+    proposal.target = {"nodes": {"prefill": 1, "relay_decode": 0, "main_decode": 1},
+                       "cost_per_hour": 26.0}  # fmt: skip
+    proposal.save()
+    why = autopilot.guardrail_violations(proposal, row)
+    assert any(f"proposal #{earlier.pk}" in w and "prefill" in w for w in why), why
+    Proposal.objects.filter(pk=earlier.pk).update(
+        created_at=timezone.now() - timedelta(seconds=400)
+    )
+    assert autopilot.guardrail_violations(proposal, row) == []
+    for i in range(10):  # the fleet misses the SLA now
+        _record(timezone.now() - timedelta(seconds=i), ttft=30.0)
+    why = autopilot.guardrail_violations(proposal, row)
+    assert any("misses the SLA now (P90 30.0 s)" in w for w in why), why
+    grow = _proposal(fleet, [_start(fleet["nodes"]["a-2"])], **shrink)
+    grow.target = {"nodes": {"prefill": 3, "relay_decode": 0, "main_decode": 1}}
+    grow.save()
+    assert autopilot.guardrail_violations(grow, row) == []  # growing is never held so

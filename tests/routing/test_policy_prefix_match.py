@@ -69,3 +69,31 @@ def test_prefill_goes_to_the_p_holding_the_prompts_prefix_unless_it_is_saturated
     settings = PolicySettings()
     assert decide(request, snapshot(0.5), settings).prefill_id == "p2"  # busier, but holds it
     assert decide(request, snapshot(1.0), settings).prefill_id == "p1"  # saturated: balance
+
+
+def test_a_short_shared_prefix_does_not_keep_a_new_prefill_idle():
+    """Fresh prompts that share only a system prompt: the P holding it is no better than a P
+    started later, so the least loaded one takes them (a hit below prefill_min_hit_share of the
+    prompt does not count); a session's turn, mostly cached, still goes back to its P."""
+    from routing.policy import ClusterSnapshot, PolicySettings, WanLinkState, decide
+
+    system = tuple(f"{i:016x}" for i in range(1, 3))  # 2 blocks: 32 of 128 tokens
+    fresh = RequestInfo(prompt_tokens=128, max_tokens=8, block_tokens=16,
+                        prefix_block_hashes=system + tuple(f"f{i}" for i in range(6)))  # fmt: skip
+    turn = RequestInfo(prompt_tokens=128, max_tokens=8, block_tokens=16,
+                       prefix_block_hashes=system + tuple(f"s{i}" for i in range(6)))  # fmt: skip
+    held = frozenset(system + tuple(f"s{i}" for i in range(5)))  # the session: 112 of 128
+    snap = ClusterSnapshot(
+        prefill=(
+            InstanceState("p-old", "prefill", "A", load=0.6, cached_prefix_blocks=held),
+            InstanceState("p-new", "prefill", "A", load=0.0),
+        ),
+        relay_decode=(InstanceState("r1", "relay_decode", "A"),),
+        main_decode=(InstanceState("m1", "main_decode", "A"),),
+        wan_links={"A": WanLinkState(bandwidth_gbps=100.0, rtt_ms=0.1)},
+    )
+    settings = PolicySettings()
+    assert decide(fresh, snap, settings).prefill_id == "p-new"  # 25% cached: least loaded
+    assert decide(turn, snap, settings).prefill_id == "p-old"  # 87% cached: its home P
+    every_hit = PolicySettings(prefill_min_hit_share=0.0)
+    assert decide(fresh, snap, every_hit).prefill_id == "p-old"  # the former rule
