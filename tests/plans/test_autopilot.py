@@ -474,3 +474,16 @@ def test_a_scale_down_waits_for_a_stable_rate_and_a_fleet_that_meets_the_sla(fle
     grow.target = {"nodes": {"prefill": 3, "relay_decode": 0, "main_decode": 1}}
     grow.save()
     assert autopilot.guardrail_violations(grow, row) == []  # growing is never held so
+
+
+def test_the_measured_wan_throughput_replaces_the_scenarios_per_connection_rate():
+    fleet = {"links": {"dc-b": {"bandwidth_gbps": 2.5, "rtt_ms": 20, "tcp_window_kb": 562.5}}}
+    few = {"wan_gbps": {"requests": 3, "p50": 1.1}}
+    assert autopilot.measured_link(fleet, few) == ""
+    assert fleet["links"]["dc-b"]["tcp_window_kb"] == 562.5  # too few samples: unchanged
+    note = autopilot.measured_link(fleet, {"wan_gbps": {"requests": 40, "p50": 1.1}})
+    assert "1.10 Gbit/s" in note and "40 requests" in note
+    assert fleet["links"]["dc-b"] == {"bandwidth_gbps": 2.5, "rtt_ms": 20,
+                                      "per_connection_gbps": 1.1}  # fmt: skip
+    autopilot.measured_link(fleet, {"wan_gbps": {"requests": 40, "p50": 9.0}})
+    assert fleet["links"]["dc-b"]["per_connection_gbps"] == 2.5  # never above the line
