@@ -13,7 +13,7 @@ SERVICE_TESTS ?= tests/controlplane tests/fleet tests/plans tests/billing tests/
 # Browser tests need no database server; they run once, in the embedded pass.
 SERVICE_MARKS ?= not browser
 
-.PHONY: setup browser demo bench bench-paper test test-embedded test-services lint format clean vendor
+.PHONY: setup browser demo bench bench-paper bench-autopilot test test-embedded test-services lint format clean vendor
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,11 @@ bench: setup
 # summary.json, raw results under var/bench-paper/.
 bench-paper: setup
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m bench.paper $(BENCH_ARGS)
+
+# The autopilot on an emulated fleet whose rate doubles, automatic mode on (<= 15 min); writes
+# bench/autopilot/REPORT.md and summary.json, raw results under var/bench-autopilot/.
+bench-autopilot: setup
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m bench.autopilot $(BENCH_ARGS)
 
 # Faults against a real local fleet (agent SIGKILL/SIGSTOP, web SIGTERM/SIGKILL; <= 15 min);
 # writes bench/chaos/REPORT.md and summary.json, raw per-trial JSON under var/chaos/.

@@ -116,6 +116,10 @@ def summarise(
     }
 
 
+def _when(iso: Any) -> str:
+    return str(iso or "").replace("T", " ").removesuffix("+00:00")
+
+
 def _s(value: float | None, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
@@ -139,8 +143,9 @@ def render(summary: dict[str, Any], command: str, meta: dict[str, Any]) -> str:
         command,
         "```",
         "",
-        f"Run: {meta.get('started')} UTC, commit {meta.get('commit')}, {meta.get('machine')};"
-        f" {meta.get('wall_s', 0) / 60:.1f} minutes. Raw output: `var/bench-autopilot/`.",
+        f"Run: {_when(meta.get('started'))} UTC, commit {meta.get('commit')}, "
+        f"{meta.get('machine')}; {meta.get('wall_s', 0) / 60:.1f} minutes. Raw output: "
+        "`var/bench-autopilot/`.",
         "",
         "## Goals",
         "",
