@@ -97,7 +97,11 @@ DESCRIPTIONS = {
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 
 # Tags by path prefix (checked first), else the view's app.
-PATH_TAGS = (("/api/v1/plans/", "planner"), ("/api/v1/agent/", "agents"))
+PATH_TAGS = (
+    ("/api/v1/plans/", "planner"),
+    ("/api/v1/autopilot/", "planner"),
+    ("/api/v1/agent/", "agents"),
+)
 
 
 class BatonAutoSchema(AutoSchema):

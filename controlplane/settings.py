@@ -306,7 +306,7 @@ SPECTACULAR_SETTINGS = {
             "description": "A tenant's own usage and statements (/v1/organization), with the "
             "tenant's API key.",
         },
-        {"name": "planner", "description": "Capacity-planning runs."},
+        {"name": "planner", "description": "Capacity-planning and sizing runs, the autopilot."},
         {"name": "agents", "description": "Node agents' registration and heartbeats."},
     ],
     # The gateway's /v1 operations and a tenant's /v1/organization ones (plain Django views

@@ -51,7 +51,7 @@ def test_api_v1_has_one_tag_per_app(schema):
     assert {"datacenters", "nodes", "instances", "models"} <= tags["fleet"]
     assert {"tenants", "api-keys", "usage", "statements", "billing"} <= tags["billing"]
     assert {"requests", "decisions", "routing-policy"} <= tags["routing"]
-    assert tags["planner"] == {"plans"} and tags["agents"] == {"agent"}
+    assert tags["planner"] == {"plans", "autopilot"} and tags["agents"] == {"agent"}
     assert [t["name"] for t in schema["tags"]][0] == "openai"
     assert {t["name"] for t in schema["tags"]} == {"openai", "organization", *tags}
 
