@@ -58,7 +58,7 @@ test-services: setup
 
 # The control plane, the demo fleet's agents and gentle agentic traffic; Ctrl-C stops all.
 demo: setup
-	$(PY) -m bench.demo --host $(HOST) --port $(PORT)
+	$(PY) -m bench.demo --host $(HOST) --port $(PORT) $(DEMO_ARGS)
 
 # The live PDD benchmark: IDC-PD, CDC-PD and PDD on local agents at three rates (<= 20 min);
 # writes bench/pdd/REPORT.md, summary.json and the plots, raw results under var/bench-pdd/.

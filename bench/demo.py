@@ -31,6 +31,21 @@ EMULATED_PORTS = {
     **{f"emu-a-prefill-{i}": 9300 + i for i in range(1, 5)},
     **{f"emu-a-relay-{i}": 9310 + i for i in range(1, 3)},
     **{f"emu-b-decode-{i}": 9320 + i for i in range(1, 4)},
+    "emu-a-spare-1": 9331,  # spare nodes: no instance until the autopilot starts one
+    "emu-b-spare-1": 9332,
+}
+SPARE_NODES = ("emu-a-spare-1", "emu-b-spare-1")
+# `--ramp-at-s`: the autopilot's automatic mode for the emulated fleet (docs/autopilot.md),
+# sized with the paper model's scenario; the workload comes from the live records.
+RAMP_AUTOPILOT = {
+    "automatic": True,
+    "scenario": "autopilot-demo",
+    "interval_s": 60,
+    "window_s": 300,
+    "cooldown_s": 120,
+    "max_change_per_step": 2,
+    # The demo shows PDD: a relay, a prefill and a main decoder stay whatever the rate.
+    "floors": {"prefill": 1, "relay_decode": 1, "main_decode": 1},
 }
 # Emulated KV on the wire: the real bytes / this, and the emulated agents' links shaped alike,
 # so a transfer takes the declared link's time with 1% of the bytes on loopback.
@@ -243,6 +258,13 @@ def main() -> int:
         default=0.25,
         help="mean request rate of the emulated fleet's paper-like traffic",
     )
+    parser.add_argument(
+        "--ramp-at-s",
+        type=float,
+        default=None,
+        help="double the emulated fleet's traffic this many seconds in, with the autopilot's "
+        "automatic mode on for it (spare nodes: emu-a-spare-1, emu-b-spare-1)",
+    )
     parser.add_argument("--wait-s", type=float, default=240.0, help="how long the fleet may take")
     parser.add_argument(
         "--grace-s", type=float, default=10.0, help="on stop: SIGTERM, then SIGKILL after this"
@@ -352,7 +374,8 @@ def main() -> int:
                 api.post(f"/api/v1/instances/{row['id']}/start/").raise_for_status()
 
         def demo_pending() -> list[str]:
-            return pending_instances(demo_instances(), node_names, agent_ports)
+            wanted = [node for node in agent_ports if node not in SPARE_NODES]
+            return pending_instances(demo_instances(), node_names, wanted)
 
         wait_until(demo_pending, args.wait_s, "the demo fleet's P, RLD and MD instances to run")
         say("fleet is up: P and RLD in dc-a, MD in dc-b, WAN 60 Mbit/s / 30 ms (scaled)")
@@ -374,12 +397,26 @@ def main() -> int:
             while not [p for p in children.procs if p.poll() is not None]:
                 time.sleep(1)
             return 1
+        if args.ramp_at_s is not None and not args.no_emulated:
+            start_autopilot(api)
         return asyncio.run(run_traffic(url, api_key, args, children.procs))
     except KeyboardInterrupt:
         return 0
     finally:
         say("stopping")
         children.stop()
+
+
+def start_autopilot(api: httpx.Client) -> None:
+    """The autopilot's automatic mode for the emulated fleet (`--ramp-at-s`)."""
+    models = api.get("/api/v1/models/", params={"page_size": 100}).json()["results"]
+    model = next(m["id"] for m in models if m["name"] == EMULATED_MODEL)
+    body = {**RAMP_AUTOPILOT, "served_model": model}
+    api.patch("/api/v1/autopilot/settings/", json=body).raise_for_status()
+    say(
+        f"autopilot: automatic mode on for {EMULATED_MODEL}, a proposal every "
+        f"{RAMP_AUTOPILOT['interval_s']} s; follow it on /planner/#autopilot"
+    )
 
 
 def seed_prices(api: httpx.Client) -> None:
@@ -452,10 +489,27 @@ async def run_traffic(url: str, api_key: str, args, procs) -> int:
             )
         )  # fmt: skip
     rated = False
+    ramped = args.ramp_at_s is None or args.no_emulated
     began = time.monotonic()
     try:
         while not all(t.done() for t in tasks):
             await asyncio.sleep(10)
+            if not ramped and time.monotonic() - began >= args.ramp_at_s:
+                # The emulated fleet's rate doubles: a second stream of sessions as heavy.
+                ramped = True
+                more = paper_workload(
+                    rps=args.emulated_rps, duration_s=args.duration_s, seed=args.seed + 1
+                )
+                say(f"ramp: the emulated fleet's traffic doubles (~{2 * args.emulated_rps} req/s)")
+                tasks.append(
+                    asyncio.create_task(
+                        replay(
+                            base_url=url, api_key=api_key, model=EMULATED_MODEL, spec=more,
+                            stop=stop, stats=emulated, max_in_flight=32,
+                            **session_options(more),
+                        )
+                    )
+                )  # fmt: skip
             if not rated and time.monotonic() - began > 60:
                 # Rate the first minute's usage now (beat rates every 5 minutes), so the billing
                 # page shows this month's open statements without waiting.

@@ -42,7 +42,8 @@ def test_seed_demo_emulated_adds_a_two_datacenter_fleet_of_the_paper_model():
     call_command("seed_demo", "--emulated", stdout=StringIO())
     after = _counts()
     assert after["Datacenter"] == before["Datacenter"] + 2
-    assert after["Node"] == before["Node"] + 9
+    assert after["Node"] == before["Node"] + 11  # 9 with an instance, 2 spare (the autopilot's)
+    assert not Instance.objects.filter(node__hostname__contains="spare").exists()
     model = ServedModel.objects.get(name="paper-dsv4")
     assert model.emulated and not ServedModel.objects.get(name="baton-tiny").emulated
     emulated = Instance.objects.filter(served_model=model)

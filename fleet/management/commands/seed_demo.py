@@ -96,7 +96,7 @@ EMULATED_MODEL = {
     "max_context_tokens": 262_144,
     "kv_block_size": 16,
 }
-EMULATED_NODES = [
+EMULATED_NODES: list[dict[str, Any]] = [
     *(
         {"hostname": f"emu-a-prefill-{i}", "dc": "emu-a", "gpu": "gpu-a", "gpus": 8,
          "port": 9300 + i, "role": InstanceRole.PREFILL}
@@ -112,6 +112,12 @@ EMULATED_NODES = [
          "port": 9320 + i, "role": InstanceRole.MAIN_DECODE}
         for i in range(1, 4)
     ),
+    # Spare nodes: an idle agent each and no instance, where the autopilot (docs/autopilot.md)
+    # may start one when `make demo`'s traffic ramps (bench/demo.py --ramp-at-s).
+    {"hostname": "emu-a-spare-1", "dc": "emu-a", "gpu": "gpu-a", "gpus": 8, "port": 9331,
+     "role": None},
+    {"hostname": "emu-b-spare-1", "dc": "emu-b", "gpu": "gpu-b", "gpus": 8, "port": 9332,
+     "role": None},
 ]  # fmt: skip
 
 
@@ -137,7 +143,8 @@ class Command(BaseCommand):
                 created.append(f"gpu type {spec['model']}")
         fleets: list[tuple[Any, ...]] = [(DATACENTERS, PRICES, LINK, MODEL, NODES, INSTANCES)]
         if emulated:
-            instances = [(n["hostname"], n["role"], n["gpus"]) for n in EMULATED_NODES]
+            instances = [(n["hostname"], n["role"], n["gpus"]) for n in EMULATED_NODES
+                         if n["role"] is not None]  # fmt: skip
             fleets.append(
                 (
                     EMULATED_DATACENTERS,
