@@ -123,9 +123,11 @@ def lengths(n: int, seed: int = SEED) -> tuple[list[int], list[int]]:
     return [max(int(p), SHARED_TOKENS + 256) for p in prompts], [int(a) for a in answers]
 
 
-def declare(cp: ControlPlane, ports) -> tuple[list[dict], int]:
-    """GPU types, datacenters, link, prices, model, the 7 nodes and the 2 starting instances
-    over REST; (nodes, served model id)."""
+def declare(
+    cp: ControlPlane, ports, nodes_per_dc: dict[str, tuple[str, int, str]] | None = None
+) -> tuple[list[dict], int]:
+    """GPU types, datacenters, link, prices, model, the nodes (NODES: 7) and the 2 starting
+    instances (on auto-a-1 and auto-b-1) over REST; (nodes, served model id)."""
     gpu_ids = {}
     for key, name in (("GPU-A", "paper-a"), ("GPU-B", "paper-b")):
         spec = {k: PAPER_GPUS[key][k] for k in ("peak_bf16_tflops", "memory_gib",
@@ -142,11 +144,11 @@ def declare(cp: ControlPlane, ports) -> tuple[list[dict], int]:
                 "rdma_domain": f"auto-{dc.lower()}",
             },
         )["id"]  # fmt: skip
-        for dc in NODES
+        for dc in (nodes_per_dc or NODES)
     }
     cp.post("wan-links", {"from_datacenter": dcs["A"], "to_datacenter": dcs["B"], **LINK,
                           "monthly_cost": "0"})  # fmt: skip
-    for dc, (gpu, _, _) in NODES.items():
+    for dc, (gpu, _, _) in (nodes_per_dc or NODES).items():
         cp.post("unit-prices", {"gpu_type": gpu_ids[gpu], "datacenter": dcs[dc],
                                 "price_per_gpu_hour": PRICES[gpu], "currency": "USD",
                                 "effective_from": "2026-01-01T00:00:00Z"})  # fmt: skip
@@ -156,7 +158,7 @@ def declare(cp: ControlPlane, ports) -> tuple[list[dict], int]:
          "max_context_tokens": 262_144, "kv_block_size": 16},
     )["id"]  # fmt: skip
     nodes = []
-    for dc, (gpu, count, role) in NODES.items():
+    for dc, (gpu, count, role) in (nodes_per_dc or NODES).items():
         for i in range(1, count + 1):
             port = next(ports)
             host = f"auto-{dc.lower()}-{i}"
@@ -214,8 +216,9 @@ def recovered_at(minutes: list[dict]) -> float | None:
 
 
 async def replay(cp: ControlPlane, times: list[float], prompts: list[int], answers: list[int],
-                 progress) -> list[dict]:  # fmt: skip
-    """Send every request at its time; each one's outcome (client clock)."""
+                 progress, tag: str = "") -> list[dict]:  # fmt: skip
+    """Send every request at its time; each one's outcome (client clock). ``tag`` makes the
+    prompts of another call differ from this one's."""
     system = system_message(SHARED_TOKENS)
     results = [{"i": i, "arrival_s": t, "prompt_tokens": prompts[i], "max_tokens": answers[i]}
                for i, t in enumerate(times)]  # fmt: skip
@@ -228,8 +231,10 @@ async def replay(cp: ControlPlane, times: list[float], prompts: list[int], answe
             await asyncio.sleep(max(0.0, start + res["arrival_s"] - time.monotonic()))
             size = prompts[i] - tokens_of([system], False) - len("<|user|>\n") - 1
             size -= len("<|assistant|>\n")
-            rng = random.Random(f"autopilot-{SEED}-{i}")
-            msgs = [system, {"role": "user", "content": f"[r{i}] " + filler(rng, max(size - 8, 8))}]
+            rng = random.Random(f"autopilot-{SEED}-{tag}{i}")
+            head = f"[{tag}r{i}] "  # the benchmark's own prompts: tag ""
+            text = head + filler(rng, max(size - 8 - len(tag), 8))
+            msgs = [system, {"role": "user", "content": text}]
             text = await stream_one(http, cp.url, cp.api_key, MODEL, msgs, answers[i], res,
                                     progress.first)  # fmt: skip
             res["ttft_s"] = res.get("ttft_wall")
