@@ -15,10 +15,12 @@ if TYPE_CHECKING:
 
 # Wire format of export_kv / import_kv (all little-endian):
 #   header, 24 bytes, struct "<4sBBHHHIII":
-#     magic b"BKV1" | version u8 (=1) | dtype code u8 (0 float32, 1 bfloat16, 2 float16)
+#     magic b"BKV1" | version u8 (=1) | dtype code u8 (0 float32, 1 bfloat16, 2 float16,
+#     3 int8: 8-bit transport with per-block scales, its body laid out in kv_codec.py)
 #     | num_layers u16 | num_kv_heads u16 | head_dim u16
 #     | start_token u32 | end_token u32 | reserved u32 (=0; an emulated engine's payload has
-#     num_layers 0, no tensor, and its bytes per token here: agents/engine/emulated.py)
+#     num_layers 0, no tensor, and its bytes per token here: agents/engine/emulated.py; an
+#     int8 payload has its scales' block size in tokens here)
 #   body: one C-order tensor shaped [2, num_layers, end_token - start_token, num_kv_heads,
 #     head_dim] of the header's dtype; index 0 of the first axis is K, 1 is V. Keys are stored
 #     after RoPE (as the attention reads them), so the receiver copies them verbatim.
@@ -26,8 +28,22 @@ KV_MAGIC = b"BKV1"
 KV_VERSION = 1
 _HEADER = struct.Struct("<4sBBHHHIII")
 KV_HEADER_BYTES = _HEADER.size
-# dtype code -> name (agents.engine.config.DTYPE_NAMES)
-_CODE_NAMES = {0: "float32", 1: "bfloat16", 2: "float16"}
+# dtype code -> name (agents.engine.config.DTYPE_NAMES, and the 8-bit transport format)
+_CODE_NAMES = {0: "float32", 1: "bfloat16", 2: "float16", 3: "int8"}
+INT8_CODE = 3
+
+
+def format_code(name: str) -> int:
+    """The header's code of a format name (float32, bfloat16, float16, int8)."""
+    for code, known in _CODE_NAMES.items():
+        if known == name:
+            return code
+    raise ValueError(f"unknown KV format {name!r}; known: {', '.join(_CODE_NAMES.values())}")
+
+
+def format_name(code: int) -> str:
+    return _CODE_NAMES[code]
+
 
 assert KV_HEADER_BYTES == 24, "header must stay 8-byte aligned for the body's elements"
 assert sys.byteorder == "little", "the KV wire format assumes a little-endian host"
@@ -53,6 +69,7 @@ class KVHeader(NamedTuple):
     head_dim: int
     start_token: int
     end_token: int
+    reserved: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -74,14 +91,14 @@ def read_kv_header(payload: bytes | bytearray | memoryview) -> KVHeader:
     """Parse and check the header of a KV payload (does not read the body)."""
     if len(payload) < KV_HEADER_BYTES:
         raise ValueError(f"KV payload too short for its header: {len(payload)} bytes")
-    magic, version, code, layers, heads, dim, start, end, _ = _HEADER.unpack_from(payload, 0)
+    magic, version, code, layers, heads, dim, start, end, reserved = _HEADER.unpack_from(payload, 0)
     if magic != KV_MAGIC or version != KV_VERSION:
         raise ValueError(f"not a KV payload of version {KV_VERSION} (magic {magic!r}, v{version})")
     if code not in _CODE_NAMES:
         raise ValueError(f"KV payload has unknown dtype code {code}")
     if end < start:
         raise ValueError(f"KV payload range is reversed: [{start}, {end})")
-    return KVHeader(code, layers, heads, dim, start, end)
+    return KVHeader(code, layers, heads, dim, start, end, reserved)
 
 
 def kv_header(
@@ -230,6 +247,13 @@ class PagedKVPool(KVPool):
         import torch
 
         header = read_kv_header(payload)
+        own = _CODE_NAMES[_dtype_code(self.k_cache.dtype)]
+        if header.dtype_name != own:
+            # Another format (a P of another dtype, or 8-bit transport): into this pool's.
+            from agents.engine.kv_codec import decode_to
+
+            payload = decode_to(payload, own)
+            header = read_kv_header(payload)
         layers, _, bs, heads, dim = self.k_cache.shape
         if (header.num_layers, header.num_kv_heads, header.head_dim) != (layers, heads, dim):
             raise ValueError(
