@@ -59,6 +59,9 @@ class LiveView:
     built_at: float = 0.0
     # instance id -> (wall time of the report its load comes from, its max running requests)
     reported: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # (P datacenter, MD datacenter) -> the KV format the WAN link asks P to send (WANLink
+    # kv_format; absent: the engine's own)
+    kv_formats: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 _LINK_STATUS = {
@@ -117,6 +120,7 @@ class _LinkRow:
     bandwidth_gbps: float
     rtt_ms: float
     status: str
+    kv_format: str = ""
 
 
 def _load_topology(model_name: str) -> tuple[tuple[_InstanceRow, ...], tuple[_LinkRow, ...]]:
@@ -147,6 +151,7 @@ def _load_topology(model_name: str) -> tuple[tuple[_InstanceRow, ...], tuple[_Li
             link.bandwidth_gbps,
             link.rtt_ms,
             link.status,
+            link.kv_format,
         )
         for link in WANLink.objects.select_related("from_datacenter", "to_datacenter")
     )
@@ -287,6 +292,7 @@ def build_live_view(model_name: str) -> LiveView:
         endpoints=endpoints,
         built_at=time.monotonic(),
         reported=reported,
+        kv_formats={(link.src, link.dst): link.kv_format for link in link_rows if link.kv_format},
     )
 
 

@@ -149,6 +149,18 @@ def dequantize_int8(payload: bytes | bytearray | memoryview, dtype: str) -> byte
     return head + body.contiguous().view(torch.uint8).numpy().tobytes()
 
 
+def encoded_size(payload: bytes | bytearray | memoryview, fmt: str) -> int:
+    """The size of ``to_format(payload, fmt)``, from the header alone (no encoding)."""
+    header = read_kv_header(payload)
+    layers, n = header.num_layers, header.num_tokens
+    heads, dim = header.num_kv_heads, header.head_dim
+    if fmt == "int8":
+        blocks = -(-n // INT8_BLOCK_TOKENS)
+        return KV_HEADER_BYTES + 2 * layers * blocks * heads * 4 + 2 * layers * n * heads * dim
+    elem = {"float32": 4, "bfloat16": 2, "float16": 2}[format_name(format_code(fmt))]
+    return KV_HEADER_BYTES + 2 * layers * n * heads * dim * elem
+
+
 def to_format(payload: bytes | bytearray | memoryview, fmt: str) -> bytes:
     """The payload in format ``fmt``: ``int8`` or a float dtype name."""
     format_code(fmt)  # ValueError naming the known formats

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.engine import SamplingParams, TokenLogprob
+from agents.engine.kv_codec import encoded_size, to_format
+from agents.engine.kv_pool import read_kv_header
 from agents.engine.outputs import PrefillResult, TokenOutput
 from agents.node.agent import Agent, Instance
 from agents.node.pipeline_common import (
@@ -274,8 +276,20 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             # Counted when committed: a relayed request's KV for MD may still be on its way when
             # the user's stream ends (see "done" below). The KV the payload stands for: an
             # emulated engine's carries 1/kv_scale of it (kv_wire_bytes: what crossed).
+            fmt = peer.kv_format if fabric == "wan" else None
+            if fmt and read_kv_header(payload).num_layers:
+                # The WAN link asks for another format (8-bit, another dtype): encoded off the
+                # event loop, counted at its encoded size; MD decodes it on import.
+                stats["kv_bytes"][fabric] += encoded_size(payload, fmt)
+                stats["kv_format_wan"] = fmt
+                sends.append(asyncio.create_task(ship_as(peer, payload, fmt, fabric, lo)))
+                return
             stats["kv_bytes"][fabric] += worker.engine.represented_bytes(payload)
             sends.append(asyncio.create_task(ship(peer, payload, fabric, lo)))
+
+        async def ship_as(peer: Peer, payload: bytes, fmt: str, fabric: str, lo: int) -> None:
+            encoded = await asyncio.to_thread(to_format, payload, fmt)
+            await ship(peer, encoded, fabric, lo)
 
         if main is not None:
             # An MD in P's own datacenter (in-DC PD) gets the delta over the intra-DC fabric.

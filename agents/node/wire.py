@@ -138,6 +138,10 @@ def sampling_json(s: SamplingParams) -> dict[str, Any]:
     return body
 
 
+# KV formats a peer may ask for across the WAN (agents/engine/kv_codec.py).
+KV_FORMATS = ("float32", "bfloat16", "float16", "int8")
+
+
 @dataclass(slots=True)
 class Peer:
     """Where another instance is: its agent's HTTP base URL and KV fabric addresses."""
@@ -148,6 +152,9 @@ class Peer:
     instance: str
     datacenter: str | None = None
     wan_port: int | None = None
+    # The KV format to send this peer across the WAN (the link's kv_format): None for the
+    # engine's own; a float dtype name or "int8" (agents/engine/kv_codec.py).
+    kv_format: str | None = None
 
     @classmethod
     def parse(cls, raw: Any, field: str) -> Peer:
@@ -166,7 +173,10 @@ class Peer:
         if not isinstance(instance, str) or not instance or "|" in instance:
             raise bad(f"{field}.instance", "required instance id (string)")
         datacenter = get_str(body, "datacenter", None)
-        return cls(http.rstrip("/"), kv_host, kv_port, instance, datacenter, wan_port)
+        kv_format = get_str(body, "kv_format", None) or None
+        if kv_format is not None and kv_format not in KV_FORMATS:
+            raise bad(f"{field}.kv_format", f"must be one of {', '.join(KV_FORMATS)}")
+        return cls(http.rstrip("/"), kv_host, kv_port, instance, datacenter, wan_port, kv_format)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -176,6 +186,7 @@ class Peer:
             "wan_port": self.wan_port,
             "instance": self.instance,
             "datacenter": self.datacenter,
+            **({"kv_format": self.kv_format} if self.kv_format else {}),
         }
 
     def kv_address(self, cross_dc: bool) -> tuple[str, int]:

@@ -122,6 +122,7 @@ class WANLinkSerializer(ModelCleanMixin, serializers.ModelSerializer):
             "monthly_cost",
             "currency",
             "status",
+            "kv_format",
             "created_at",
             "updated_at",
         ]

@@ -11,6 +11,15 @@ from django.db import models
 from fleet.choices import LinkStatus
 from fleet.validators import GreaterThanValidator
 
+# The KV transport formats a link may ask for (agents/engine/kv_codec.py).
+KV_FORMATS = [
+    ("", "the engine's own (lossless)"),
+    ("float32", "float32"),
+    ("bfloat16", "bfloat16"),
+    ("float16", "float16"),
+    ("int8", "8-bit, per-block scales (lossy)"),
+]
+
 
 class WANLink(models.Model):
     from_datacenter = models.ForeignKey(
@@ -55,6 +64,14 @@ class WANLink(models.Model):
         choices=LinkStatus.choices,
         default=LinkStatus.UP,
         help_text="Operational status: up, degraded or down.",
+    )
+    kv_format = models.CharField(
+        max_length=16,
+        choices=KV_FORMATS,
+        blank=True,
+        default="",
+        help_text="Format of the KV P sends across this link: empty for the engine's own "
+        "(lossless), a float dtype, or int8 (8-bit with per-block scales, lossy; docs/agents.md).",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -145,6 +145,9 @@ def build_plan(
         body["early_first_token"] = True
     if pipeline in (Pipeline.P_MD, Pipeline.P_RLD_MD):
         body["main"] = _target(main)
+        fmt = view.kv_formats.get((prefill.datacenter, main.datacenter)) if main else None
+        if fmt and body["main"] is not None:
+            body["main"]["kv_format"] = fmt  # what the WAN link asks P to send MD
     if pipeline in (Pipeline.P_RLD_MD, Pipeline.RLD_ONLY):
         body["relay"] = _target(relay)
     if pipeline == Pipeline.P_RLD_MD:
