@@ -14,6 +14,7 @@ from typing import Any
 from agents.engine.config import EngineConfig
 from agents.engine.errors import EngineFull, PrefixMissing
 from agents.engine.interface import ModelLimits
+from agents.engine.kv_codec import decode_to
 from agents.engine.kv_pool import KVPool, read_kv_header
 from agents.engine.outputs import (
     EngineStats,
@@ -157,6 +158,12 @@ class EngineCore(ABC):
         reuses whatever part is cached): slower, but the request is served."""
         prompt = list(prompt_ids)
         header = read_kv_header(payload)
+        own = getattr(self.pool, "dtype_name", header.dtype_name)
+        if header.dtype_name != own:
+            # Another format (a P of another dtype, or 8-bit transport across the WAN):
+            # decoded into this engine's dtype first (agents/engine/kv_codec.py).
+            payload = decode_to(payload, own)
+            header = read_kv_header(payload)
         if (header.start_token, header.end_token) != (start_token, len(prompt)):
             raise ValueError(
                 f"{request_id}: payload covers [{header.start_token}, {header.end_token}), "

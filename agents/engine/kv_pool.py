@@ -226,6 +226,11 @@ class PagedKVPool(KVPool):
         slots = table[pos // self.block_size] * self.block_size + pos % self.block_size
         return slots.to(self.device)
 
+    @property
+    def dtype_name(self) -> str:
+        """The pool's dtype as the wire format names it (float32, bfloat16, float16)."""
+        return _CODE_NAMES[_dtype_code(self.k_cache.dtype)]
+
     def _flat(self) -> tuple[torch.Tensor, torch.Tensor]:
         layers, blocks, bs, heads, dim = self.k_cache.shape
         shape = (layers, blocks * bs, heads, dim)
@@ -247,13 +252,6 @@ class PagedKVPool(KVPool):
         import torch
 
         header = read_kv_header(payload)
-        own = _CODE_NAMES[_dtype_code(self.k_cache.dtype)]
-        if header.dtype_name != own:
-            # Another format (a P of another dtype, or 8-bit transport): into this pool's.
-            from agents.engine.kv_codec import decode_to
-
-            payload = decode_to(payload, own)
-            header = read_kv_header(payload)
         layers, _, bs, heads, dim = self.k_cache.shape
         if (header.num_layers, header.num_kv_heads, header.head_dim) != (layers, heads, dim):
             raise ValueError(
@@ -261,8 +259,11 @@ class PagedKVPool(KVPool):
                 f"{(header.num_layers, header.num_kv_heads, header.head_dim)} does not match "
                 f"this pool's {(layers, heads, dim)}"
             )
-        if header.dtype != self.k_cache.dtype:
-            raise ValueError(f"KV payload dtype {header.dtype} != pool dtype {self.k_cache.dtype}")
+        if header.dtype_name != self.dtype_name:
+            raise ValueError(
+                f"KV payload format {header.dtype_name} != pool dtype {self.dtype_name} "
+                "(kv_codec.decode_to converts it)"
+            )
         if header.start_token % bs:
             raise ValueError(f"KV payload start {header.start_token} is not a multiple of {bs}")
         n = header.num_tokens

@@ -47,11 +47,13 @@ def test_widening_is_lossless_and_narrowing_rounds_once(narrow):
     assert convert_dtype(payload, str(narrow).removeprefix("torch.")) == payload  # same dtype
 
 
-def test_a_pool_imports_a_payload_of_another_dtype_as_its_own():
+def test_a_payload_of_another_dtype_is_decoded_into_the_pools():
     source = _pool(torch.bfloat16)
     payload = source.export_kv([2, 3], 0, 32)
     target = PagedKVPool(LAYERS, HEADS, DIM, 4, BS, dtype=torch.float32)
-    header = target.import_kv(payload, [0, 1])
+    with pytest.raises(ValueError, match="decode_to converts it"):
+        target.import_kv(payload, [0, 1])  # the engine decodes first (EngineCore.import_prefix)
+    header = target.import_kv(decode_to(payload, target.dtype_name), [0, 1])
     assert header.dtype_name == "float32"
     assert torch.equal(target.k_cache[:, 0], source.k_cache[:, 2].to(torch.float32))
     assert torch.equal(target.v_cache[:, 1], source.v_cache[:, 3].to(torch.float32))
@@ -86,7 +88,7 @@ def test_int8_imports_into_any_float_pool_and_keeps_zeros_zero():
     payload = quantize_int8(source.export_kv([1, 2], 0, 32))
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         target = PagedKVPool(LAYERS, HEADS, DIM, 2, BS, dtype=dtype)
-        target.import_kv(payload, [0, 1])
+        target.import_kv(decode_to(payload, target.dtype_name), [0, 1])
         assert torch.count_nonzero(target.k_cache[:, 0]) == 0  # an all-zero block stays zero
         err = (target.v_cache[:, 1].float() - source.v_cache[:, 2]).abs().max()
         assert err < 0.1
