@@ -84,6 +84,7 @@ class DoneStats:
     handoff_bytes: int = 0
     handoff: HandoffStats = field(default_factory=HandoffStats)
     main_error: str | None = None
+    kv_format_wan: str = ""  # the format P sent MD's KV in across the WAN ("": its own)
 
     @classmethod
     def from_json(cls, raw: Any) -> DoneStats:
@@ -111,6 +112,7 @@ class DoneStats:
             handoff_bytes=_count(raw.get("handoff_bytes")),
             handoff=HandoffStats.from_json(raw.get("handoff")),
             main_error=str(raw["main_error"]) if raw.get("main_error") else None,
+            kv_format_wan=str(raw.get("kv_format_wan") or "")[:16],
         )
 
     def to_json(self) -> dict[str, Any]:

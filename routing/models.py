@@ -119,6 +119,13 @@ class RequestRecord(models.Model):
         default=0, help_text="KV bytes over the intra-DC fabric."
     )
     kv_bytes_wan = models.BigIntegerField(default=0, help_text="KV bytes over the WAN.")
+    kv_format_wan = models.CharField(
+        max_length=16,
+        blank=True,
+        default="",
+        help_text="Format of the KV sent across the WAN (the link's kv_format; empty: the "
+        "engine's own).",
+    )
     handoff_bytes = models.BigIntegerField(
         default=0, help_text="Bytes of token ids handed RLD -> MD."
     )

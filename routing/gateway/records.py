@@ -57,6 +57,7 @@ class Outcome:
     finish_reason: str = ""
     kv_bytes_intra_dc: int = 0
     kv_bytes_wan: int = 0
+    kv_format_wan: str = ""
     handoff_bytes: int = 0
     handoff_at_token: int | None = None
     handoff_batches: int = 0
@@ -113,6 +114,7 @@ def _record_row(
         finish_reason=outcome.finish_reason if outcome.status == "ok" else "",
         kv_bytes_intra_dc=outcome.kv_bytes_intra_dc,
         kv_bytes_wan=outcome.kv_bytes_wan,
+        kv_format_wan=outcome.kv_format_wan,
         handoff_bytes=outcome.handoff_bytes,
         prefill_instance=(decision.prefill_id if decision else "") or "",
         relay_instance=(decision.relay_id if decision else "") or "",

@@ -362,6 +362,7 @@ class Run:
             finish_reason=self.finish_reason or "",
             kv_bytes_intra_dc=s.kv_bytes["intra_dc"],
             kv_bytes_wan=s.kv_bytes["wan"],
+            kv_format_wan=s.kv_format_wan,
             handoff_bytes=s.handoff_bytes,
             handoff_at_token=s.handoff.at_token,
             handoff_batches=s.handoff.batches,

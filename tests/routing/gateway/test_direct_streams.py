@@ -41,7 +41,7 @@ def fleet(transactional_db, settings, monkeypatch):
                                 "role": "prefill"},
             }  # fmt: skip
             stats = {"prefill_s": 0.25, "kv_bytes": {"intra_dc": 0, "wan": 4096},
-                     "cached_tokens": 4}  # fmt: skip
+                     "cached_tokens": 4, "kv_format_wan": "int8"}  # fmt: skip
             yield [{"type": "continue", "url": f"{target}/v1/pdd/decode", "body": follow,
                     "instance": main["instance"], "role": "md", "stats": stats}]  # fmt: skip
             return
@@ -108,6 +108,7 @@ def test_the_gateway_reads_the_decoders_stream_itself(fleet, stream):
     assert script["cancelled"] == []  # the stream ended with its done: nothing to cancel
     assert record.tokens_by_md == 2  # counted from the decoder's token events
     assert record.kv_bytes_wan == 4096  # P's figures, from its `continue`
+    assert record.kv_format_wan == "int8"  # the format the link asked P to send
     assert record.cached_tokens == 4
 
 
