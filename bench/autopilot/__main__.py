@@ -59,7 +59,21 @@ def main(argv: list[str] | None = None) -> int:
         default=r.RUN_S,
         help="seconds of arrivals (shorter: a smoke run, not published)",
     )
+    parser.add_argument(
+        "--late-ramp",
+        action="store_true",
+        help=f"the ramp at {r.LATE_RAMP_AT_S:g} s, arrivals until {r.LATE_RUN_S:g} s "
+        "(written to REPORT-late-ramp.md)",
+    )
     args = parser.parse_args(argv)
+    full_run_s = r.RUN_S
+    if args.late_ramp:
+        r.RAMP_AT_S, r.RUN_S = r.LATE_RAMP_AT_S, r.LATE_RUN_S
+        full_run_s = r.LATE_RUN_S
+        if args.run_s == parser.get_default("run_s"):
+            args.run_s = r.LATE_RUN_S
+        if args.out == parser.get_default("out"):
+            args.out = str(ROOT / "var" / "bench-autopilot-late")
     if args.run_s <= r.RAMP_AT_S + r.RAMP_S:
         print(f"--run-s must be > {r.RAMP_AT_S + r.RAMP_S:g} (the ramp's end)", file=sys.stderr)
         return 2
@@ -88,11 +102,15 @@ def main(argv: list[str] | None = None) -> int:
             "run_s": args.run_s}  # fmt: skip
     summary["meta"] = meta
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
-    text = report.render(summary, COMMAND, meta)
+    command = COMMAND + (" --late-ramp" if args.late_ramp else "")
+    text = report.render(summary, command, meta)
     (out / "REPORT.md").write_text(text)
-    if args.run_s == r.RUN_S:
-        (HERE / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
-        (HERE / "REPORT.md").write_text(text)
+    if args.run_s == full_run_s:
+        name = "-late-ramp" if args.late_ramp else ""
+        (HERE / f"summary{name}.json").write_text(
+            json.dumps(summary, indent=2, default=float) + "\n"
+        )
+        (HERE / f"REPORT{name}.md").write_text(text)
     print(f"[autopilot] done in {meta['wall_s'] / 60:.1f} min; goals: "
           f"{json.dumps(summary['goals'])}; report {out / 'REPORT.md'}", flush=True)  # fmt: skip
     return 0

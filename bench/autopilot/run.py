@@ -23,6 +23,12 @@ The scenario, fixed before the first run (never retuned after seeing a result):
   the realised ones (its first 5-minute window); every answer checked against the emulated
   engine's tokens and its record.
 
+**Late ramp** (``--late-ramp``, fixed before its first run, after the third run of the
+default scenario scaled up before its ramp on a first-minute burst): the same scenario with
+the ramp at LATE_RAMP_AT_S and arrivals until LATE_RUN_S, so that the autopilot has fitted the
+fleet to the low rate (its scale-down stabilisation holds a shrink for 300 s after a proposal
+that wanted more) before the rate doubles; the goals are the same.
+
 Goals (issue 41): the SLA met again within 5 minutes of the ramp (every minute from one that
 starts at most 300 s after the ramp's end meets it); the fleet's cost at most 10% above the
 cheapest fleet ``planner size`` finds offline for the new rate (the same scenario, the run's
@@ -57,6 +63,8 @@ PROFILE = "profile:paper-dsv4"
 RATE_LOW = 0.6  # req/s: one prefill node meets the SLA (the simulator: P90 ~6 s)
 RATE_HIGH = 2 * RATE_LOW  # one prefill node cannot (P90 ~42 s); two can (~5 s)
 RAMP_AT_S = 120.0
+LATE_RAMP_AT_S = 480.0
+LATE_RUN_S = 900.0
 RAMP_S = 60.0
 RUN_S = 600.0
 DRAIN_S = 60.0
