@@ -66,6 +66,10 @@ STEP_TIMEOUT_S = 600.0
 # The realised figures are recorded per window of this many seconds after apply, this many.
 REALISED_WINDOW_S = 300
 REALISED_WINDOWS = 3
+# A window's figures are taken this long after it ends, so the requests that arrived in it
+# have been answered (they are counted by arrival: a queue the applied fleet inherited from
+# before the apply is not its own doing).
+REALISED_SETTLE_S = 60
 # Relay thresholds tried around the policy's (factors), and handoff switches (catch-up below,
 # one-shot above: RLD load).
 THRESHOLD_FACTORS = (0.5, 1.0, 2.0)
@@ -824,15 +828,25 @@ def proposal_apply(*, proposal_id: int) -> Proposal | None:
 # --- the honesty loop and the tick ---------------------------------------------------------------
 
 
-def _ttft_quantiles(since, until, model: str = "") -> dict[str, Any]:
+def _ttft_quantiles(since, until, model: str = "", *, by_arrival: bool = False) -> dict[str, Any]:
+    """P90 / P99 TTFT of the served requests that ended in [since, until), or with
+    ``by_arrival`` that arrived then (a record's end less its e2e time): what the fleet did
+    with the traffic of that span, not with a queue it inherited."""
     from routing.models import RequestRecord
 
-    rows = RequestRecord.objects.filter(
-        created_at__gte=since, created_at__lt=until, status="ok", ttft_s__isnull=False
-    )
+    rows = RequestRecord.objects.filter(created_at__gte=since, status="ok", ttft_s__isnull=False)
+    if not by_arrival:
+        rows = rows.filter(created_at__lt=until)
     if model:
         rows = rows.filter(model=model)
-    values = sorted(v for v in rows.values_list("ttft_s", flat=True) if v is not None)
+    values = []
+    for created, e2e, ttft in rows.values_list("created_at", "e2e_s", "ttft_s"):
+        if ttft is None:
+            continue
+        if by_arrival and not since <= created - timedelta(seconds=e2e or 0.0) < until:
+            continue
+        values.append(ttft)
+    values.sort()
     if not values:
         return {"requests": 0}
 
@@ -853,8 +867,8 @@ def record_realised(proposal: Proposal, now=None) -> bool:
         return False
     start = proposal.applied_at + timedelta(seconds=done * REALISED_WINDOW_S)
     end = start + timedelta(seconds=REALISED_WINDOW_S)
-    if now < end:
-        return False
+    if now < end + timedelta(seconds=REALISED_SETTLE_S):
+        return False  # the window's last arrivals are still being answered
     after = (proposal.predicted or {}).get("after") or {}
     current = running_by_role(ServedModel.objects.filter(name=proposal.model).first())
     nodes = {role: len(current.get(role, [])) for role in ROLES}
@@ -863,7 +877,7 @@ def record_realised(proposal: Proposal, now=None) -> bool:
     window = {
         "from": start.isoformat(),
         "to": end.isoformat(),
-        **_ttft_quantiles(start, end, proposal.model),
+        **_ttft_quantiles(start, end, proposal.model, by_arrival=True),
         "cost_per_hour": cost,
         "nodes": nodes,
         "predicted_ttft_p90_s": after.get("ttft_p90_s"),

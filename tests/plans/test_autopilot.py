@@ -330,7 +330,8 @@ def test_the_schedule_proposes_once_per_interval(fleet):
 
 
 def test_realised_figures_are_recorded_per_window_after_apply(fleet):
-    applied = timezone.now() - timedelta(seconds=autopilot.REALISED_WINDOW_S + 30)
+    settle = autopilot.REALISED_SETTLE_S
+    applied = timezone.now() - timedelta(seconds=autopilot.REALISED_WINDOW_S + settle + 30)
     proposal = Proposal.objects.create(
         status=ProposalStatus.APPLIED, scenario="tiny-size", fingerprint="x", applied_at=applied,
         predicted={"after": {"ttft_p90_s": 0.8}},
@@ -340,6 +341,9 @@ def test_realised_figures_are_recorded_per_window_after_apply(fleet):
     )  # fmt: skip
     for i in range(10):
         _record(applied + timedelta(seconds=10 + i), ttft=0.1 * (i + 1))
+    # Arrived before the apply, answered after it (the queue the new fleet inherited): not its
+    inherited = _record(applied + timedelta(seconds=5), ttft=40.0)
+    RequestRecord.objects.filter(pk=inherited.pk).update(e2e_s=60.0)
     assert autopilot.record_realised(proposal)
     assert not autopilot.record_realised(proposal)  # the next window has not ended
     window = proposal.realised[0]
