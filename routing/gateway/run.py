@@ -174,7 +174,7 @@ class Run:
         (to MD, from the handoff's token index). Check the decoder it names is the routed one,
         note the figures and where the stream now comes from (for a process that finishes
         this admission), and open the decoder's stream."""
-        from_relay = self.continued_at is not None
+        from_relay = self.following != "prefill"
         if from_relay and (self.following != "rld" or event.role != "md"):
             raise AgentRunError(
                 f"a {self.following.upper()} stream sent 'continue' to {event.role.upper()}",
@@ -183,7 +183,9 @@ class Run:
         refused = continuation_target(self.p.plan, event.url, event.body, event.role)
         if refused is not None:
             who = "RLD's" if from_relay else "the prefill agent's"
-            raise AgentRunError(f"{who} continuation was refused: {refused}", at_prefill=False)
+            raise AgentRunError(
+                f"{who} continuation was refused: {refused}", at_prefill=not from_relay
+            )
         if from_relay:
             self.relay_stats = event.stats  # the handoff's figures; MD's done has none
         else:
