@@ -408,7 +408,7 @@ def _choose_prefill(
     for inst in snapshot.prefill:
         if inst.healthy:
             hit = prefix_hit_tokens(request, inst)
-            hits[inst.id] = hit if hit >= floor and hit > 0 else 0
+            hits[inst.id] = hit if hit >= floor else 0
     return _first_in_order(snapshot.prefill, settings.saturated_load, hits)
 
 

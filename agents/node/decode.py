@@ -334,19 +334,12 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
     finally:
         if detached:
             pass  # the tail's cleanup lets the request go when it ends
-        elif imported and finished:
-            worker.remove_sink(rid)
-            agent.drop_inbox(rid, inst.instance_id)
-            await agent.unreserve(rid)
         elif imported or admission is not None or dropped:
-            worker.remove_sink(rid)
-            # Imported but not finished, or the import was queued on the engine (and failed, or
-            # the caller left meanwhile: this abort runs after it), or the reservation was
-            # dropped: let the request go. Whatever was imported stays in the prefix cache, so
-            # MD's cache stays aligned with P's.
-            agent.drop_inbox(rid, inst.instance_id)
-            await quiet(worker.call(lambda e: e.abort(rid)))
-            await agent.unreserve(rid)
+            # Finished; or imported but not finished, or the import was queued on the engine
+            # (and failed, or the caller left meanwhile: this abort runs after it), or the
+            # reservation was dropped: let the request go. Whatever was imported stays in the
+            # prefix cache, so MD's cache stays aligned with P's.
+            await _let_go(agent, inst, worker, rid, finished=imported and finished)
         else:
             worker.remove_sink(rid)
             # The caller left before P's KV was imported (RLD finished alone): keep the KV
@@ -386,20 +379,26 @@ async def _decoded(
             return
 
 
+async def _let_go(
+    agent: Agent, inst: Instance, worker: EngineWorker | None, rid: str, *, finished: bool
+) -> None:
+    """A decoded (or failed) request is over on MD: its sink and inbox go, the engine lets it
+    go unless it finished (its KV stays in the prefix cache), its reservation is released."""
+    if worker is not None:
+        worker.remove_sink(rid)
+    agent.drop_inbox(rid, inst.instance_id)
+    if not finished and worker is not None:
+        await quiet(worker.call(lambda e: e.abort(rid)))
+    await agent.unreserve(rid)
+
+
 def _tail_cleanup(agent: Agent, inst: Instance, rid: str) -> Callable[[bool], Any]:
-    """What ends a detached request on MD (agents/node/tail.py): its sink and inbox go, the
-    engine lets it go unless it finished (its KV stays in the prefix cache), and the
-    reservation and the instance's active count are released."""
+    """What ends a detached request on MD (agents/node/tail.py): `_let_go`, and the
+    instance's active count the tail held."""
 
     async def cleanup(finished: bool) -> None:
-        worker = inst.worker
         try:
-            if worker is not None:
-                worker.remove_sink(rid)
-            agent.drop_inbox(rid, inst.instance_id)
-            if not finished and worker is not None:
-                await quiet(worker.call(lambda e: e.abort(rid)))
-            await agent.unreserve(rid)
+            await _let_go(agent, inst, inst.worker, rid, finished=finished)
         finally:
             agent.end(inst)
 
