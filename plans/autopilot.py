@@ -51,7 +51,7 @@ from fleet.events import event_record
 from fleet.models import Instance, Node, ServedModel, WANLink
 from fleet.services import instance_create, instance_delete, instance_set_desired_state
 from plans.models import AutopilotSettings, Proposal, ProposalStatus, ProposalStep
-from plans.profile import workload_overrides, workload_profile
+from plans.profile import arrived_at, quantiles, workload_overrides, workload_profile
 from plans.services import COUNT_FIELDS, PlanInputError, _finite, plan_inputs_from_fleet
 
 log = logging.getLogger(__name__)
@@ -439,7 +439,7 @@ def proposal_execute(*, proposal_id: int) -> Proposal | None:
                 target[role] = max(found, floors[role])
                 if target[role] > found:
                     notes.append(f"{role}: kept at its floor of {floors[role]} (planner: {found})")
-            before_counts = {keys[r]: max(now_counts[r], 0) for r in ROLES}
+            before_counts = {keys[r]: now_counts[r] for r in ROLES}
             after_counts = {keys[r]: target[r] for r in ROLES}
             # The running fleet can be simulated only when it can serve at all.
             servable = bool(now_counts["prefill"] and now_counts["main_decode"])
@@ -476,7 +476,7 @@ def proposal_execute(*, proposal_id: int) -> Proposal | None:
             changes=steps,
             predicted=_finite(predicted),
             thresholds=_finite(thresholds),
-            sizing=_finite({k: v for k, v in sized.items() if k != "runs_detail"}),
+            sizing=_finite(sized),
             reason=reason + ("" if not notes else " " + "; ".join(notes) + "."),
             updated_at=timezone.now(),
         )
@@ -785,6 +785,10 @@ def _finish(step: ProposalStep, status: str, note: str, inst: Instance | None = 
         _step_event(step, f"{step.action} {step.role}: {note}", inst)
 
 
+# The phases of an apply, in order, and what carries a step of each on.
+_ADVANCE = {"start": _advance_start, "drain": _advance_drain, "policy": _advance_policy}
+
+
 def proposal_apply(*, proposal_id: int) -> Proposal | None:
     """Carry an applying proposal as far as it goes now: starts first (each until running),
     then drains (each until drained, then removed), then the thresholds; applied when every
@@ -793,13 +797,11 @@ def proposal_apply(*, proposal_id: int) -> Proposal | None:
     if proposal is None or proposal.status != ProposalStatus.APPLYING:
         return proposal
     steps = list(proposal.steps.select_related("node", "proposal"))
-    for phase in ("start", "drain", "policy"):
+    for phase, advance in _ADVANCE.items():
         todo = [s for s in steps if s.action == phase and s.status in ("pending", "running")]
         for step in todo:
             try:
-                {"start": _advance_start, "drain": _advance_drain, "policy": _advance_policy}[
-                    phase
-                ](step)
+                advance(step)
             except Exception as exc:  # a refused change fails its step, with why
                 log.warning("autopilot step %s failed", step.pk, exc_info=True)
                 _finish(step, ProposalStep.FAILED, f"{type(exc).__name__}: {exc}")
@@ -839,21 +841,15 @@ def _ttft_quantiles(since, until, model: str = "", *, by_arrival: bool = False) 
         rows = rows.filter(created_at__lt=until)
     if model:
         rows = rows.filter(model=model)
-    values = []
-    for created, e2e, ttft in rows.values_list("created_at", "e2e_s", "ttft_s"):
-        if ttft is None:
-            continue
-        if by_arrival and not since <= created - timedelta(seconds=e2e or 0.0) < until:
-            continue
-        values.append(ttft)
-    values.sort()
+    values = [
+        ttft
+        for created, e2e, ttft in rows.values_list("created_at", "e2e_s", "ttft_s")
+        if ttft is not None and (not by_arrival or since <= arrived_at(created, e2e) < until)
+    ]
     if not values:
         return {"requests": 0}
-
-    def q(p: float) -> float:
-        return float(values[min(len(values) - 1, max(0, int(p * len(values) + 0.999) - 1))])
-
-    return {"requests": len(values), "ttft_p90_s": q(0.9), "ttft_p99_s": q(0.99)}
+    q = quantiles(values, (0.9, 0.99))
+    return {"requests": len(values), "ttft_p90_s": q["p90"], "ttft_p99_s": q["p99"]}
 
 
 def record_realised(proposal: Proposal, now=None) -> bool:

@@ -29,7 +29,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from routing.models import RequestRecord
+from routing.models import Admission, RequestRecord
 
 # Holt's smoothing of the per-minute counts, and how far ahead the forecast looks (minutes).
 ALPHA, BETA = 0.5, 0.3
@@ -40,7 +40,8 @@ SAMPLE = 20_000
 Z90 = 1.2816  # the standard normal's 90th percentile
 
 
-def _quantiles(values: list[float], qs=(0.1, 0.5, 0.9, 0.99)) -> dict[str, float]:
+def quantiles(values: list[float], qs=(0.1, 0.5, 0.9, 0.99)) -> dict[str, float]:
+    """``{"p10": ..., "p90": ...}`` of `values` (nearest rank); {} without values."""
     if not values:
         return {}
     values = sorted(values)
@@ -63,12 +64,15 @@ def holt_forecast(counts: list[float], horizon: int = HORIZON_MIN) -> float:
     return max(0.0, level + horizon * trend)
 
 
+def arrived_at(ended: datetime, e2e_s: float | None) -> datetime:
+    """When a recorded request arrived: records are written when a request ends."""
+    return ended - timedelta(seconds=e2e_s or 0.0)
+
+
 def arrival_times(model: str | None, start: datetime, now: datetime) -> list[datetime]:
     """When each request of the window arrived: a record's arrival is its end less its e2e
     time (records are written when a request ends, so under overload the records lag the
     arrivals); requests still in flight are the gateway's admissions (written on arrival)."""
-    from routing.models import Admission
-
     records = RequestRecord.objects.filter(created_at__gte=start)
     admissions = Admission.objects.filter(admitted_at__gte=start, admitted_at__lt=now)
     if model:
@@ -76,7 +80,7 @@ def arrival_times(model: str | None, start: datetime, now: datetime) -> list[dat
         admissions = admissions.filter(model=model)
     out = []
     for created, e2e in records.values_list("created_at", "e2e_s"):
-        at = created - timedelta(seconds=e2e or 0.0)
+        at = arrived_at(created, e2e)
         if start <= at < now:
             out.append(at)
     out.extend(admissions.values_list("admitted_at", flat=True))
@@ -122,7 +126,6 @@ def workload_profile(
             "prompt_tokens",
             "cached_tokens",
             "completion_tokens",
-            "pipeline",
             "kv_bytes_wan",
             "kv_wait_s",
         )[:SAMPLE]
@@ -145,12 +148,12 @@ def workload_profile(
         "hit_rate": {
             "mean": sum(hits) / len(hits) if hits else None,
             "high_share": sum(h >= HIGH_HIT for h in hits) / len(hits) if hits else None,
-            **_quantiles(hits),
+            **quantiles(hits),
         },
-        "prompt_tokens": _quantiles([float(p) for p, *_ in served]),
-        "output_tokens": _quantiles([float(r[2]) for r in served]),
+        "prompt_tokens": quantiles([float(p) for p, *_ in served]),
+        "output_tokens": quantiles([float(r[2]) for r in served]),
         "singular_share": singular / total if total else None,
-        "wan_gbps": {"requests": len(wan), **_quantiles(wan, (0.5, 0.9))},
+        "wan_gbps": {"requests": len(wan), **quantiles(wan, (0.5, 0.9))},
     }
 
 
