@@ -103,11 +103,15 @@ def api_errors(exc_detail) -> dict[str, list[str]]:
 
 
 class OperatorRequiredMixin(LoginRequiredMixin):
+    """Logged-in operators only: anonymous users go to the login page, others get 403
+    saying ``refused``."""
+
     login_url = reverse_lazy("frontend:login")
+    refused = "Only operators may change the fleet; viewers read it."
 
     def dispatch(self, request, *args, **kwargs):
         if request.user.is_authenticated and not user_is_operator(request.user):
-            raise PermissionDenied("Only operators may change the fleet; viewers read it.")
+            raise PermissionDenied(self.refused)
         return super().dispatch(request, *args, **kwargs)
 
 

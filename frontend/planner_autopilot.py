@@ -14,14 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.mixins import LoginRequiredMixin
-from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
-from django.http.response import HttpResponseBase
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
-from django.urls import reverse, reverse_lazy
+from django.urls import reverse
 from django.views import View
 
-from controlplane.permissions import user_is_operator
+from frontend.fleet_edit import OperatorRequiredMixin
 from plans import autopilot
 from plans.models import Proposal, ProposalStatus
 from plans.services import PlanInputError
@@ -240,15 +238,9 @@ def _back() -> HttpResponse:
     return redirect(reverse("frontend:planner") + ANCHOR)
 
 
-class _OperatorPost(LoginRequiredMixin, View):
-    login_url = reverse_lazy("frontend:login")
+class _OperatorPost(OperatorRequiredMixin, View):
     http_method_names = ["post"]
     refused = "Only operators may do this."
-
-    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        if request.user.is_authenticated and not user_is_operator(request.user):
-            return HttpResponseForbidden(self.refused)
-        return super().dispatch(request, *args, **kwargs)
 
 
 class ProposeView(_OperatorPost):
