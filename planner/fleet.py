@@ -6,6 +6,7 @@ names the path of the bad field.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,6 +119,11 @@ class FleetSpec:
     # is its slots, not its backlog. False (the default, what the planner's reports were made
     # with): the least backlogged P is chosen and still holds every session's prefix.
     prefill_affinity: bool = False
+    # Which unit of a pool holds a session's context when the run starts (its home, for a
+    # session already under way; ``session_home``): None, the session id modulo the pool's
+    # size; a string, a hash of that string and the id, the rule a live benchmark that warmed
+    # its fleet's caches by it used (bench/paper), so the prediction starts where it started.
+    session_home_salt: str | None = None
     # Every instance on one machine whose cores they share (``planner.host``: the live testbed,
     # one-thread CPU engines and the gateway on a few cores). None: each instance has its own
     # chip, as in a real fleet.
@@ -150,6 +156,8 @@ class FleetSpec:
             "prefill_affinity",
         ):
             check_bool(self, name)
+        if self.session_home_salt is not None and not isinstance(self.session_home_salt, str):
+            raise ValueError("session_home_salt: must be a string or null")
         if self.host is not None and not isinstance(self.host, HostSpec):
             raise ValueError("host: must be an object (cores, request_cpu_s) or null")
         check_positive(self, "resident_weight_gb")
@@ -167,6 +175,15 @@ class FleetSpec:
 
     def cost_per_hour(self) -> float:
         return sum(p.count * self.gpu_types[p.gpu].unit_price for p in self.pools)
+
+
+def session_home(salt: str | None, session: int, units: int) -> int:
+    """The index of the unit (of ``units``) holding a session's context when a run starts:
+    ``session % units`` without a salt, else a stable hash of ``salt`` and the id."""
+    if salt is None:
+        return session % units
+    digest = hashlib.blake2b(f"{salt}{session}".encode(), digest_size=4).hexdigest()
+    return int(digest, 16) % units
 
 
 def fleet_from_dict(data: Mapping[str, Any]) -> FleetSpec:

@@ -24,7 +24,7 @@ import numpy as np
 
 from pdd.hardware import kv_capacity_tokens
 from planner.events import EventLoop
-from planner.fleet import FleetSpec, Handoff, System
+from planner.fleet import FleetSpec, Handoff, System, session_home
 from planner.host import Host, HostedDecode, HostedPrefill, HostWork
 from planner.instances import DecodeInstance, PrefillInstance
 from planner.wan import WanLink
@@ -179,9 +179,15 @@ class Simulator:
         self._p_rld = fleet.system == System.P_RLD
         self._drc_in_flight = fleet.drc_counts_in_flight
         self._decision_in_flight = fleet.decision_counts_in_flight
-        # fleet.prefill_affinity: each session's home P, in the order the prefill units come.
+        # fleet.prefill_affinity: the P holding each session's context (``_affine_prefill``).
         self._p_affinity = fleet.prefill_affinity
         self._p_keys = list(self.prefill)
+        self._home_salt = fleet.session_home_salt
+        self._p_home: dict[int, str] = {}
+        # A live P's load is its requests over its slots (the engine's max_running, which the
+        # emulated engine takes from max_decode_batch); saturated at the policy's threshold.
+        self._p_saturated = settings.saturated_load * fleet.engine.max_decode_batch
+        self._shared = 0
         self._pool_wait_aware = fleet.pool_wait_aware
         self._link_pairs = [(link, link_states[dc]) for dc, link in self.links.items()]
         # Each role's instances in id order, with their (load, queue depth) in a parallel list
@@ -240,6 +246,8 @@ class Simulator:
         self.handed = [False] * n
         self.md_took_all = [False] * n
         self.seen_sessions: set[int] = set()
+        self._p_home = {}
+        self._shared = trace.shared_prefix_tokens
         self.appended: dict[int, int] = {}
         self.version = [0] * n
         self.depends: dict[int, int] = {}  # request -> in-flight version its MD must land first
@@ -409,7 +417,9 @@ class Simulator:
                 # sits in the cache of one MD (its home by id), as a long-running fleet's would.
                 self.seen_sessions.add(session)
                 self.appended[session] = appended = 0
-                self._main_list[session % len(self._main_list)].cache_put(session, 0, cached)
+                main_list = self._main_list
+                home = session_home(self._home_salt, session, len(main_list))
+                main_list[home].cache_put(session, 0, cached)
             hits = {}  # what each MD's prefix match gives (``reserve``: may count KV in flight)
             landed_hits = {}  # what its cache holds (the heartbeat's blocks)
             waits: dict[str, int] = {}
@@ -479,11 +489,10 @@ class Simulator:
         main_id = chosen if pipeline == Pipeline.P_MD or pipeline == Pipeline.P_RLD_MD else None
         relay_id = decision.relay_id if pipeline != Pipeline.P_MD else None
         prefill_id = decision.prefill_id
+        p_cached = cached
         if self._p_affinity:
-            # The session's context is on its home P, which the live policy's longest-prefix
-            # choice sends it back to (the pipeline and decoders above do not depend on it).
-            keys = self._p_keys
-            prefill_id = keys[session % len(keys)]
+            # The pipeline and decoders above do not depend on the P.
+            prefill_id, p_cached = self._affine_prefill(session, cached)
         self.route[i] = (prefill_id, relay_id, main_id)
         rld: DecodeInstance | None = None
         md: DecodeInstance | None = None
@@ -500,7 +509,28 @@ class Simulator:
         p = self.prefill[prefill_id]
         self._route_obj[i] = (p, rld, md)
         # P's own prefix cache holds the reusable prefix, so P computes only the uncached part.
-        p.submit(i, n_in - cached, cached, self._prefilled)
+        p.submit(i, n_in - p_cached, p_cached, self._prefilled)
+
+    def _affine_prefill(self, session: int, cached: int) -> tuple[str, int]:
+        """The P the live policy picks when a session's context is on one P, and the tokens of
+        the turn that P holds. The live choice is the longest cached prefix (counted only over
+        half the prompt) among unsaturated Ps, load breaking ties, a P's load being its
+        requests over its slots. So: a session under way when the run starts has its context
+        on its home (``session_home``); its turns go to the P that served its last turn while
+        that P is not saturated; a new session (only the shared prefix cached, on every P) and
+        a turn whose P is saturated go to the P with the fewest requests, first in order on a
+        tie, which holds the shared prefix only and becomes the session's P."""
+        keys = self._p_keys
+        home = self._p_home.get(session)
+        if home is None and cached > self._shared:
+            home = keys[session_home(self._home_salt, session, len(keys))]
+        if home is not None and self.prefill[home].queued < self._p_saturated:
+            self._p_home[session] = home
+            return home, cached
+        prefill = self.prefill
+        best = min(keys, key=lambda k: prefill[k].queued)
+        self._p_home[session] = best
+        return best, min(cached, self._shared)
 
     def _narrowed(self) -> ClusterSnapshot:
         """The snapshot with only the instances that can win the policy's choice.

@@ -255,6 +255,9 @@ class Trace:
     # Seconds at the start of the trace that only settle the fleet (``WorkloadSpec.settle_s``):
     # run figures are measured from its end (plus the run's warm-up).
     settle_s: float = 0.0
+    # Tokens every session shares from its first turn (the context's shared prefix): a turn
+    # whose cached part is no longer opens a session, so no unit holds more of it than that.
+    shared_prefix_tokens: int = 0
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -324,7 +327,10 @@ def generate(spec: WorkloadSpec) -> Trace:
             cached = grown
         else:
             cached = np.floor(spec.hit_rate.sample(rng, len(inputs)) * inputs).astype(np.int64)
-        return Trace(arrival, inputs, cached, outputs, session, spec.closed_loop, settle)
+        return Trace(
+            arrival, inputs, cached, outputs, session, spec.closed_loop, settle,
+            shared_prefix_tokens=spec.context.shared_prefix_tokens,
+        )  # fmt: skip
     arrival, session = arrival[keep], session[keep]
     order = np.argsort(arrival, kind="stable")
     arrival, session = arrival[order], session[order]

@@ -46,7 +46,7 @@ from bench.testbed import ROOT, stop_on_signals
 from pdd.profiles import PAPER_GPUS
 from pdd.tokenizer import apply_chat_template
 from planner.api import make_trace, run_fleet
-from planner.fleet import fleet_from_dict
+from planner.fleet import fleet_from_dict, session_home
 from planner.metrics import Sla
 
 HERE = Path(__file__).resolve().parent
@@ -368,8 +368,8 @@ def run_system(cp: ControlPlane, system: scale.System, nodes: list[dict], bar: B
             text = apply_chat_template(history[s], False)
             for role in ("prefill", "main_decode"):
                 pool = by_role[role]
-                node = pool[int(hashlib.blake2b(f"{tag}{s}".encode(), digest_size=4).hexdigest(),
-                                16) % len(pool)]  # fmt: skip
+                # The simulator's prediction starts from the same homes (session_home_salt).
+                node = pool[session_home(tag, s, len(pool))]
                 warm_texts.setdefault(node["hostname"], []).append(text)
         warm_tokens = 0
         with httpx.Client(timeout=600) as http:

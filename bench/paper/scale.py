@@ -119,6 +119,16 @@ def _scale(config: dict[str, Any], pools: list[dict[str, Any]]) -> dict[str, Any
     return out
 
 
+def _same_start(config: dict[str, Any], key: str) -> None:
+    """The prediction starts where the live run starts and decides as its gateway does (added
+    after the third live run, from its records; the live run is unchanged): the sessions'
+    contexts on the P and MD the warm-up put them on (a hash of the system's key and the
+    session id, ``planner.fleet.session_home``), and routing decisions that count KV still in
+    flight to an MD as the live gateway does (``decision_counts_in_flight``)."""
+    config["fleet"]["session_home_salt"] = key
+    config["fleet"]["decision_counts_in_flight"] = True
+
+
 def systems() -> dict[str, System]:
     """The three scaled systems, with the planner config each one's prediction runs."""
     ttft = case_configs(load_scenario("paper-ttft"))
@@ -139,6 +149,7 @@ def systems() -> dict[str, System]:
         # The paper-bcr cases carry a goodput search: this run is one rate.
         scaled.pop("goodput_search", None)
         scaled["workload"]["rps"] = ttft["pdd"]["workload"]["rps"] / FACTOR
+        _same_start(scaled, key)
         live_pools = tuple(
             Pool(p["role"], p["gpu"], p["count"], p["datacenter"]) for p in scaled["fleet"]["pools"]
         )

@@ -7,7 +7,7 @@ import pytest
 
 from pdd.spec import build
 from planner.api import make_trace, run_case, run_fleet
-from planner.fleet import fleet_from_dict
+from planner.fleet import fleet_from_dict, session_home
 from planner.metrics import Sla
 from planner.scenario import deep_merge, load_scenario
 from planner.sim import Simulator
@@ -266,4 +266,46 @@ def test_prefill_affinity_must_be_a_boolean() -> None:
     cfg = config(True)
     cfg["fleet"]["prefill_affinity"] = "yes"
     with pytest.raises(ValueError, match="prefill_affinity"):
+        fleet_from_dict(cfg["fleet"])
+
+
+def test_a_session_under_way_starts_on_its_salted_home_and_a_new_one_on_the_idlest_p() -> None:
+    """With a salt, a session already under way when the run starts has its context on the P
+    (and MD) ``session_home`` names, the rule a live benchmark warms its caches by; a session
+    that opens in the run (only the shared prefix cached) goes to the P with fewest requests
+    and stays there."""
+    cfg = config(True)
+    cfg["fleet"]["prefill_affinity"] = True
+    cfg["fleet"]["session_home_salt"] = "pdd"
+    trace = make_trace(cfg)
+    assert trace.shared_prefix_tokens == cfg["workload"]["context"]["shared_prefix_tokens"]
+    sim = Simulator(fleet_from_dict(cfg["fleet"]))
+    sim.run(trace)
+    keys = list(sim.prefill)
+    first: dict[int, int] = {}
+    for i in range(len(trace)):
+        first.setdefault(int(trace.session_id[i]), i)
+    under_way = opened = 0
+    for s, i in first.items():
+        if sim.route[i][0] == "":
+            continue  # never served
+        if trace.cached_tokens[i] > trace.shared_prefix_tokens:
+            assert sim.route[i][0] == keys[session_home("pdd", s, len(keys))]
+            under_way += 1
+        else:
+            opened += 1
+    assert under_way > 5 and opened > 0
+    # The salt moves the homes: some session starts elsewhere than on session % n.
+    moved = [s for s, i in first.items() if trace.cached_tokens[i] > trace.shared_prefix_tokens
+             and session_home("pdd", s, len(keys)) != s % len(keys)]  # fmt: skip
+    assert moved
+
+
+def test_session_home_is_stable_and_checked() -> None:
+    assert session_home(None, 7, 5) == 2
+    assert session_home("pdd", 7, 5) == session_home("pdd", 7, 5)
+    assert {session_home("pdd", s, 5) for s in range(100)} == set(range(5))
+    cfg = config(True)
+    cfg["fleet"]["session_home_salt"] = 3
+    with pytest.raises(ValueError, match="session_home_salt"):
         fleet_from_dict(cfg["fleet"])
