@@ -18,6 +18,7 @@ from routing.gateway import parsing
 from routing.gateway.caches import api_keys, secret_key, served_models
 from routing.gateway.errors import GatewayError, bad_request, rate_limited, unauthorized
 from routing.gateway.prepared import Prepared
+from routing.gateway.records import reject_recorded
 from routing.gateway.request_ids import gateway_request_id, mark
 from routing.gateway.timing import Stopwatch
 from routing.gateway.tokenizers import apply_chat_template, tokenizer_for
@@ -112,6 +113,11 @@ def check_limits(p: Prepared) -> None:
         tokens=len(p.prompt_ids) + p.greq.max_tokens,
     )
     if not verdict.allowed:
-        raise rate_limited(verdict.limit, verdict.retry_after_s)
+        per_minute = "requests" if verdict.limit == "requests" else "tokens"
+        raise reject_recorded(
+            p,
+            rate_limited(verdict.limit, verdict.retry_after_s),
+            f"rate limited: the tenant's {per_minute} per minute",
+        )
     if p.watch is not None:
         p.watch.lap("limit")

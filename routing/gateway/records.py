@@ -26,7 +26,9 @@ from fleet.agent_client import tls_context
 from fleet.models import ServedModel
 from fleet.pinning import EndpointNotCalled, PinnedTransport, resolved_endpoints
 from routing.gateway.caches import served_models
+from routing.gateway.errors import GatewayError
 from routing.gateway.journal import Journal, recover
+from routing.gateway.prepared import Prepared
 from routing.gateway.runner import data_plane_headers
 from routing.gateway.workers import record_writer
 from routing.models import Admission, RequestRecord, RoutingDecision
@@ -202,6 +204,26 @@ def record_request(
             usage_record(**line)
         transaction.on_commit(partial(_notify, record))
     return record
+
+
+def reject_recorded(p: Prepared, error: GatewayError, reason: str) -> GatewayError:
+    """``error`` for a request refused before any agent was called (no healthy path, the
+    tenant's rate limit), with its ``rejected`` record submitted to the record writer; the
+    view waits for the write before it answers (``GatewayError.pending_write``)."""
+    error.pending_write = record_writer.submit(
+        record_request,
+        request_id=p.request_id,
+        api_key=p.key,
+        model=p.model.name,
+        endpoint=p.kind,
+        stream=p.greq.stream,
+        decision=None,
+        policy_version=p.version,
+        decision_inputs=p.inputs,
+        outcome=Outcome(status="rejected", error=reason, prompt_tokens=len(p.prompt_ids)),
+        client_request_id=p.client_request_id,
+    )
+    return error
 
 
 def record_requests(writes: list[dict[str, Any]]) -> list[RequestRecord]:

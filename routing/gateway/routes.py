@@ -14,7 +14,7 @@ from pdd.prefix import prefix_block_hashes
 from routing.caching import versions
 from routing.gateway.errors import unavailable
 from routing.gateway.prepared import Prepared
-from routing.gateway.records import Outcome, admission_attempt, record_request
+from routing.gateway.records import admission_attempt, reject_recorded
 from routing.gateway.runner import AgentRunError, Sampling, build_plan
 from routing.gateway.workers import record_writer
 from routing.live import (
@@ -82,24 +82,8 @@ def route_first(p: Prepared, view: LiveView | None = None) -> None:
     try:
         route(p, view)
     except NoHealthyPath as exc:
-        written = record_writer.submit(
-            record_request,
-            request_id=p.request_id,
-            api_key=p.key,
-            model=p.model.name,
-            endpoint=p.kind,
-            stream=p.greq.stream,
-            decision=None,
-            policy_version=p.version,
-            decision_inputs=p.inputs,
-            outcome=Outcome(
-                status="rejected", error=f"no healthy path: {exc}", prompt_tokens=len(p.prompt_ids)
-            ),
-            client_request_id=p.client_request_id,
-        )
         error = unavailable(f"No healthy path for model '{p.model.name}': {exc}")
-        error.pending_write = written
-        raise error from exc
+        raise reject_recorded(p, error, f"no healthy path: {exc}") from exc
 
 
 def route(p: Prepared, view: LiveView | None = None) -> None:

@@ -93,6 +93,23 @@ def test_a_cold_read_falls_back_without_counting_the_request_twice(fleet):
     third = _send(client)
     assert third.status_code == 429  # two requests counted, not three
     assert fleet == ["worker", "loop", "loop"]
+    # The refused request has its record, written before the 429 went out, and no usage.
+    refused = RequestRecord.objects.get(request_id=third["X-Request-Id"])
+    assert refused.status == "rejected"
+    assert refused.error == "rate limited: the tenant's requests per minute"
+    assert refused.prompt_tokens > 0 and refused.pipeline == ""
+    assert RequestRecord.objects.count() == 3
+
+
+def test_a_rate_limited_request_on_a_worker_is_recorded_too(fleet, settings):
+    settings.BATON_GATEWAY_INLINE = False
+    client = _client(rpm=1)
+    assert _send(client).status_code == 200
+    refused = _send(client)
+    assert refused.status_code == 429 and refused["Retry-After"]
+    record = RequestRecord.objects.get(request_id=refused["X-Request-Id"])
+    assert (record.status, record.completion_tokens) == ("rejected", 0)
+    assert "rate limited" in record.error
 
 
 def test_with_redis_or_switched_off_the_worker_admits(fleet, settings):
