@@ -38,6 +38,8 @@ class Tail:
         self._changed = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._timer: asyncio.TimerHandle | None = None
+        # Why the tail was cancelled, for its readers: nobody read it, or the agent stops.
+        self._cancelled_because = ""
         # The agent's counts (Tails.counts), when it runs under one.
         self.counts: dict[str, int] = {}
 
@@ -58,13 +60,8 @@ class Tail:
                 if event.get("type") == "done":
                     self.finished = True
         except asyncio.CancelledError:
-            self._append(
-                {
-                    "type": "error",
-                    "message": f"{self.request_id}: no reader for MD's stream within "
-                    f"{self.grace_s:g} s after the handoff",
-                }
-            )
+            because = self._cancelled_because or "cancelled"
+            self._append({"type": "error", "message": f"{self.request_id}: {because}"})
         except Exception as exc:  # noqa: BLE001 - the reader gets it as the stream's end
             log.exception("%s: MD's decoding failed after the handoff", self.request_id)
             self._append({"type": "error", "message": f"{self.request_id}: {exc!r}"})
@@ -104,6 +101,9 @@ class Tail:
                 self.grace_s,
             )
             self._count("unread")
+            self._cancelled_because = (
+                f"no reader for MD's stream within {self.grace_s:g} s after the handoff"
+            )
             self._task.cancel()
 
     def _count(self, what: str) -> None:
@@ -137,9 +137,11 @@ class Tail:
             if self.readers == 0 and not self.ended and self._timer is None:
                 self._timer = asyncio.get_running_loop().call_later(self.grace_s, self._unread)
 
-    async def cancel(self) -> None:
-        """End the tail now (its cleanup aborts the request unless it finished)."""
+    async def cancel(self, because: str = "cancelled") -> None:
+        """End the tail now (its cleanup aborts the request unless it finished); a reader
+        still on it gets an error event saying ``because``."""
         if self._task is not None and not self._task.done():
+            self._cancelled_because = self._cancelled_because or because
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
@@ -183,4 +185,4 @@ class Tails:
     async def close(self) -> None:
         """Cancel every running tail (the agent stops)."""
         for tail in list(self._tails.values()):
-            await tail.cancel()
+            await tail.cancel("the agent is stopping")

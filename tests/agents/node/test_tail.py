@@ -124,10 +124,15 @@ def test_a_reader_arriving_within_the_grace_period_keeps_it_going():
 
 def test_closing_the_tails_cancels_a_running_request():
     async def go():
-        tails, _, decoder, ended = _started("r4", 60.0)
+        tails, tail, decoder, ended = _started("r4", 60.0)
         decoder.queue.put_nowait(_token(1))
         await asyncio.sleep(0.01)
         await tails.close()
         assert ended == [False] and decoder.closed
+        # The reader is told why: the agent stops, not that nobody read it.
+        events = await _collect(tail.read(0))
+        assert events[-1]["type"] == "error"
+        assert "agent is stopping" in events[-1]["message"]
+        assert "no reader" not in events[-1]["message"]
 
     _run(go())
