@@ -603,11 +603,17 @@ def _refuse_stale(proposal: Proposal) -> None:
 
 
 def proposal_decide(
-    *, proposal: Proposal, approve: bool, actor: str, limit: int | None = None
+    *,
+    proposal: Proposal,
+    approve: bool,
+    actor: str,
+    limit: int | None = None,
+    enqueue: bool = True,
 ) -> Proposal:
     """Approve (steps made, apply queued) or reject a proposed proposal. ProposalRefused when
     it is not ``proposed`` or (approving) its fleet changed since it was made. ``limit``: the
-    automatic mode's largest change per step (the first ``limit`` changes, starts first)."""
+    automatic mode's largest change per step (the first ``limit`` changes, starts first).
+    ``enqueue=False``: the caller runs the apply itself (the tick), no Celery task is queued."""
     current = Proposal.objects.filter(pk=proposal.pk).first()
     if current is None or current.status != ProposalStatus.PROPOSED:
         state = current.status if current is not None else "gone"
@@ -661,7 +667,8 @@ def proposal_decide(
             message=f"Autopilot proposal #{locked.pk} approved by {actor}: {len(steps)} step(s).",
             actor=actor,
         )
-        enqueue_after_commit(APPLY, locked.pk)
+        if enqueue:
+            enqueue_after_commit(APPLY, locked.pk)
     return locked
 
 
@@ -918,9 +925,12 @@ def autopilot_tick(now=None) -> dict[str, Any]:
                         approve=True,
                         actor=ACTOR,
                         limit=row.max_change_per_step,
+                        enqueue=False,
                     )
                     did["approved"] = newest.pk
-                    proposal_apply(proposal_id=newest.pk)  # its first steps now
+                    # The tick is a worker's task already: it runs the first steps itself
+                    # (no second task doing the same), and later ticks carry them on.
+                    proposal_apply(proposal_id=newest.pk)
                 except ProposalRefused as exc:
                     log.info("autopilot: %s", exc.message)
     return did

@@ -280,11 +280,14 @@ def _automatic(**kw) -> AutopilotSettings:
     return row
 
 
-def test_automatic_mode_applies_a_clean_proposal_in_steps_of_the_largest_change(fleet):
+def test_automatic_mode_applies_a_clean_proposal_in_steps_of_the_largest_change(fleet, monkeypatch):
     nodes = fleet["nodes"]
     _automatic(max_change_per_step=1)
     proposal = _proposal(fleet, [_start(nodes["a-2"]), _start(nodes["a-3"])])
+    queued: list[tuple] = []
+    monkeypatch.setattr(autopilot, "enqueue_after_commit", lambda *a, **k: queued.append(a))
     did = autopilot.autopilot_tick()
+    assert queued == []  # the tick applies it itself: no second task doing the same
     assert did["approved"] == proposal.pk
     proposal.refresh_from_db()
     assert proposal.decided_by == "autopilot" and proposal.steps.count() == 1
