@@ -20,8 +20,9 @@ The scenario, fixed before the first run (never retuned after seeing a result):
 * **Measured** (the client's clock): TTFT of every request by the minute it arrived; the
   minute from which every later full minute meets the SLA; every proposal and its steps; the
   fleet's cost per hour at the end; the applied proposal's predicted P90 TTFT and cost beside
-  the realised ones (its first 5-minute window); every answer checked against the emulated
-  engine's tokens and its record.
+  the realised ones (its first 5-minute window, the requests that arrived in it: the fleet
+  stays up after the replay until the autopilot has recorded it, at most REALISED_WAIT_S);
+  every answer checked against the emulated engine's tokens and its record.
 
 **Late ramp** (``--late-ramp``, fixed before its first run, after the third run of the
 default scenario scaled up before its ramp on a first-minute burst): the same scenario with
@@ -45,6 +46,7 @@ import math
 import random
 import shutil
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,14 @@ LATE_RUN_S = 900.0
 RAMP_S = 60.0
 RUN_S = 600.0
 DRAIN_S = 60.0
+# After the replay, the fleet stays up at most this long for the autopilot's first realised
+# window of its first applied proposal (added after the second --late-ramp run ended before
+# it was taken, so the prediction could not be judged).
+REALISED_WAIT_S = 420.0
+TICK_S = 15.0  # the autopilot's tick (10 s) and a margin
+# plans.autopilot's realised window and its settle time (a test keeps them equal).
+REALISED_WINDOW_S = 300.0
+REALISED_SETTLE_S = 60.0
 SEED = 7
 SHARED_TOKENS = 1024
 SLA = {"ttft_p90_s": 10.0, "ttft_p99_s": 15.0}
@@ -289,6 +299,33 @@ def offline_size(cp: ControlPlane, profile_window_s: int = 300) -> dict:
     return json.loads(cp.cluster.shell(code, timeout=600).strip().splitlines()[-1])
 
 
+def realised_due(proposals: list[dict], now: float) -> float | None:
+    """When the first applied proposal's first realised window will be recorded (epoch
+    seconds: its window of REALISED_WINDOW_S after apply, REALISED_SETTLE_S for the last
+    answers, a tick more), or None when it is recorded already or none was applied."""
+    applied = [p for p in proposals if p.get("applied_at")]
+    if not applied:
+        return None
+    first = min(applied, key=lambda p: p["applied_at"])
+    if first.get("realised"):
+        return None
+    at = datetime.fromisoformat(first["applied_at"]).timestamp()
+    return at + REALISED_WINDOW_S + REALISED_SETTLE_S + TICK_S
+
+
+def wait_for_realised(cp: ControlPlane) -> None:
+    """Keep the fleet up until the autopilot has recorded how its first applied proposal
+    came out (its first realised window), at most REALISED_WAIT_S: the prediction is judged
+    on it. The window's requests are those that arrived in it; arrivals may have ended
+    before it does."""
+    deadline = time.time() + REALISED_WAIT_S
+    while time.time() < deadline:
+        due = realised_due(cp.get_all("autopilot/proposals"), time.time())
+        if due is None or due > deadline:
+            return
+        time.sleep(min(5.0, max(0.5, due - time.time())))
+
+
 def run(cp: ControlPlane, ports, out: Path, progress, run_s: float = RUN_S) -> dict:
     """Declare, start the agents, set the autopilot, replay, collect."""
     nodes, model = declare(cp, ports)
@@ -306,6 +343,8 @@ def run(cp: ControlPlane, ports, out: Path, progress, run_s: float = RUN_S) -> d
         prompts, answers = lengths(len(times))
         progress.phase, progress.planned = "replay", len(times)
         results = asyncio.run(replay(cp, times, prompts, answers, progress))
+        progress.phase = "waiting for the realised window"
+        wait_for_realised(cp)
         progress.phase = "collecting"
         time.sleep(3.0)
         records = [r for r in cp.get_all("requests") if r.get("model") == MODEL]

@@ -76,3 +76,18 @@ def test_the_summary_checks_every_goal():
     assert s["goals"]["predicted_p90_within_15pct"] is False
     text = report.render(s, "python -m bench.autopilot", {"started": "x", "commit": "abc"})
     assert "| 0 requests lost or failed | **no** |" in text
+
+
+def test_the_run_waits_for_the_first_applied_proposals_realised_window():
+    from plans import autopilot
+
+    assert r.REALISED_WINDOW_S == autopilot.REALISED_WINDOW_S
+    assert r.REALISED_SETTLE_S == autopilot.REALISED_SETTLE_S
+    applied = {"applied_at": "2026-12-05T12:00:00+00:00", "realised": []}
+    later = {"applied_at": "2026-12-05T12:05:00+00:00", "realised": []}
+    proposed = {"applied_at": None}
+    due = r.realised_due([later, proposed, applied], 0.0)
+    at = 1_796_472_000.0  # 2026-12-05T12:00:00Z
+    assert due == at + 300 + 60 + r.TICK_S  # the first applied one's window
+    assert r.realised_due([{**applied, "realised": [{"ttft_p90_s": 3.0}]}, later], 0.0) is None
+    assert r.realised_due([proposed], 0.0) is None
