@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
 
 from agents.transfer.counters import Direction, FabricCounters, FabricName
 from agents.transfer.frames import (
@@ -27,45 +27,78 @@ from agents.transfer.shaping import LinkLease, LinkShaper
 
 
 class _Wire:
-    """A transfer serialised as a list of buffers (no payload is copied)."""
+    """A transfer serialised as frames, each a list of buffers (no payload is copied): built
+    at once from a list of chunks (every range checked before connecting), or as the chunks
+    of an asynchronous source come (a streamed export: P sends each chunk as prefill
+    completes it; a bad chunk then aborts the transfer under way)."""
 
-    def __init__(self, request_id: str, chunks: Iterable[KVChunk], tokens: TokenIds | None):
-        self.segments: list[Payload] = []
+    def __init__(
+        self,
+        request_id: str,
+        chunks: Iterable[KVChunk] | AsyncIterable[KVChunk],
+        tokens: TokenIds | None,
+    ) -> None:
+        self.request_id = request_id
         self.payload_bytes = 0
         self.frames = 0
-        for chunk in chunks:
-            chunk = KVChunk(*chunk)
-            self._add(
-                encode_frame_header(
-                    FrameKind.KV_BLOCKS,
-                    request_id,
-                    chunk.payload,
-                    block_start=chunk.block_start,
-                    block_end=chunk.block_end,
-                    token_start=chunk.token_start,
-                    token_end=chunk.token_end,
-                ),
-                chunk.payload,
-            )
-        if tokens is not None:
-            payload = encode_token_ids(tokens.ids)
-            header = encode_frame_header(
-                FrameKind.TOKENS,
-                request_id,
-                payload,
-                token_start=tokens.token_start,
-                token_end=tokens.token_end,
-            )
-            self._add(header, payload)
-        self.data_bytes = sum(len(segment) for segment in self.segments)
-        self.end = encode_end(request_id, payload_bytes=self.payload_bytes, frames=self.frames)
+        self.data_bytes = 0
+        self._tokens = tokens
+        self._source: AsyncIterable[KVChunk] | None = None
+        self._ready: list[list[Payload]] | None = None
+        if isinstance(chunks, AsyncIterable):
+            self._source = chunks
+        else:
+            self._ready = [self._chunk_frame(chunk) for chunk in chunks]
+            self._ready.extend(self._tokens_frame())
 
-    def _add(self, header: bytes, payload: Payload) -> None:
-        self.segments.append(header)
-        if len(payload):
-            self.segments.append(payload)
+    def _chunk_frame(self, chunk: KVChunk) -> list[Payload]:
+        chunk = KVChunk(*chunk)
+        header = encode_frame_header(
+            FrameKind.KV_BLOCKS,
+            self.request_id,
+            chunk.payload,
+            block_start=chunk.block_start,
+            block_end=chunk.block_end,
+            token_start=chunk.token_start,
+            token_end=chunk.token_end,
+        )
+        return self._count(header, chunk.payload)
+
+    def _tokens_frame(self) -> list[list[Payload]]:
+        tokens = self._tokens
+        if tokens is None:
+            return []
+        payload = encode_token_ids(tokens.ids)
+        header = encode_frame_header(
+            FrameKind.TOKENS,
+            self.request_id,
+            payload,
+            token_start=tokens.token_start,
+            token_end=tokens.token_end,
+        )
+        return [self._count(header, payload)]
+
+    def _count(self, header: bytes, payload: Payload) -> list[Payload]:
         self.payload_bytes += len(payload)
         self.frames += 1
+        self.data_bytes += len(header) + len(payload)
+        return [header, payload] if len(payload) else [header]
+
+    async def frames_out(self) -> AsyncIterator[list[Payload]]:
+        """Each frame's buffers, in order (a streamed source's as its chunks come)."""
+        if self._ready is not None:
+            for frame in self._ready:
+                yield frame
+            return
+        assert self._source is not None
+        async for chunk in self._source:
+            yield self._chunk_frame(chunk)
+        for frame in self._tokens_frame():
+            yield frame
+
+    def end(self) -> bytes:
+        """The END frame: what came before it (call after every frame went out)."""
+        return encode_end(self.request_id, payload_bytes=self.payload_bytes, frames=self.frames)
 
 
 class FabricClient:
@@ -100,7 +133,7 @@ class FabricClient:
         host: str,
         port: int,
         request_id: str,
-        chunks: Iterable[KVChunk],
+        chunks: Iterable[KVChunk] | AsyncIterable[KVChunk],
         *,
         tokens: TokenIds | None = None,
         background: bool = False,
@@ -110,10 +143,15 @@ class FabricClient:
         when shaped, rtt / 2 later). ``background``: on a shaped link, wait for a pooled
         connection behind every urgent transfer (nobody's first token waits on this one).
 
-        Raises ValueError for an invalid request id or chunk range (before connecting) and
-        OSError / TimeoutError when the connection fails. Cancelling the call drops the
-        connection, so the receiver reports a partial transfer, and frees the pool slot and
-        the link share at once.
+        ``chunks`` may be an asynchronous iterable (a streamed export): the connection opens
+        at once and each chunk goes out as it comes, so the transfer overlaps the work that
+        makes the chunks; the connection (and its pool slot) is held meanwhile. An exception
+        from the source aborts the transfer like a failed connection.
+
+        Raises ValueError for an invalid request id or chunk range (before connecting, for a
+        list) and OSError / TimeoutError when the connection fails. Cancelling the call drops
+        the connection, so the receiver reports a partial transfer, and frees the pool slot
+        and the link share at once.
         """
         wire = _Wire(request_id, chunks, tokens)
         started = time.monotonic()
@@ -131,7 +169,7 @@ class FabricClient:
             )
             raise
         finished = time.monotonic()
-        bytes_sent = wire.data_bytes + len(wire.end)
+        bytes_sent = wire.data_bytes + len(wire.end())
         self.counters.record_transfer(
             fabric=self.name,
             direction=Direction.SENT,
@@ -158,39 +196,42 @@ class FabricClient:
     async def _send_unshaped(self, host: str, port: int, wire: _Wire) -> None:
         writer = await self._connect(host, port)
         async with _closing(writer):
-            for segment in wire.segments:
-                writer.write(segment)
-                # Drain per segment so a large transfer is not buffered twice in user space.
-                await writer.drain()
-            writer.write(wire.end)
+            async for frame in wire.frames_out():
+                for segment in frame:
+                    writer.write(segment)
+                    # Drain per segment so a large transfer is not buffered twice in user space.
+                    await writer.drain()
+            writer.write(wire.end())
             await writer.drain()
 
     async def _send_shaped(self, host: str, port: int, wire: _Wire, lease: LinkLease) -> None:
         await lease.handshake()
         writer = await self._connect(host, port)
         async with _closing(writer):
-            pending = deque(memoryview(segment).cast("B") for segment in wire.segments)
-            remaining = wire.data_bytes
-            while remaining:
-                allowed = await lease.grant(remaining)
-                remaining -= allowed
-                while allowed:
-                    head = pending[0]
-                    if len(head) <= allowed:
-                        writer.write(head)
-                        allowed -= len(head)
-                        pending.popleft()
-                    else:
-                        writer.write(head[:allowed])
-                        pending[0] = head[allowed:]
-                        allowed = 0
-                await writer.drain()
-            end_left = len(wire.end)
+            async for frame in wire.frames_out():
+                pending = deque(memoryview(segment).cast("B") for segment in frame)
+                remaining = sum(len(segment) for segment in pending)
+                while remaining:
+                    allowed = await lease.grant(remaining)
+                    remaining -= allowed
+                    while allowed:
+                        head = pending[0]
+                        if len(head) <= allowed:
+                            writer.write(head)
+                            allowed -= len(head)
+                            pending.popleft()
+                        else:
+                            writer.write(head[:allowed])
+                            pending[0] = head[allowed:]
+                            allowed = 0
+                    await writer.drain()
+            end = wire.end()
+            end_left = len(end)
             while end_left:
                 end_left -= await lease.grant(end_left)
             # The END is the transfer's last byte: the receiver sees it one-way latency later.
             await lease.propagate()
-            writer.write(wire.end)
+            writer.write(end)
             await writer.drain()
 
 

@@ -278,3 +278,65 @@ def test_a_background_transfer_yields_the_pool_to_an_urgent_one(run, collector) 
     # The relayed transfer queued first but waited behind the urgent one for the connection.
     assert finished == ["holder", "urgent", "relayed"]
     assert stats.background_acquisitions == 1
+
+
+def test_a_streamed_source_overlaps_its_transfer_with_the_work_that_makes_it(
+    run, collector
+) -> None:
+    """Chunks from an asynchronous source go out as they come: a transfer whose chunks are
+    made over 1 s (by a producer of its own, as P's engine thread is) ends soon after the
+    last one, not a whole transfer's time later."""
+    shaper = _wan(8)  # 1 MB: 1 s on the link
+    chunks = _blob(1_000_000)
+    per_chunk_s = 1.0 / len(chunks)
+
+    async def scenario():
+        made: asyncio.Queue = asyncio.Queue()
+
+        async def produce():
+            for chunk in chunks:
+                await asyncio.sleep(per_chunk_s)  # prefill computing the next chunk
+                made.put_nowait(chunk)
+            made.put_nowait(None)
+
+        async def source():
+            while (chunk := await made.get()) is not None:
+                yield chunk
+
+        async with FabricServer(collector.on_transfer, fabric=FabricName.WAN) as server:
+            client = FabricClient(FabricName.WAN, shaper)
+            started = time.monotonic()
+            producer = asyncio.create_task(produce())
+            stats = await client.send(server.host, server.port, "streamed", source())
+            elapsed = time.monotonic() - started
+            await producer
+            return stats, elapsed, await collector.next_transfer()
+
+    stats, elapsed, transfer = run(scenario())
+    assert transfer.chunks == tuple(chunks)
+    assert stats.payload_bytes == 1_000_000 and stats.frames == len(chunks) + 1
+    assert elapsed >= 1.0
+    # Made, then sent: >= 2 s less one burst allowance. Streamed: the last chunk's share of
+    # the link (64 KiB: 66 ms) after the last is made, plus scheduling slack.
+    assert elapsed < 1.6
+
+
+def test_a_failing_source_aborts_the_transfer_under_way(run, collector) -> None:
+    shaper = _wan(80)
+    chunks = _blob(300_000)
+
+    async def broken():
+        yield chunks[0]
+        raise RuntimeError("prefill failed")
+
+    async def scenario():
+        async with FabricServer(
+            collector.on_transfer, collector.on_error, fabric=FabricName.WAN
+        ) as server:
+            client = FabricClient(FabricName.WAN, shaper)
+            with contextlib.suppress(RuntimeError):
+                await client.send(server.host, server.port, "broken", broken())
+            return await collector.next_error()
+
+    request_id, error = run(scenario())
+    assert request_id == "broken" and isinstance(error, PartialTransferError)
