@@ -15,6 +15,10 @@ may carry fewer bytes than the engines hold:
   0.4% at 16 tokens x 64 dims), a bfloat16 one to ~1/2. Lossy: decoding gives each value
   within half a step (absmax / 254) of the original.
 
+A streamed export (P sends MD's delta in chunks as prefill completes them) arrives as several
+payloads of consecutive token ranges, each whole in itself; ``join_payloads`` makes them one
+(every chunk but the last a whole number of 8-bit scale blocks).
+
 ``to_format(payload, "int8" | dtype name)`` encodes; ``decode_to(payload, dtype name)`` gives a
 payload of the engine's own dtype, which ``import_kv`` takes (it calls it for any other
 format).
@@ -42,6 +46,7 @@ __all__ = [
     "decode_to",
     "dequantize_int8",
     "format_name",
+    "join_payloads",
     "quantize_int8",
     "to_format",
 ]
@@ -170,6 +175,55 @@ def to_format(payload: bytes | bytearray | memoryview, fmt: str) -> bytes:
     if header.dtype_code == INT8_CODE:
         return dequantize_int8(payload, fmt)
     return convert_dtype(payload, fmt)
+
+
+def join_payloads(payloads: list[bytes | bytearray | memoryview]) -> bytes:
+    """Payloads of consecutive token ranges, in one format (a streamed export's chunks), as
+    one payload of their whole range. ValueError when they are not consecutive, differ in
+    format or shape, or an 8-bit chunk other than the last ends inside a scale block."""
+    if not payloads:
+        raise ValueError("no KV payloads to join")
+    if len(payloads) == 1:
+        return bytes(payloads[0])
+    headers = [read_kv_header(p) for p in payloads]
+    first = headers[0]
+    shape = (first.dtype_code, first.num_layers, first.num_kv_heads, first.head_dim,
+             first.reserved)  # fmt: skip
+    for i, (a, b) in enumerate(zip(headers, headers[1:], strict=False), 1):
+        if b.start_token != a.end_token:
+            raise ValueError(
+                f"KV chunk {i} starts at {b.start_token}, the one before ends at {a.end_token}"
+            )
+        if (b.dtype_code, b.num_layers, b.num_kv_heads, b.head_dim, b.reserved) != shape:
+            raise ValueError(f"KV chunk {i} differs in format or shape from the first")
+    layers, heads, dim = first.num_layers, first.num_kv_heads, first.head_dim
+    head = kv_header(first.dtype_code, layers, heads, dim, first.start_token,
+                     headers[-1].end_token, first.reserved)  # fmt: skip
+    bodies = [np.frombuffer(memoryview(p), dtype=np.uint8, offset=KV_HEADER_BYTES)
+              for p in payloads]  # fmt: skip
+    if layers == 0:  # an emulated engine's payload: bytes per token, no tensor
+        return head + b"".join(body.tobytes() for body in bodies)
+    if first.dtype_code != INT8_CODE:
+        elem = {0: 4, 1: 2, 2: 2}[first.dtype_code]
+        parts = [b.reshape(2, layers, -1) for b in bodies]  # [2, L, n * H * D * elem]
+        for part, h in zip(parts, headers, strict=True):
+            if part.shape[2] != h.num_tokens * heads * dim * elem:
+                raise ValueError(f"KV chunk [{h.start_token}, {h.end_token}) has a short body")
+        return head + np.concatenate(parts, axis=2).tobytes()
+    block = first.reserved
+    scales, values = [], []
+    for i, (body, h) in enumerate(zip(bodies, headers, strict=True)):
+        if i < len(headers) - 1 and h.num_tokens % block:
+            raise ValueError(f"8-bit KV chunk {i} ends inside a {block}-token scale block")
+        blocks = -(-h.num_tokens // block)
+        scale_bytes = 2 * layers * blocks * heads * 4
+        if len(body) != scale_bytes + 2 * layers * h.num_tokens * heads * dim:
+            raise ValueError(f"8-bit KV chunk {i} has {len(body)} body bytes, not its shape's")
+        scales.append(body[:scale_bytes].reshape(2, layers, -1))
+        values.append(body[scale_bytes:].reshape(2, layers, -1))
+    return (
+        head + np.concatenate(scales, axis=2).tobytes() + np.concatenate(values, axis=2).tobytes()
+    )
 
 
 def decode_to(payload: bytes | bytearray | memoryview, dtype: str) -> bytes:

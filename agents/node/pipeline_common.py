@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from agents.engine.kv_codec import join_payloads
 from agents.node.agent import SEP, Agent, AgentError, Instance
 from agents.node.wire import Peer, error_event, sampling_json, token_event
 from agents.transfer.records import Transfer
@@ -53,7 +54,9 @@ def transfer_id(request_id: str, instance_id: str, what: str) -> str:
 
 
 def kv_payload(transfer: Transfer) -> bytes:
-    return b"".join(bytes(chunk.payload) for chunk in transfer.chunks)
+    """The transfer's KV as one payload: its chunks are whole payloads of consecutive token
+    ranges (one, or a streamed export's several: kv_codec.join_payloads)."""
+    return join_payloads([chunk.payload for chunk in transfer.chunks])
 
 
 async def pump_stream(

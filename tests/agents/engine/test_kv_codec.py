@@ -107,3 +107,49 @@ def test_formats_by_name_and_bad_ones():
     truncated = to_format(payload, "int8")[:-3]
     with pytest.raises(ValueError, match="expected"):
         decode_to(truncated, "float32")
+
+
+@pytest.mark.parametrize("fmt", [None, "bfloat16", "int8"])
+def test_a_streamed_exports_chunks_join_into_the_whole_payload(fmt):
+    """P's chunks of consecutive token ranges, each encoded alone, join into what encoding the
+    whole range gives (byte for byte: 8-bit scales are per block, chunks end on blocks)."""
+    from agents.engine.kv_codec import join_payloads
+
+    pool = _pool(torch.float32)
+    table = [1, 4, 6, 2, 7]
+    cuts = [16, 48, 64, 75]  # block-aligned chunks; the last one ends mid-block
+    pieces = [pool.export_kv(table, lo, hi) for lo, hi in zip([0, *cuts], cuts, strict=False)]
+    whole = pool.export_kv(table, 0, 75)
+    if fmt is not None:
+        pieces, whole = [to_format(p, fmt) for p in pieces], to_format(whole, fmt)
+    joined = join_payloads(pieces)
+    assert joined == whole
+    assert read_kv_header(joined).num_tokens == 75
+    assert join_payloads([whole]) == whole
+
+
+def test_joining_refuses_gaps_mixed_formats_and_a_cut_scale_block():
+    from agents.engine.kv_codec import join_payloads
+
+    pool = _pool(torch.float32)
+    table = [1, 4, 6]
+    a, b = pool.export_kv(table, 0, 16), pool.export_kv(table, 16, 40)
+    with pytest.raises(ValueError, match="starts at 32"):
+        join_payloads([a, pool.export_kv(table, 32, 40)])
+    with pytest.raises(ValueError, match="format or shape"):
+        join_payloads([a, convert_dtype(b, "float16")])
+    with pytest.raises(ValueError, match="inside a 16-token scale block"):
+        join_payloads([quantize_int8(pool.export_kv(table, 0, 20)),
+                       quantize_int8(pool.export_kv(table, 20, 40))])  # fmt: skip
+    with pytest.raises(ValueError, match="no KV payloads"):
+        join_payloads([])
+
+
+def test_emulated_chunks_join_by_their_bytes_per_token():
+    from agents.engine.emulated import BlockPool
+    from agents.engine.kv_codec import join_payloads
+
+    pool = BlockPool(8, BS, 100)
+    table = [0, 1, 2]
+    joined = join_payloads([pool.export_kv(table, 0, 32), pool.export_kv(table, 32, 40)])
+    assert joined == pool.export_kv(table, 0, 40)
