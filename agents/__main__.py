@@ -148,6 +148,11 @@ def _serve_parser(sub) -> None:
     p.add_argument("--num-blocks", type=int, help="KV blocks per engine instance")
     p.add_argument("--block-size", type=int)
     p.add_argument("--max-running", type=int)
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        help="new tokens one forward may process: the chunked prefill's chunk (default 2048)",
+    )
     p.add_argument("--max-queued", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--kv-timeout-s", type=float)
@@ -169,6 +174,12 @@ def _serve_parser(sub) -> None:
         type=float,
         help="MD keeps a stream RLD handed to a direct caller this long for its attach "
         "(default 10)",
+    )
+    p.add_argument(
+        "--kv-stream-tokens",
+        type=int,
+        help="P sends MD's KV in pieces of at least this many tokens while prefill runs "
+        "(streamed export; default 0: all of it after prefill)",
     )
     p.add_argument("--log-level", default="WARNING")
 

@@ -368,6 +368,7 @@ class Agent:
             num_blocks=s.num_blocks,
             max_running=s.max_running,
             max_queued=s.max_queued,
+            max_batch_tokens=s.max_batch_tokens,
             seed=s.seed,
             dtype=inst.dtype,
             decode_weights=None if s.decode_weights == "full" else s.decode_weights,

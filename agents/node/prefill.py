@@ -15,6 +15,7 @@ from agents.engine.kv_codec import encoded_size, to_format
 from agents.engine.kv_pool import read_kv_header
 from agents.engine.outputs import PrefillResult, TokenOutput
 from agents.node.agent import Agent, Instance
+from agents.node.kv_stream import StreamedDelta
 from agents.node.pipeline_common import (
     Events,
     PeerFailed,
@@ -63,6 +64,8 @@ class Prefilled:
     main_error: str | None
     started: float
     first_token_at: float
+    # MD's delta streamed while prefill ran (kv_stream_tokens > 0 and MD reserved), else None.
+    stream: StreamedDelta | None = None
 
 
 async def reserve_remote(agent: Agent, main: Peer, request_id: str, prompt: list[int]) -> int:
@@ -110,11 +113,26 @@ async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefil
     """Prefill on P while MD pins its cached prefix; raises EngineFull / ValueError before any
     streaming starts, so the caller can answer 503 / 400."""
     started = time.monotonic()
-    reserve = (
-        asyncio.create_task(reserve_remote(agent, req.main, req.request_id, req.prompt))
-        if req.main is not None
+    stream = (
+        StreamedDelta(
+            agent,
+            inst.running_worker,
+            req.request_id,
+            req.main,
+            len(req.prompt),
+            background=req.relay is not None,
+        )  # fmt: skip
+        if req.main is not None and agent.settings.kv_stream_tokens > 0
         else None
     )
+
+    async def reserve_main(main: Peer) -> int:
+        cached = await reserve_remote(agent, main, req.request_id, req.prompt)
+        if stream is not None:
+            await stream.begin(cached)  # the delta starts leaving while prefill runs
+        return cached
+
+    reserve = asyncio.create_task(reserve_main(req.main)) if req.main is not None else None
     try:
         result = await batched_prefill(inst.running_worker, req.request_id, req.prompt,
                                        req.sampling)  # fmt: skip
@@ -122,6 +140,8 @@ async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefil
         if reserve is not None:
             reserve.cancel()
             fire_and_forget(agent, cancel_remote(agent, req.main, req.request_id))
+        if stream is not None:
+            stream.abort()
         raise
     first_at = time.monotonic()
     agent.count_tokens(inst)
@@ -133,6 +153,9 @@ async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefil
             cached, error = await reserve, None
     except Exception as exc:  # noqa: BLE001 - MD unreachable: p-rld-md falls back to RLD alone
         cached, error = None, f"{type(exc).__name__}: {exc}"
+    if stream is not None and stream.send is None:
+        stream.abort()  # MD did not reserve: nothing was streamed
+        stream = None
     return Prefilled(
         result.first_token,
         result.first_logprob,
@@ -143,6 +166,7 @@ async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefil
         error,
         started,
         first_at,
+        stream,
     )
 
 
@@ -218,6 +242,8 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             # Early (a policy setting), or P's token is the whole answer: nothing to wait for.
             yield first()
         if pre.finished:
+            if pre.stream is not None:
+                pre.stream.abort()
             await release_prefill(agent, inst, rid)
             fire_and_forget(agent, cancel_remote(agent, req.main, rid))
             done = True
@@ -239,13 +265,18 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             start -= start % bs
             stats["cached_tokens"] = start
 
+        streamed = pre.stream
+
         def export(engine):
-            delta = engine.export_kv(rid, start, length) if main_ok else None
+            # A streamed delta's pieces are out up to `rest`: only the rest goes now.
+            rest = worker.take_export_watch(rid) if streamed is not None else None
+            lo = start if rest is None else rest
+            delta = engine.export_kv(rid, lo, length) if main_ok else None
             full = engine.export_kv(rid, 0, length) if req.relay is not None else None
             engine.release(rid)  # P's KV stays in its prefix cache
-            return delta, full
+            return delta, full, rest
 
-        delta, full = await worker.call(export)
+        delta, full, rest = await worker.call(export)
         end_block = -(-length // bs)
 
         async def ship(peer: Peer, payload: bytes, fabric: str, lo: int) -> None:
@@ -291,7 +322,28 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             encoded = await asyncio.to_thread(to_format, payload, fmt)
             await ship(peer, encoded, fabric, lo)
 
-        if main is not None:
+        async def streamed_sent(stream: StreamedDelta) -> None:
+            assert stream.send is not None  # begun: MD reserved
+            try:
+                sent = await stream.send
+            except Exception as exc:  # noqa: BLE001
+                if done:
+                    log.warning("%s: streamed KV to %s failed: %r", rid, stream.main.http, exc)
+                    fire_and_forget(agent, cancel_remote(agent, stream.main, rid))
+                else:
+                    queue.put_nowait(("send_failed", (stream.main, stream.fabric, exc)))
+            else:
+                stats["kv_wire_bytes"][stream.fabric] += sent.bytes_sent
+
+        if main is not None and streamed is not None and rest is not None:
+            assert delta is not None
+            streamed.finish(rest, delta)
+            stats["kv_bytes"][streamed.fabric] += streamed.kv_bytes
+            stats["kv_stream_pieces"] = streamed.pieces
+            if streamed.kv_format and streamed.kv_bytes:
+                stats["kv_format_wan"] = streamed.kv_format
+            sends.append(asyncio.create_task(streamed_sent(streamed)))
+        elif main is not None:
             # An MD in P's own datacenter (in-DC PD) gets the delta over the intra-DC fabric.
             same_dc = main.datacenter == agent.settings.datacenter
             main_fabric = "intra_dc" if same_dc else "wan"
@@ -400,6 +452,8 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             if not task.done():
                 task.cancel()
         if not done:
+            if pre.stream is not None:
+                pre.stream.abort()  # a delta still streaming is dropped (MD sees it partial)
             await release_prefill(agent, inst, rid)
             for peer in (req.main, req.relay, downstream):
                 if peer is not None:

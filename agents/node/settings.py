@@ -76,6 +76,8 @@ class AgentSettings:
     block_size: int = 16
     max_running: int = 32
     max_queued: int = 256
+    # New tokens one forward may process (the chunked prefill's chunk; EngineConfig's default).
+    max_batch_tokens: int = 2048
     seed: int = 0
     # Emulated instances (a served model whose source is "profile:..."): KV bytes on the wire are
     # the profile's real bytes / kv_scale, and this agent's WAN links are shaped to their
@@ -105,6 +107,10 @@ class AgentSettings:
     # long without a reader: RLD's held stream left and the caller's attach is on its way. An
     # ended one is kept as long for an attach still coming.
     handoff_attach_s: float = 10.0
+    # Streamed export (P): MD's delta leaves in pieces of at least this many tokens as prefill
+    # computes them, so its transfer overlaps the prefill; the rest of the prompt goes when
+    # prefill ends. 0 (the default): the whole delta is sent after prefill. docs/agents.md.
+    kv_stream_tokens: int = 0
     # What the agent resolved and applied before torch loaded (the state document's "threads").
     thread_plan: ThreadPlan | None = field(default=None, repr=False)
 
@@ -131,6 +137,10 @@ class AgentSettings:
         ):
             check_number(getattr(self, name), name, gt=0)
         check_number(self.kv_scale, "kv_scale", ge=1)
+        if not isinstance(self.kv_stream_tokens, int) or self.kv_stream_tokens < 0:
+            raise ValueError(
+                f"kv_stream_tokens must be an integer >= 0, got {self.kv_stream_tokens!r}"
+            )
         if self.gpu is not None:
             unit_from_json(self.gpu)
         check_number(self.speedup, "speedup", gt=0)
@@ -173,7 +183,14 @@ class AgentSettings:
             raise ValueError(
                 f"advertise_wan_port must be a port 1-65535, got {self.advertise_wan_port!r}"
             )
-        for name in ("threads", "agents_per_host", "num_blocks", "block_size", "max_running"):
+        for name in (
+            "threads",
+            "agents_per_host",
+            "num_blocks",
+            "block_size",
+            "max_running",
+            "max_batch_tokens",
+        ):
             value = getattr(self, name)
             if value is None and name == "threads":
                 continue

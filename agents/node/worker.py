@@ -35,6 +35,22 @@ SNAPSHOT_EVERY_S = 0.5
 SLOW_S = 1.0
 
 
+# on_chunk(first token, end token, payload), called on the loop.
+OnChunk = Callable[[int, int, bytes], None]
+
+
+class _ExportWatch:
+    """A request's KV exported as prefill computes it: whole blocks from ``next_token``, in
+    pieces of at least ``min_tokens`` (engine thread only)."""
+
+    __slots__ = ("next_token", "min_tokens", "on_chunk")
+
+    def __init__(self, next_token: int, min_tokens: int, on_chunk: OnChunk) -> None:
+        self.next_token = next_token
+        self.min_tokens = min_tokens
+        self.on_chunk = on_chunk
+
+
 class EngineWorker:
     """Owns an Engine; only its thread touches it. Safe to call from the loop's thread."""
 
@@ -66,6 +82,8 @@ class EngineWorker:
         self.longest_command_s = 0.0
         # Other requests' tokens from the forwards a command runs go out forward by forward.
         engine.on_outputs = self._deliver
+        # Requests whose KV goes out as prefill computes it (a streamed export), by id.
+        self._watches: dict[str, _ExportWatch] = {}
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
         self._thread.start()
 
@@ -83,6 +101,35 @@ class EngineWorker:
 
     def remove_sink(self, request_id: str) -> None:
         self._sinks.pop(request_id, None)
+
+    def watch_export(
+        self, request_id: str, from_token: int, min_tokens: int, on_chunk: OnChunk
+    ) -> asyncio.Future[int]:
+        """Export request_id's KV from ``from_token`` (block-aligned) as its prefill computes
+        it: after each step, the whole blocks computed since the last piece, once they are at
+        least ``min_tokens``, go to ``on_chunk(first, end, payload)`` on the loop (what is
+        computed already goes at once). The future gives the token the next piece starts at.
+        ``take_export_watch`` (on the engine thread) ends it, with the rest of the prompt."""
+
+        def register(engine: Engine) -> int:
+            watch = _ExportWatch(from_token, max(1, min_tokens), on_chunk)
+            self._watches[request_id] = watch
+            self._export_pieces(request_id, watch)
+            return watch.next_token
+
+        return self.call(register)
+
+    def take_export_watch(self, request_id: str) -> int | None:
+        """Engine thread (inside a command): end request_id's streamed export; the token its
+        next piece would have started at (what the caller exports itself), or None when no
+        export was watched."""
+        watch = self._watches.pop(request_id, None)
+        return None if watch is None else watch.next_token
+
+    def drop_export_watch(self, request_id: str) -> None:
+        """From the loop: end request_id's streamed export (the request failed or ended)."""
+        if request_id in self._watches:
+            self.call(lambda e: self.take_export_watch(request_id))
 
     def stop(self) -> None:
         self._commands.put(_STOP)
@@ -127,6 +174,9 @@ class EngineWorker:
                     "engine step took %.2f s (%s)", took, last[-1] if last else "no step record"
                 )
             stalled = not outputs
+            if self._watches:
+                for request_id, watch in list(self._watches.items()):
+                    self._export_pieces(request_id, watch)
             self.stats = self.engine.stats()
             self._changed = True
             self._refresh_snapshot()
@@ -138,6 +188,25 @@ class EngineWorker:
             sink = self._sinks.get(out.request_id)
             if sink is not None:
                 self._loop.call_soon_threadsafe(sink, out)
+
+    def _export_pieces(self, request_id: str, watch: _ExportWatch) -> None:
+        """The whole blocks of request_id computed since its last piece, if enough."""
+        req = self.engine.requests.get(request_id)
+        if req is None:
+            self._watches.pop(request_id, None)  # finished or aborted: nothing more comes
+            return
+        bs = self.engine.config.block_size
+        done = req.cached_len - req.cached_len % bs
+        if done - watch.next_token < watch.min_tokens:
+            return
+        try:
+            payload = self.engine.export_kv(request_id, watch.next_token, done)
+        except Exception:  # noqa: BLE001 - the export at the prefill's end sends the rest
+            log.exception("%s: streamed KV export failed", request_id)
+            watch.min_tokens = 1 << 62  # no more pieces until then
+            return
+        self._loop.call_soon_threadsafe(watch.on_chunk, watch.next_token, done, payload)
+        watch.next_token = done
 
     def _run_command(self, fn: Callable[[Engine], Any], future: asyncio.Future) -> None:
         error: BaseException | None

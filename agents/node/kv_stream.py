@@ -1,0 +1,115 @@
+"""P's streamed export: MD's delta sent in pieces while the prefill computes it.
+
+Without it P sends MD's delta (the prompt past MD's cached prefix) once prefill has ended, so
+the transfer (1-20 s over a WAN at 64K-token contexts) starts after the prefill (0.5-3 s a
+16K-token chunk). With ``kv_stream_tokens`` > 0, once MD's reservation says where the delta
+starts, the engine's worker hands over each run of whole blocks the prefill has computed (at
+least that many tokens) and they go out on one transfer as they come; when prefill ends, the
+rest of the prompt closes it. MD joins the pieces (kv_codec.join_payloads) and imports them
+when the transfer's END lands, as for a transfer of one piece; a piece that fails fails the
+transfer, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from agents.engine.kv_codec import encoded_size, to_format
+from agents.engine.kv_pool import read_kv_header
+from agents.node.agent import Agent
+from agents.node.pipeline_common import transfer_id
+from agents.node.wire import Peer
+from agents.node.worker import EngineWorker
+from agents.transfer.records import KVChunk, TransferStats
+
+
+class StreamedDelta:
+    """One request's delta to MD, streamed from P's engine while it prefills."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        worker: EngineWorker,
+        request_id: str,
+        main: Peer,
+        length: int,
+        *,
+        background: bool,
+    ) -> None:
+        self.agent = agent
+        self.worker = worker
+        self.request_id = request_id
+        self.main = main
+        self.length = length
+        self.background = background
+        self.fabric = "intra_dc" if main.datacenter == agent.settings.datacenter else "wan"
+        # The WAN link's transport format, if it asks for one (encoded piece by piece).
+        self.kv_format = main.kv_format if self.fabric == "wan" else None
+        self.start: int | None = None  # the delta's first token (MD's cached prefix, aligned)
+        self.pieces = 0
+        self.kv_bytes = 0  # the KV the pieces stand for (encoded size in another format)
+        self.send: asyncio.Task[TransferStats] | None = None
+        self._pieces: asyncio.Queue[tuple[int, int, bytes] | None] = asyncio.Queue()
+        self._closed = False
+
+    async def begin(self, main_cached: int) -> None:
+        """MD's reservation answered: the delta starts at its cached prefix; send what the
+        prefill has computed past it, and each piece from now on, on one transfer."""
+        bs = self.agent.settings.block_size
+        start = min(main_cached, self.length)
+        self.start = start - start % bs
+        await self.worker.watch_export(
+            self.request_id,
+            self.start,
+            self.agent.settings.kv_stream_tokens,
+            self._piece,
+        )
+        client = (
+            self.agent.wan_client(self.main.datacenter)
+            if self.fabric == "wan"
+            else self.agent.intra_client
+        )
+        host, port = self.main.kv_address(self.fabric == "wan")
+        self.send = asyncio.create_task(
+            client.send(
+                host,
+                port,
+                transfer_id(self.request_id, self.main.instance, "kv"),
+                self._chunks(),
+                background=self.background,
+            )
+        )
+
+    def _piece(self, first: int, end: int, payload: bytes) -> None:
+        if self._closed:
+            return
+        # Counted as it is committed (header only): the KV it stands for, or its encoded size.
+        if self.kv_format and read_kv_header(payload).num_layers:
+            self.kv_bytes += encoded_size(payload, self.kv_format)
+        else:
+            self.kv_bytes += self.worker.engine.represented_bytes(payload)
+        self.pieces += 1
+        self._pieces.put_nowait((first, end, payload))
+
+    def finish(self, first: int, payload: bytes) -> None:
+        """Prefill ended: the rest of the prompt, from ``first``, closes the transfer."""
+        self._piece(first, self.length, payload)
+        self._closed = True
+        self._pieces.put_nowait(None)
+
+    def abort(self) -> None:
+        """The request failed or ended before its delta was whole: stop exporting and drop
+        the transfer (MD sees it partial)."""
+        self._closed = True
+        self.worker.drop_export_watch(self.request_id)
+        if self.send is not None and not self.send.done():
+            self.send.cancel()
+
+    async def _chunks(self) -> AsyncIterator[KVChunk]:
+        bs = self.agent.settings.block_size
+        while (item := await self._pieces.get()) is not None:
+            first, end, payload = item
+            if self.kv_format and read_kv_header(payload).num_layers:
+                payload = await asyncio.to_thread(to_format, payload, self.kv_format)
+            yield KVChunk(first // bs, -(-end // bs), first, end, payload)
