@@ -348,7 +348,9 @@ def build_app(agent: Agent) -> Starlette:
         prompt = get_ids(body, "prompt_ids", vocab(inst))
         rid = get_str(body, "request_id")
         cached = await pipelines.reserve_prefix(agent, inst, rid, prompt)
-        return JSONResponse({"request_id": rid, "cached_tokens": cached})
+        # What this MD stores its KV as: P sends a wider one narrowed already (kv_stream.py).
+        stored = getattr(inst.running_worker.engine.pool, "dtype_name", None)
+        return JSONResponse({"request_id": rid, "cached_tokens": cached, "kv_format": stored})
 
     def decode_common(body: dict, inst: Instance) -> tuple[str, list[int], int, Any]:
         prompt = get_ids(body, "prompt_ids", vocab(inst))

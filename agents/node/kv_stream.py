@@ -23,6 +23,21 @@ from agents.node.wire import Peer
 from agents.node.worker import EngineWorker
 from agents.transfer.records import KVChunk, TransferStats
 
+# Bytes per value of the float formats (what the engines store).
+_WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def send_format(link_format: str | None, own: str | None, stored: str | None) -> str | None:
+    """The format P sends MD's delta in, converted once on the cheaper side: the WAN link's
+    format when it names one; else MD's stored dtype when it is narrower than P's own (MD
+    would narrow it on import anyway, so the values MD holds are the same and the wire
+    carries fewer bytes); else None, P's own (MD widens or converts on import, if at all)."""
+    if link_format:
+        return link_format
+    if own in _WIDTH and stored in _WIDTH and _WIDTH[stored] < _WIDTH[own]:
+        return stored
+    return None
+
 
 class StreamedDelta:
     """One request's delta to MD, streamed from P's engine while it prefills."""
@@ -44,8 +59,8 @@ class StreamedDelta:
         self.length = length
         self.background = background
         self.fabric = "intra_dc" if main.datacenter == agent.settings.datacenter else "wan"
-        # The WAN link's transport format, if it asks for one (encoded piece by piece).
-        self.kv_format = main.kv_format if self.fabric == "wan" else None
+        # The format the pieces go in (send_format, once MD said what it stores), if not P's.
+        self.kv_format: str | None = None
         self.start: int | None = None  # the delta's first token (MD's cached prefix, aligned)
         self.pieces = 0
         self.kv_bytes = 0  # the KV the pieces stand for (encoded size in another format)
@@ -53,9 +68,11 @@ class StreamedDelta:
         self._pieces: asyncio.Queue[tuple[int, int, bytes] | None] = asyncio.Queue()
         self._closed = False
 
-    async def begin(self, main_cached: int) -> None:
+    async def begin(self, main_cached: int, kv_format: str | None) -> None:
         """MD's reservation answered: the delta starts at its cached prefix; send what the
-        prefill has computed past it, and each piece from now on, on one transfer."""
+        prefill has computed past it, and each piece from now on, on one transfer, in
+        ``kv_format`` (None: P's own)."""
+        self.kv_format = kv_format
         bs = self.agent.settings.block_size
         start = min(main_cached, self.length)
         self.start = start - start % bs

@@ -15,7 +15,7 @@ from agents.engine.kv_codec import encoded_size, to_format
 from agents.engine.kv_pool import read_kv_header
 from agents.engine.outputs import PrefillResult, TokenOutput
 from agents.node.agent import Agent, Instance
-from agents.node.kv_stream import StreamedDelta
+from agents.node.kv_stream import StreamedDelta, send_format
 from agents.node.pipeline_common import (
     Events,
     PeerFailed,
@@ -62,13 +62,20 @@ class Prefilled:
     prefill_cached_tokens: int
     main_cached_tokens: int | None  # None: MD's reservation failed (MD unreachable)
     main_error: str | None
+    # What MD stores its KV as (its reservation's answer; None from an MD that does not say).
+    main_kv_format: str | None
+
     started: float
     first_token_at: float
     # MD's delta streamed while prefill ran (kv_stream_tokens > 0 and MD reserved), else None.
     stream: StreamedDelta | None = None
 
 
-async def reserve_remote(agent: Agent, main: Peer, request_id: str, prompt: list[int]) -> int:
+async def reserve_remote(
+    agent: Agent, main: Peer, request_id: str, prompt: list[int]
+) -> tuple[int, str | None]:
+    """MD pins its cached prefix of the prompt: how many tokens it holds, and the format it
+    stores KV in."""
     response = await agent.http.post(
         f"{main.http}/v1/pdd/reserve",
         json={"request_id": request_id, "instance": main.instance, "prompt_ids": prompt},
@@ -76,7 +83,9 @@ async def reserve_remote(agent: Agent, main: Peer, request_id: str, prompt: list
     )
     if response.status_code != 200:
         raise PeerFailed(f"reserve at MD: HTTP {response.status_code}: {response.text[:300]}")
-    return int(response.json()["cached_tokens"])
+    answer = response.json()
+    stored = answer.get("kv_format")
+    return int(answer["cached_tokens"]), stored if isinstance(stored, str) else None
 
 
 async def batched_prefill(
@@ -126,11 +135,12 @@ async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefil
         else None
     )
 
-    async def reserve_main(main: Peer) -> int:
-        cached = await reserve_remote(agent, main, req.request_id, req.prompt)
+    async def reserve_main(main: Peer) -> tuple[int, str | None]:
+        cached, stored = await reserve_remote(agent, main, req.request_id, req.prompt)
         if stream is not None:
-            await stream.begin(cached)  # the delta starts leaving while prefill runs
-        return cached
+            # The delta starts leaving while prefill runs.
+            await stream.begin(cached, wire_format(agent, inst, main, stored))
+        return cached, stored
 
     reserve = asyncio.create_task(reserve_main(req.main)) if req.main is not None else None
     try:
@@ -146,11 +156,12 @@ async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefil
     first_at = time.monotonic()
     agent.count_tokens(inst)
     cached: int | None
+    stored: str | None = None
     try:
         if reserve is None:
             cached, error = None, "no main decode in this pipeline (rld-only)"
         else:
-            cached, error = await reserve, None
+            (cached, stored), error = await reserve, None
     except Exception as exc:  # noqa: BLE001 - MD unreachable: p-rld-md falls back to RLD alone
         cached, error = None, f"{type(exc).__name__}: {exc}"
     if stream is not None and stream.send is None:
@@ -164,10 +175,19 @@ async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefil
         result.cached_tokens,
         cached,
         error,
+        stored,
         started,
         first_at,
         stream,
     )
+
+
+def wire_format(agent: Agent, inst: Instance, main: Peer, stored: str | None) -> str | None:
+    """The format MD's delta crosses in (kv_stream.send_format): the WAN link's, or MD's
+    narrower dtype, or None for P's own."""
+    cross_dc = main.datacenter != agent.settings.datacenter
+    own = getattr(inst.running_worker.engine.pool, "dtype_name", None)
+    return send_format(main.kv_format if cross_dc else None, own, stored)
 
 
 def keep_in_background(agent: Agent, sends: list[asyncio.Task]) -> None:
@@ -307,12 +327,13 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             # Counted when committed: a relayed request's KV for MD may still be on its way when
             # the user's stream ends (see "done" below). The KV the payload stands for: an
             # emulated engine's carries 1/kv_scale of it (kv_wire_bytes: what crossed).
-            fmt = peer.kv_format if fabric == "wan" else None
+            fmt = wire_format(agent, inst, peer, pre.main_kv_format) if peer is main else None
             if fmt and read_kv_header(payload).num_layers:
                 # The WAN link asks for another format (8-bit, another dtype): encoded off the
                 # event loop, counted at its encoded size; MD decodes it on import.
                 stats["kv_bytes"][fabric] += encoded_size(payload, fmt)
-                stats["kv_format_wan"] = fmt
+                if fabric == "wan":
+                    stats["kv_format_wan"] = fmt
                 sends.append(asyncio.create_task(ship_as(peer, payload, fmt, fabric, lo)))
                 return
             stats["kv_bytes"][fabric] += worker.engine.represented_bytes(payload)
@@ -340,7 +361,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             streamed.finish(rest, delta)
             stats["kv_bytes"][streamed.fabric] += streamed.kv_bytes
             stats["kv_stream_pieces"] = streamed.pieces
-            if streamed.kv_format and streamed.kv_bytes:
+            if streamed.kv_format and streamed.fabric == "wan":
                 stats["kv_format_wan"] = streamed.kv_format
             sends.append(asyncio.create_task(streamed_sent(streamed)))
         elif main is not None:

@@ -153,3 +153,14 @@ def test_emulated_chunks_join_by_their_bytes_per_token():
     table = [0, 1, 2]
     joined = join_payloads([pool.export_kv(table, 0, 32), pool.export_kv(table, 32, 40)])
     assert joined == pool.export_kv(table, 0, 40)
+
+
+def test_the_send_format_converts_once_on_the_cheaper_side():
+    from agents.node.kv_stream import send_format
+
+    assert send_format("int8", "float32", "bfloat16") == "int8"  # the link's choice
+    assert send_format(None, "float32", "bfloat16") == "bfloat16"  # MD would narrow anyway
+    assert send_format(None, "bfloat16", "float32") is None  # MD widens: send the narrow one
+    assert send_format(None, "bfloat16", "float16") is None  # same width: MD converts
+    assert send_format(None, "float32", None) is None  # an MD that does not say
+    assert send_format(None, None, "bfloat16") is None  # an emulated P: no tensors

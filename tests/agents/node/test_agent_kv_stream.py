@@ -60,3 +60,34 @@ def test_streamed_pieces_in_a_wan_format_are_encoded_one_by_one_and_joined():
     assert got["output_token_ids"] == expected
     assert got["stats"]["kv_format_wan"] == "float32"
     assert got["stats"]["kv_stream_pieces"] >= 3
+
+
+def test_a_narrower_md_gets_its_own_dtype_converted_on_the_sending_side():
+    """MD says at reservation what it stores: a bfloat16 MD gets bfloat16 from a float32 P
+    (half the bytes) and holds exactly what it held when it narrowed the float32 itself."""
+    from agent_node_helpers import agent_args, running
+
+    from agents.node.launch import AgentProcess
+
+    prompt = make_prompt(120, 55)
+    bf16 = ("--dtype", "bfloat16")
+    procs = [
+        AgentProcess(agent_args("prefill", "dc-a", "--link", f"dc-b={FAST_LINK}"), "p-narrow"),
+        AgentProcess(
+            agent_args("main_decode", "dc-b", "--link", f"dc-a={FAST_LINK}", *bf16), "md-narrow"
+        ),  # fmt: skip
+        AgentProcess(agent_args("main_decode", "dc-a", *bf16), "md2-narrow"),
+    ]
+    with running(*procs) as (p, md, md2):
+        # Over the WAN with the link asking for float32: P sends float32, MD narrows it.
+        body = pdd_body("narrow-md", prompt, 12, "p-md", "one-shot", p, None, md)
+        body["main"]["kv_format"] = "float32"
+        wide = summarize(stream_events(f"{p.http}/v1/pdd/generate", body)[0])
+        # In P's datacenter, no link format: P narrows to the MD's bfloat16 before sending.
+        body = pdd_body("narrow-p", prompt, 12, "p-md", "one-shot", p, None, md2,
+                        main_datacenter="dc-a")  # fmt: skip
+        narrow = summarize(stream_events(f"{p.http}/v1/pdd/generate", body)[0])
+    assert wide["error"] is None and narrow["error"] is None, (wide, narrow)
+    assert narrow["output_token_ids"] == wide["output_token_ids"]
+    assert wide["stats"]["kv_bytes"]["wan"] == 120 * 4096
+    assert narrow["stats"]["kv_bytes"]["intra_dc"] == 120 * 4096 // 2
