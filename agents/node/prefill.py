@@ -109,7 +109,8 @@ async def batched_prefill(
     try:
         await worker.call(lambda e: e.submit_prefill(request_id, prompt, sampling))
         out = await first
-        return await worker.call(lambda e: e.prefill_result(request_id, out))
+        # Held from its first token on: read beside the next step, not after it.
+        return await worker.read_held(lambda e: e.prefill_result(request_id, out))
     except BaseException:
         # Not started, or abandoned while queued: nothing of it may stay in the engine.
         await quiet(worker.call(lambda e: e.abort(request_id)))
@@ -293,10 +294,12 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             lo = start if rest is None else rest
             delta = engine.export_kv(rid, lo, length) if main_ok else None
             full = engine.export_kv(rid, 0, length) if req.relay is not None else None
-            engine.release(rid)  # P's KV stays in its prefix cache
             return delta, full, rest
 
-        delta, full, rest = await worker.call(export)
+        # The request is held: its KV is read beside the step in flight, then released on
+        # the engine thread (P's KV stays in its prefix cache) while it travels.
+        delta, full, rest = await worker.read_held(export)
+        fire_and_forget(agent, release_prefill(agent, inst, rid))
         end_block = -(-length // bs)
 
         async def ship(peer: Peer, payload: bytes, fabric: str, lo: int) -> None:

@@ -82,8 +82,10 @@ class EngineWorker:
         self.longest_command_s = 0.0
         # Other requests' tokens from the forwards a command runs go out forward by forward.
         engine.on_outputs = self._deliver
-        # Requests whose KV goes out as prefill computes it (a streamed export), by id.
+        # Requests whose KV goes out as prefill computes it (a streamed export), by id; the
+        # lock because the export at the prefill's end runs off the engine thread (read_held).
         self._watches: dict[str, _ExportWatch] = {}
+        self._watches_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
         self._thread.start()
 
@@ -113,23 +115,32 @@ class EngineWorker:
 
         def register(engine: Engine) -> int:
             watch = _ExportWatch(from_token, max(1, min_tokens), on_chunk)
-            self._watches[request_id] = watch
-            self._export_pieces(request_id, watch)
+            with self._watches_lock:
+                self._watches[request_id] = watch
+                self._export_pieces(request_id, watch)
             return watch.next_token
 
         return self.call(register)
 
     def take_export_watch(self, request_id: str) -> int | None:
-        """Engine thread (inside a command): end request_id's streamed export; the token its
+        """End request_id's streamed export (in a command, or in ``read_held``): the token its
         next piece would have started at (what the caller exports itself), or None when no
         export was watched."""
-        watch = self._watches.pop(request_id, None)
+        with self._watches_lock:
+            watch = self._watches.pop(request_id, None)
         return None if watch is None else watch.next_token
+
+    def read_held(self, fn: Callable[[Engine], T]) -> asyncio.Future[T]:
+        """Run fn(engine) now on a helper thread, beside the engine thread's step: only for
+        reading a held request (P's after its first token: ``prefill_result``, ``export_kv``),
+        whose blocks and table no step touches. A command would wait for the step in flight,
+        a whole prefill chunk on a busy P (0.5-3 s on the paper's GPU-A), before P's KV could
+        leave (bench/paper/REPORT.md)."""
+        return asyncio.ensure_future(asyncio.to_thread(fn, self.engine))
 
     def drop_export_watch(self, request_id: str) -> None:
         """From the loop: end request_id's streamed export (the request failed or ended)."""
-        if request_id in self._watches:
-            self.call(lambda e: self.take_export_watch(request_id))
+        self.take_export_watch(request_id)
 
     def stop(self) -> None:
         self._commands.put(_STOP)
@@ -175,8 +186,9 @@ class EngineWorker:
                 )
             stalled = not outputs
             if self._watches:
-                for request_id, watch in list(self._watches.items()):
-                    self._export_pieces(request_id, watch)
+                with self._watches_lock:
+                    for request_id, watch in list(self._watches.items()):
+                        self._export_pieces(request_id, watch)
             self.stats = self.engine.stats()
             self._changed = True
             self._refresh_snapshot()
@@ -192,8 +204,8 @@ class EngineWorker:
     def _export_pieces(self, request_id: str, watch: _ExportWatch) -> None:
         """The whole blocks of request_id computed since its last piece, if enough."""
         req = self.engine.requests.get(request_id)
-        if req is None:
-            self._watches.pop(request_id, None)  # finished or aborted: nothing more comes
+        if req is None:  # finished or aborted: nothing more comes (the caller holds the lock)
+            self._watches.pop(request_id, None)
             return
         bs = self.engine.config.block_size
         done = req.cached_len - req.cached_len % bs

@@ -1,0 +1,3 @@
+from bench.wan_path.run import main
+
+raise SystemExit(main())
