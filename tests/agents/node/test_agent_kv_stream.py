@@ -37,7 +37,8 @@ def test_a_streamed_delta_gives_singles_tokens_in_every_pipeline():
             # 150 tokens from MD's empty cache in 32-token forwards: pieces as prefill ran,
             # then the rest (a partial block) when it ended.
             assert stats["kv_stream_pieces"] >= 3, stats
-            assert stats["kv_bytes"]["wan"] == 150 * 4096  # baton-tiny: 4 KiB a token
+            # baton-tiny: 4 KiB a token, and each piece's 24-byte header.
+            assert stats["kv_bytes"]["wan"] == 150 * 4096 + 24 * stats["kv_stream_pieces"]
 
 
 def test_without_the_flag_the_delta_goes_whole_and_the_bytes_are_the_same():
@@ -47,7 +48,7 @@ def test_without_the_flag_the_delta_goes_whole_and_the_bytes_are_the_same():
         got = _generate(agents, "whole", prompt, 8, "p-md")
     assert got["error"] is None and got["output_token_ids"] == expected
     assert "kv_stream_pieces" not in got["stats"]
-    assert got["stats"]["kv_bytes"]["wan"] == 150 * 4096
+    assert got["stats"]["kv_bytes"]["wan"] == 150 * 4096 + 24  # one payload, one header
 
 
 def test_streamed_pieces_in_a_wan_format_are_encoded_one_by_one_and_joined():
@@ -89,5 +90,5 @@ def test_a_narrower_md_gets_its_own_dtype_converted_on_the_sending_side():
         narrow = summarize(stream_events(f"{p.http}/v1/pdd/generate", body)[0])
     assert wide["error"] is None and narrow["error"] is None, (wide, narrow)
     assert narrow["output_token_ids"] == wide["output_token_ids"]
-    assert wide["stats"]["kv_bytes"]["wan"] == 120 * 4096
-    assert narrow["stats"]["kv_bytes"]["intra_dc"] == 120 * 4096 // 2
+    assert wide["stats"]["kv_bytes"]["wan"] == 120 * 4096 + 24
+    assert narrow["stats"]["kv_bytes"]["intra_dc"] == 120 * 4096 // 2 + 24
