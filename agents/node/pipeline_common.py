@@ -56,6 +56,8 @@ def transfer_id(request_id: str, instance_id: str, what: str) -> str:
 def kv_payload(transfer: Transfer) -> bytes:
     """The transfer's KV as one payload: its chunks are whole payloads of consecutive token
     ranges (one, or a streamed export's several: kv_codec.join_payloads)."""
+    if not transfer.chunks:
+        return b""  # no KV at all: the import refuses it, as it did
     return join_payloads([chunk.payload for chunk in transfer.chunks])
 
 
