@@ -20,6 +20,8 @@ import statistics
 import time
 from pathlib import Path
 
+from pdd.vocab import HandoffMode, Pipeline
+
 LENGTHS = (16, 256, 3000)
 
 
@@ -82,7 +84,9 @@ def main(argv: list[str] | None = None) -> dict:
             tokenizer=ByteTokenizer(),
             prompt_ids=[104, 105],
             request_id=request_id,
-            decision=Decision("p-md", "one-shot", "1", None, "2", 0, 2, 0.01, "bench"),
+            decision=Decision(
+                Pipeline.P_MD, HandoffMode.ONE_SHOT, "1", None, "2", 0, 2, 0.01, "bench"
+            ),
             version=1,
             inputs={},
             kind="completions",

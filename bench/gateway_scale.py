@@ -105,6 +105,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bench.control_path import pct
+from pdd.vocab import Pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "var" / "bench-gateway-scale"
@@ -443,9 +444,9 @@ class Load:
         body = (
             b'{"request_id":"direct-%s","instance":"%s","prompt_ids":[%s,%s],'
             b'"sampling":{"max_tokens":%d,"temperature":0.0,"top_p":1.0,"seed":null},'
-            b'"pipeline":"p-md","main":%s,"direct":true%s}'
+            b'"pipeline":"%s","main":%s,"direct":true%s}'
             % (key.encode(), pre["instance"].encode(), head_ids, tail_ids, self.max_tokens,
-               json.dumps(main, separators=(",", ":")).encode(), early)
+               Pipeline.P_MD.encode(), json.dumps(main, separators=(",", ":")).encode(), early)
         )  # fmt: skip
         headers = s["data_headers"].encode()
         pending = bytearray()

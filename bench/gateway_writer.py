@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from bench.gateway_relay import _setup, publish, spread
+from pdd.vocab import HandoffMode, Pipeline
 
 BATCHES = {1: 64, 32: 4}  # batch size -> batches per round
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> dict:
     from routing.policy import Decision
 
     key, _ = billing.api_key_create(tenant=Tenant.objects.create(name="bench"))
-    decision = Decision("p-md", "one-shot", "1", None, "2", 0, 2, 0.01, "bench")
+    decision = Decision(Pipeline.P_MD, HandoffMode.ONE_SHOT, "1", None, "2", 0, 2, 0.01, "bench")
     common = {
         "api_key": key,
         "model": "baton-tiny",

@@ -22,6 +22,8 @@ import time
 import uuid
 from pathlib import Path
 
+from pdd.vocab import HandoffMode, Pipeline
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -38,8 +40,10 @@ def records(n: int, seed: int = 1) -> list[dict]:
         out.append(
             {
                 "model": "baton-tiny",
-                "pipeline": "p-rld-md" if low else "p-md",
-                "handoff_mode": rng.choice(["one-shot", "catch-up"]) if low else "none",
+                "pipeline": Pipeline.P_RLD_MD if low else Pipeline.P_MD,
+                "handoff_mode": rng.choice([HandoffMode.ONE_SHOT, HandoffMode.CATCH_UP])
+                if low
+                else "none",
                 "status": "ok",
                 "ttft_s": ttft,
                 "tpot_s": rng.uniform(0.02, 0.05),

@@ -13,6 +13,7 @@ from typing import Any
 
 from pdd.hardware import EngineSpec, GpuType, ModelSpec
 from pdd.spec import build, check_bool, check_int, check_positive
+from pdd.vocab import HandoffMode, Pipeline
 from planner.host import HostSpec
 from planner.wan import WanLinkSpec
 from routing.policy import PolicySettings, Role
@@ -24,15 +25,15 @@ class System:
     IDC_PD = "idc-pd"  # one datacenter, P and D in one RDMA domain
     CDC_PD = "cdc-pd"  # P in A, MD in B with a decode-side prefix cache, no relay
     PDD = "pdd"  # P-MD / P-RLD-MD via routing.policy.decide
-    P_RLD = "p-rld"  # like PDD but low-hit requests finish on RLD (the excluded design)
+    P_RLD = Pipeline.P_RLD.value  # like PDD, low-hit requests finish on RLD (the excluded design)
 
     CHOICES = (IDC_PD, CDC_PD, PDD, P_RLD)
 
 
 class Handoff:
     ADAPTIVE = "adaptive"  # switched by RLD load, as the policy settings say
-    ONE_SHOT = "one-shot"
-    CATCH_UP = "catch-up"
+    ONE_SHOT = HandoffMode.ONE_SHOT.value
+    CATCH_UP = HandoffMode.CATCH_UP.value
 
     CHOICES = (ADAPTIVE, ONE_SHOT, CATCH_UP)
 

@@ -10,6 +10,7 @@ import numpy as np
 from mypy_extensions import mypyc_attr
 
 from pdd.spec import check_positive, check_range
+from pdd.vocab import HandoffMode
 from planner.sim import PIPELINE_CODES, RunRecord
 from routing.policy import Pipeline
 
@@ -148,8 +149,8 @@ def summarise(
             "wan_pool_utilisation": rec.pool_utilisation,
             "pipelines": pipelines,
             "handoff": {
-                "one-shot": int(((rec.handoff == 1) & window).sum()),
-                "catch-up": int(((rec.handoff == 2) & window).sum()),
+                HandoffMode.ONE_SHOT.value: int(((rec.handoff == 1) & window).sum()),
+                HandoffMode.CATCH_UP.value: int(((rec.handoff == 2) & window).sum()),
             },
             "tokens": {
                 "relay_decode": rld,

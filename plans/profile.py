@@ -29,6 +29,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from pdd.vocab import Pipeline
 from routing.models import Admission, RequestRecord
 
 # Holt's smoothing of the per-minute counts, and how far ahead the forecast looks (minutes).
@@ -133,7 +134,7 @@ def workload_profile(
     hits = [min(1.0, c / p) for p, c, *_ in served]
     wan = [b * 8 / w / 1e9 for *_, b, w in served if b and w and w > 0]  # Gbit/s, per request
     total = len(times)
-    singular = in_window.filter(pipeline="rld-only").count()
+    singular = in_window.filter(pipeline=Pipeline.RLD_ONLY).count()
     return {
         "window_s": window_s,
         "model": model or "",

@@ -244,3 +244,21 @@ def test_the_tests_mirror_the_packages():
     }
     strays = sorted(str(f) for f in folders if f.parts[0] != "e2e" and not (ROOT / f).is_dir())
     assert not strays, f"tests/ folders with no package of that path: {strays}"
+
+
+def test_the_pipeline_and_handoff_vocabulary_is_spelled_once():
+    """Pipelines and handoff modes are spelled in pdd/vocab.py only; everything else, bench
+    included, names them (`Pipeline.P_RLD_MD`), so a renamed value cannot leave a stale copy.
+    A string literal counts (not a longer string that contains one, such as a fault name)."""
+    from pdd.vocab import HandoffMode, Pipeline
+
+    words = {str(v) for v in (*Pipeline, *HandoffMode)} - {"none"}
+    found = []
+    for module, path in sorted(_files().items()):
+        if module == "pdd.vocab":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in words:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} spells {node.value!r}")
+    assert not found, "\n".join(found)

@@ -26,6 +26,7 @@ from bench.chaos.report import render
 from bench.testbed import ROOT, Cluster, start_cluster, start_web
 from pdd.dataplane import bearer_headers, env_data_token
 from pdd.tokenizer import ByteTokenizer
+from pdd.vocab import Pipeline
 
 REPORT_DIR = Path(__file__).resolve().parent
 RAW_DIR = ROOT / "var" / "chaos"
@@ -562,8 +563,8 @@ def wan_trial(cluster, fault, rep, refs, log_dir) -> dict:
         watcher.join(5)
     link.disarm()
     judge(req, refs[(fault, rep, 0)])
-    trial = {"fault": fault, "rep": rep, "pipeline_forced": "p-md" if fault.endswith("p-md")
-             else "p-rld-md"}  # fmt: skip
+    forced = Pipeline.P_MD if fault.endswith(Pipeline.P_MD) else Pipeline.P_RLD_MD
+    trial = {"fault": fault, "rep": rep, "pipeline_forced": forced}
     if not fired:
         trial["note"] = (
             f"the fault point was not reached in the stream ({len(req['times'])} pieces): "

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench.paper import scale
+from pdd.vocab import Pipeline
 
 
 def pct(values: Sequence[float], q: float) -> float | None:
@@ -37,7 +38,7 @@ def summarise(live: Mapping[str, Any], system: scale.System) -> dict[str, Any]:
     ids = [r.get("id") for r in measured if r.get("id")]
     mine = [records[i] for i in ids if i in records]
     pipelines = Counter(r.get("pipeline") or "none" for r in mine)
-    modes = Counter(r.get("handoff_mode") for r in mine if r.get("pipeline") == "p-rld-md")
+    modes = Counter(r.get("handoff_mode") for r in mine if r.get("pipeline") == Pipeline.P_RLD_MD)
     completed = [r for r in results if r.get("completed")]
     wan_bytes = sum(int(r.get("kv_bytes_wan") or 0) for r in live["records"])
     run_s = (marks["t_end"] - marks["start"]) * scale.SPEEDUP if "t_end" in marks else 0.0

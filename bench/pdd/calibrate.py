@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 
+from pdd.vocab import Pipeline
+
 PREFILL_POINTS = ((64, 0), (256, 0), (600, 0), (1000, 0), (1600, 0), (96, 1000), (200, 1500))
 DECODE_POINTS = ((1, 200), (1, 1400), (4, 400), (4, 1200), (8, 1000), (16, 600))
 FABRIC_PROMPTS = (300, 1300, 2400)  # prompt tokens of the handoff points (1.2-9.8 MB of KV)
@@ -182,9 +184,9 @@ def _fabric_sample(kind: str, n: int, threads: int, seed: int) -> dict:
     the intra-DC fabric and its KV wait."""
     decoder = "rld" if kind == "relay" else "md"
     route = (
-        ["--pipeline", "p-rld-md"]
+        ["--pipeline", Pipeline.P_RLD_MD]
         if kind == "relay"
-        else ["--pipeline", "p-md", "--md-datacenter", "dc-a"]
+        else ["--pipeline", Pipeline.P_MD, "--md-datacenter", "dc-a"]
     )
     argv = [sys.executable, "-m", "agents", "loopback", *route,
             "--prompt-len", str(n), "--max-tokens", "2", "--wan-gbps", "0.05",

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from pdd.vocab import Pipeline
+
 GOALS = {
     "pdd_vs_cdc_p90": 0.5,  # PDD / CDC-PD P90 TTFT <=
     "pdd_vs_idc_p90": 1.1,  # PDD / IDC-PD P90 TTFT <=
@@ -52,7 +54,7 @@ def relayed_though_cached(records: Iterable[Mapping]) -> int:
     return sum(
         1
         for r in records
-        if r.get("pipeline") == "p-rld-md"
+        if r.get("pipeline") == Pipeline.P_RLD_MD
         and (r.get("cached_tokens") or 0) > CACHED_ENOUGH * (r.get("prompt_tokens") or 0)
     )
 
@@ -63,7 +65,7 @@ def relayed_though_known(records: Iterable[Mapping]) -> int:
     return sum(
         1
         for r in records
-        if r.get("pipeline") == "p-rld-md"
+        if r.get("pipeline") == Pipeline.P_RLD_MD
         and (r.get("cached_tokens") or 0) > CACHED_ENOUGH * (r.get("prompt_tokens") or 0)
         and (r.get("estimated_cached_tokens") or 0) > CACHED_ENOUGH * (r.get("prompt_tokens") or 0)
     )
@@ -275,11 +277,11 @@ def diagnostics(results: Sequence[Mapping], records: Sequence[Mapping]) -> dict[
                 if (x.get("cached_tokens") or 0) < 0.5 * (x.get("prompt_tokens") or 1)
             )
             / n,
-            "relayed_share": sum(1 for x in recs if x.get("pipeline") == "p-rld-md") / n,
+            "relayed_share": sum(1 for x in recs if x.get("pipeline") == Pipeline.P_RLD_MD) / n,
         }
 
     relayed = [by_id[r["request_id"]] for r in done]
-    relayed = [x for x in relayed if x.get("pipeline") == "p-rld-md"]
+    relayed = [x for x in relayed if x.get("pipeline") == Pipeline.P_RLD_MD]
     return {
         "all": part(done),
         "tail": part([r for r in done if r["ttft_s"] >= p90]),

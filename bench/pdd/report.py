@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pdd.vocab import Pipeline
+
 SYSTEM_ORDER = ("idc-pd", "cdc-pd", "pdd")
 LABELS = {"idc-pd": "IDC-PD", "cdc-pd": "CDC-PD", "pdd": "PDD"}
 GOAL_TEXT = {
@@ -221,7 +223,7 @@ def render(results: Mapping[str, Any], plots: Mapping[str, str] | None = None) -
             if r is None:
                 continue
             t = r["ttft_s"]
-            relayed = r["pipelines"].get("p-rld-md", 0)
+            relayed = r["pipelines"].get(Pipeline.P_RLD_MD, 0)
             w(
                 f"| {LABELS[key]} | {rate_label(results, rk)} | {s(t['p50'])} / {s(t['p90'])} / "
                 f"{s(t['p99'])} | {s(r['tpot_s']['mean'] * 1000, 1)} | {s(r['e2e_s']['p50'])} / "
@@ -326,7 +328,7 @@ def render(results: Mapping[str, Any], plots: Mapping[str, str] | None = None) -
                     f"{s(lt['p90'])} / {s(lt['p99'])} | {s(st['p50'])} / {s(st['p90'])} / "
                     f"{s(st['p99'])} | {'+' if err >= 0 else ''}{pct(err)} |{cell} "
                     f"{pct(r['rld_share'])} | {pct(m['rld_share'])} | "
-                    f"{m['pipelines'].get('p-rld-md', 0)} of {m['requests']} | "
+                    f"{m['pipelines'].get(Pipeline.P_RLD_MD, 0)} of {m['requests']} | "
                     f"{pct(m['wan_utilisation'])} |"
                 )
         w("")

@@ -90,6 +90,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.pdd import report as pdd_report  # noqa: E402
 from bench.pdd import sim as pdd_sim  # noqa: E402
+from pdd.vocab import Pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 ARMS = (
@@ -354,7 +355,7 @@ def check(
                     "share_points": 100 * (m["rld_share"] - live["rld_share"]),
                     "means": m["means"],
                     "cpu": (m.get("host") or {}).get("cpu"),
-                    "relayed": m["pipelines"].get("p-rld-md", 0),
+                    "relayed": m["pipelines"].get(Pipeline.P_RLD_MD, 0),
                     "requests": m["requests"],
                 }
                 if factors is not None:

@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from pdd.vocab import Pipeline
 from planner.api import run_case  # noqa: E402
 from planner.metrics import TTFT_PARTS  # noqa: E402
 from planner.scenario import case_configs, load_scenario  # noqa: E402
@@ -38,7 +39,7 @@ def _run(job: tuple[str, str, int, float | None]) -> dict[str, Any]:
         "seed": seed,
         **{q: s["ttft_s"][q] for q in ("p50", "p90", "p99")},
         "relay_share": s["tokens"]["relay_share"],
-        "relayed": s["pipelines"].get("p-rld-md", 0),
+        "relayed": s["pipelines"].get(Pipeline.P_RLD_MD, 0),
         "requests": s["requests"],
         "pool_wait_mean_s": s["wan_pool_wait_s"]["mean"],
         "md_hit_rate": s["md_hit_rate"],

@@ -42,6 +42,7 @@ from typing import Any
 
 from agents.node.launch import AgentProcess
 from agents.node.loopback import make_prompt, pdd_body, stream_events, summarize
+from pdd.vocab import HandoffMode, Pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -104,7 +105,9 @@ def run_config(model: str, fmt: str | None, streamed: bool,
         md.start()
         p.start()
         for k, prompt in enumerate(prompts):
-            body = pdd_body(f"wan-{k}", prompt, MAX_TOKENS, "p-md", "one-shot", p, None, md)
+            body = pdd_body(
+                f"wan-{k}", prompt, MAX_TOKENS, Pipeline.P_MD, HandoffMode.ONE_SHOT, p, None, md
+            )
             body["sampling"] = _sampling()
             if fmt is not None:
                 body["main"]["kv_format"] = fmt
