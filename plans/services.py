@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from django.db import models
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -473,18 +474,23 @@ def plan_run_create(
         progress_total=total,
         created_by=created_by if getattr(created_by, "is_authenticated", False) else None,
     )
-    run_id = run.pk
+    enqueue_run(PLAN_EXECUTE, PlanRun, run.pk, "the plan")
+    return run
+
+
+def enqueue_run(task: str, model: type[models.Model], pk: int, what: str) -> None:
+    """Queue ``task`` for the queued run ``pk`` of ``model`` (a PlanRun or a SizingRun) once
+    the transaction commits. One that cannot be queued is marked failed, saying why: a queued
+    run nobody will start is worse than a failed one."""
 
     def failed(exc: Exception) -> None:
-        # A queued run nobody will start is worse than a failed one: say why.
-        PlanRun.objects.filter(pk=run_id, status=PlanRunStatus.QUEUED).update(
+        model._default_manager.filter(pk=pk, status=PlanRunStatus.QUEUED).update(
             status=PlanRunStatus.FAILED,
-            error=f"could not queue the plan: {type(exc).__name__}: {exc}",
+            error=f"could not queue {what}: {type(exc).__name__}: {exc}",
             finished_at=timezone.now(),
         )
 
-    enqueue_after_commit(PLAN_EXECUTE, run_id, on_error=failed)
-    return run
+    enqueue_after_commit(task, pk, on_error=failed)
 
 
 def plan_run_execute(*, plan_run_id: int) -> PlanRun | None:

@@ -18,12 +18,12 @@ from typing import Any
 from django.utils import timezone
 
 from fleet.choices import PlanRunStatus
-from fleet.dispatch import enqueue_after_commit
 from plans.models import SizingRun
 from plans.services import (
     PlanInputError,
     _finite,
     _scenario_config,
+    enqueue_run,
     planner_fleet_from_db,
 )
 
@@ -113,16 +113,7 @@ def sizing_run_create(
         inputs=inputs,
         created_by=created_by if getattr(created_by, "is_authenticated", False) else None,
     )
-    run_id = run.pk
-
-    def failed(exc: Exception) -> None:
-        SizingRun.objects.filter(pk=run_id, status=PlanRunStatus.QUEUED).update(
-            status=PlanRunStatus.FAILED,
-            error=f"could not queue the sizing run: {type(exc).__name__}: {exc}",
-            finished_at=timezone.now(),
-        )
-
-    enqueue_after_commit(SIZE_EXECUTE, run_id, on_error=failed)
+    enqueue_run(SIZE_EXECUTE, SizingRun, run.pk, "the sizing run")
     return run
 
 
