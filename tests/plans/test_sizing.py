@@ -31,6 +31,19 @@ def test_a_created_run_is_queued_with_its_checked_inputs(db, django_user_model):
     assert run.created_by == user
 
 
+def test_a_run_that_cannot_be_queued_is_failed_saying_why(db, monkeypatch):
+    from plans import services
+
+    def broker_down(task, *args, on_error=None):
+        on_error(ConnectionError("broker down"))
+
+    monkeypatch.setattr(services, "enqueue_after_commit", broker_down)
+    run = sizing.sizing_run_create(scenario="tiny-size", rps=5, p90=10)
+    run.refresh_from_db()
+    assert run.status == PlanRunStatus.FAILED and run.finished_at is not None
+    assert run.error == "could not queue the sizing run: ConnectionError: broker down"
+
+
 def test_executing_a_run_stores_the_answer_and_its_progress(db, tiny_answer):
     run = sizing.sizing_run_create(**{k: v for k, v in BODY.items()})
     run = sizing.sizing_run_execute(sizing_run_id=run.pk)
