@@ -41,6 +41,18 @@ def api_key_revoke(*, key: ApiKey) -> ApiKey:
     return key
 
 
+# What a request's record says that makes it billed: answered (``ok``), ended by its client
+# (``cancelled``) or by a gateway that died under it (``interrupted``), for the tokens it got.
+# A request refused (``rejected``: no healthy path, no room, the tenant's rate limit) or failed
+# on the agents (``error``) is not billed.
+BILLED_STATUSES = frozenset({"ok", "cancelled", "interrupted"})
+
+
+def is_billed(status: str, prompt_tokens: int) -> bool:
+    """Whether a request that ended with ``status`` gets a usage line (docs/billing.md)."""
+    return status in BILLED_STATUSES and prompt_tokens > 0
+
+
 def usage_record(
     *,
     request_id: str,

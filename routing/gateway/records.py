@@ -21,7 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import ApiKey
-from billing.services import usage_record, usage_records
+from billing.services import is_billed, usage_record, usage_records
 from fleet.agent_client import tls_context
 from fleet.models import ServedModel
 from fleet.pinning import EndpointNotCalled, PinnedTransport, resolved_endpoints
@@ -144,7 +144,7 @@ def _decision_row(
 def _usage_line(write: dict[str, Any]) -> dict[str, Any] | None:
     """The usage line's fields for a record write; None when nothing is billed."""
     outcome: Outcome = write["outcome"]
-    if outcome.status not in ("ok", "cancelled", "interrupted") or not outcome.prompt_tokens:
+    if not is_billed(outcome.status, outcome.prompt_tokens):
         return None
     return {
         "request_id": write["request_id"],

@@ -154,3 +154,14 @@ def test_redis_rate_limits_are_the_same_and_shared_between_limiters():
     second = RateLimiter(os.environ["REDIS_URL"], prefix=prefix + "b")
     assert first.check(tenant="x", rpm=1, tpm=10, tokens=1, now=5_000_000.0).allowed is True
     assert second.check(tenant="x", rpm=1, tpm=10, tokens=1, now=5_000_001.0).allowed is False
+
+
+@pytest.mark.parametrize(
+    ("status", "prompt", "billed"),
+    [("ok", 5, True), ("cancelled", 5, True), ("interrupted", 5, True),
+     ("rejected", 5, False), ("error", 5, False), ("ok", 0, False)],
+)  # fmt: skip
+def test_what_is_billed_is_billings_rule(status, prompt, billed):
+    from billing.services import is_billed
+
+    assert is_billed(status, prompt) is billed
