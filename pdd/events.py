@@ -105,27 +105,37 @@ class DoneEvent:
 
 
 ENGINE_FULL = "engine_full"  # ErrorEvent.code and the agents' 503 body's "code"
+# The decoding roles an error event may name as the one that failed (ErrorEvent.role).
+FAILING_ROLES = ("md", "rld")
 
 
 @dataclass(frozen=True, slots=True)
 class ErrorEvent:
     """The attempt failed further down the path (MD, RLD or the WAN). ``code``
     ``"engine_full"``: an engine had no room for the request now (capacity, not a fault: the
-    gateway queues and retries it, and blames no instance)."""
+    gateway queues and retries it, and blames no instance). ``role`` (``md``, ``rld``), when
+    the agent that reports it knows: the role that failed (RLD reporting its MD's failure says
+    ``md``); the gateway blames that role's instance, else the stream's own (routes.py)."""
 
     message: str = "agent error"
     code: str = ""
+    role: str = ""
 
     def to_json(self) -> dict[str, Any]:
         out = {"type": "error", "message": self.message}
         if self.code:
             out["code"] = self.code
+        if self.role:
+            out["role"] = self.role
         return out
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> ErrorEvent:
+        role = raw.get("role")
         return cls(
-            message=str(raw.get("message") or "agent error"), code=str(raw.get("code") or "")
+            message=str(raw.get("message") or "agent error"),
+            code=str(raw.get("code") or ""),
+            role=role if role in FAILING_ROLES else "",
         )
 
 

@@ -278,7 +278,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
         main_ok = main is not None
         if not main_ok and req.pipeline == Pipeline.P_MD:
             await release_prefill(agent, inst, rid)
-            yield error_event(f"{rid}: MD unreachable: {pre.main_error}")
+            yield error_event(f"{rid}: MD unreachable: {pre.main_error}", role="md")
             return
         start = 0
         if main_cached is not None:

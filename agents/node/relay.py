@@ -266,8 +266,9 @@ class RelaySession:
         self.emit(event)
         self.to(Phase.DONE)
 
-    def fail(self, message: str, code: str = "") -> None:
-        self.finish(error_event(f"{self.rid}: {message}", code))
+    def fail(self, message: str, code: str = "", role: str = "") -> None:
+        """End with an error; ``role`` "md" when MD is what failed (the gateway blames it)."""
+        self.finish(error_event(f"{self.rid}: {message}", code, role))
 
     def done_event(self, reason: str | None) -> dict[str, Any]:
         return {
@@ -403,7 +404,7 @@ class RelaySession:
             if self.phase is not Phase.MAIN:
                 self.abandon(f"MD sent token {index} before the handoff")
             elif index != self.next_index:
-                self.fail(f"MD sent index {index}, expected {self.next_index}")
+                self.fail(f"MD sent index {index}, expected {self.next_index}", role="md")
             else:
                 self.counts["md"] += 1
                 self.emit(relayed_token(self.next_index, value, "md"))
@@ -416,13 +417,13 @@ class RelaySession:
                 self.abandon("MD finished before the handoff")
         elif kind == "error":
             if self.phase is Phase.MAIN:
-                self.fail(f"MD failed after the handoff: {value}")
+                self.fail(f"MD failed after the handoff: {value}", role="md")
             else:
                 self.abandon(f"MD reported: {value.get('message')}")
 
     def on_md_closed(self, item: MdClosed) -> None:
         if self.phase is Phase.MAIN:
-            self.fail(f"MD stream ended after the handoff: {item.error!r}")
+            self.fail(f"MD stream ended after the handoff: {item.error!r}", role="md")
         else:
             self.abandon(f"MD stream closed: {item.error!r}")
 

@@ -246,10 +246,11 @@ def relayed_token(index: int, event: dict[str, Any], role: str) -> dict[str, Any
     return relayed
 
 
-def error_event(message: str, code: str = "") -> dict[str, Any]:
+def error_event(message: str, code: str = "", role: str = "") -> dict[str, Any]:
     """An error event; ``code`` ENGINE_FULL when an engine had no room (capacity, not a
-    fault: the gateway queues the request and retries it)."""
-    return ErrorEvent(message, code).to_json()
+    fault: the gateway queues the request and retries it); ``role`` the role that failed
+    (``md``, ``rld``) when it is not the reporting agent's own: the gateway blames it."""
+    return ErrorEvent(message, code, role).to_json()
 
 
 def refused(exc: ValueError) -> AgentError:

@@ -5,7 +5,6 @@ failure, a retry before the first token or a migration after it (docs/faults.md)
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from django.conf import settings
@@ -171,15 +170,17 @@ def route(p: Prepared, view: LiveView | None = None) -> None:
 
 
 def implicated(decision: Decision, exc: AgentRunError) -> list[str]:
-    """The instances a failure points at. P itself when P could not be reached; MD when the
-    message names MD (RLD or P report MD's failures as "MD ..."); else P's next hop, the relay
-    where the pipeline has one. Marking both decoders would leave a one-RLD, one-MD fleet no
-    path to migrate to, although only one of them died."""
+    """The instances a failure points at, from its typed role (AgentRunError.role), never its
+    text: P itself when P could not be reached; the role that failed when the error names one
+    (MD when RLD or P report MD's failure, or MD's own stream read directly; RLD likewise);
+    else P's next hop, the relay where the pipeline has one. Marking both decoders would
+    leave a one-RLD, one-MD fleet no path to migrate to, although only one of them died."""
     if exc.at_prefill:
         return [decision.prefill_id]
-    message = str(exc)
-    if decision.main_id and (re.search(r"\bMD\b", message) or "main decode" in message.lower()):
+    if exc.role == "md" and decision.main_id:
         return [decision.main_id]
+    if exc.role == "rld" and decision.relay_id:
+        return [decision.relay_id]
     hop = decision.relay_id or decision.main_id
     return [hop] if hop else []
 

@@ -13,7 +13,15 @@ from collections.abc import Awaitable, Callable
 
 from django.conf import settings
 
-from pdd.events import ENGINE_FULL, ContinueEvent, DoneEvent, ErrorEvent, TokenEvent, parse_event
+from pdd.events import (
+    ENGINE_FULL,
+    FAILING_ROLES,
+    ContinueEvent,
+    DoneEvent,
+    ErrorEvent,
+    TokenEvent,
+    parse_event,
+)
 from pdd.stats import DoneStats
 from routing.gateway.openai_shapes import LogprobsCollector
 from routing.gateway.prepared import Prepared
@@ -147,6 +155,7 @@ class Run:
                     raise AgentRunError(
                         f"the agent sent a malformed event: {exc}",
                         at_prefill=self.continued_at is None,
+                        role=self._own_role(),
                     ) from None
                 at = next((i for i, e in enumerate(batch) if isinstance(e, ContinueEvent)), None)
                 if at is None:
@@ -184,7 +193,9 @@ class Run:
         if refused is not None:
             who = "RLD's" if from_relay else "the prefill agent's"
             raise AgentRunError(
-                f"{who} continuation was refused: {refused}", at_prefill=not from_relay
+                f"{who} continuation was refused: {refused}",
+                at_prefill=not from_relay,
+                role="rld" if from_relay else "",
             )
         if from_relay:
             self.relay_stats = event.stats  # the handoff's figures; MD's done has none
@@ -233,10 +244,12 @@ class Run:
                 raise AgentRunError(
                     f"no first token from the prefill agent within {FIRST_TOKEN_TIMEOUT_S:g} s"
                 ) from None
-            role = {"md": "MD", "rld": "RLD"}.get(self.last_role, self.last_role)
+            last = self.last_role
+            named = {"md": "MD", "rld": "RLD"}.get(last, last)
             raise AgentRunError(
-                f"stream stalled: no token for {limit:.1f} s (the last one from {role})",
+                f"stream stalled: no token for {limit:.1f} s (the last one from {named})",
                 at_prefill=False,
+                role=last if last in FAILING_ROLES else "",
             ) from None
         finally:
             await events.aclose()
@@ -265,10 +278,16 @@ class Run:
                 yield [(tail, self.take_logprobs())]
             if self.finish_reason is None:
                 raise AgentRunError(
-                    "the agent stream ended without a 'done' event", at_prefill=False
+                    "the agent stream ended without a 'done' event",
+                    at_prefill=False,
+                    role=self._own_role(),
                 )
         finally:
             await events.aclose()
+
+    def _own_role(self) -> str:
+        """The decoding role whose stream is read now (``md``, ``rld``); "" for P's."""
+        return self.following if self.following in FAILING_ROLES else ""
 
     def _take(self, event, pieces: list[tuple[str, dict | None]]) -> bool:
         """One agent event: a token's text (and logprobs) onto ``pieces``, the done event's
@@ -279,6 +298,7 @@ class Run:
                     f"token stream out of order: got index {event.index}, "
                     f"expected {self.token_count - self.offset}",
                     at_prefill=False,
+                    role=self._own_role(),
                 )
             self.token_count += 1
             self.token_ids.append(event.token_id)
@@ -310,9 +330,12 @@ class Run:
             self.stats = self._merged(event.stats)
             self.finish_reason = "length" if event.hit_length else "stop"
         elif isinstance(event, ErrorEvent):
+            # The role that failed: the one the event names, else the decoder whose own
+            # stream this is (read directly, one hop per token); P's: the path's next hop.
+            role = event.role or self._own_role()
             if event.code == ENGINE_FULL and self.token_count == self.offset:
-                raise AgentBusy(event.message, at_prefill=False)
-            raise AgentRunError(event.message, at_prefill=False)
+                raise AgentBusy(event.message, at_prefill=False, role=role)
+            raise AgentRunError(event.message, at_prefill=False, role=role)
         return False
 
     def _merged(self, done: DoneStats) -> DoneStats:

@@ -69,11 +69,14 @@ class AgentRunError(Exception):
     """The agents could not run the request (unreachable, refused, failed mid-way).
 
     ``at_prefill``: P itself could not be reached or refused the call (True), or P's stream
-    reported a failure further down the path (False)."""
+    reported a failure further down the path (False). ``role`` (``md``, ``rld``): the decoding
+    role that failed, when known (its stream's, or the one an agent's error event names);
+    the gateway blames its instance (routes.implicated), never by the message's text."""
 
-    def __init__(self, message: str, *, at_prefill: bool = True) -> None:
+    def __init__(self, message: str, *, at_prefill: bool = True, role: str = "") -> None:
         super().__init__(message)
         self.at_prefill = at_prefill
+        self.role = role
 
 
 class AgentBusy(AgentRunError):
@@ -227,9 +230,10 @@ async def run_events(
             if response.status_code != 200:
                 detail = (await response.aread()).decode(errors="replace")[:500]
                 message = f"{name} answered HTTP {response.status_code}: {detail}"
+                role = "" if at_prefill else source
                 if response.status_code == 503 and _busy_body(detail):
-                    raise AgentBusy(message, at_prefill=at_prefill)
-                raise AgentRunError(message, at_prefill=at_prefill)
+                    raise AgentBusy(message, at_prefill=at_prefill, role=role)
+                raise AgentRunError(message, at_prefill=at_prefill, role=role)
             rest = b""
             async for data in response.aiter_bytes():
                 *lines, rest = (rest + data).split(b"\n")
@@ -240,8 +244,12 @@ async def run_events(
                 yield [json.loads(rest)]
     except EndpointNotCalled as exc:  # nothing was sent: fails over as an unreachable agent
         what = "endpoint refused" if isinstance(exc, EndpointRefused) else "unreachable"
-        raise AgentRunError(f"{name} {what}: {exc}", at_prefill=at_prefill) from exc
+        raise AgentRunError(
+            f"{name} {what}: {exc}", at_prefill=at_prefill, role="" if at_prefill else source
+        ) from exc
     except httpx.HTTPError as exc:
         raise AgentRunError(
-            f"{name} unreachable: {type(exc).__name__}: {exc}".rstrip(": "), at_prefill=at_prefill
+            f"{name} unreachable: {type(exc).__name__}: {exc}".rstrip(": "),
+            at_prefill=at_prefill,
+            role="" if at_prefill else source,
         ) from exc

@@ -636,24 +636,28 @@ def test_main_ignores_rld_and_late_rld_side_failures() -> None:
 
 
 @pytest.mark.parametrize(
-    "item,message",
+    "item,message,role",
     [
-        (md_token(7), f"{RID}: MD sent index 7, expected 4"),
+        (md_token(7), f"{RID}: MD sent index 7, expected 4", "md"),
         (
             MdEvent({"type": "error", "message": "oom"}),
             f"{RID}: MD failed after the handoff: {{'type': 'error', 'message': 'oom'}}",
+            "md",
         ),
-        (MdClosed(None), f"{RID}: MD stream ended after the handoff: None"),
-        (Cancelled(RuntimeError("cancelled")), f"{RID}: cancelled"),
+        (MdClosed(None), f"{RID}: MD stream ended after the handoff: None", "md"),
+        (Cancelled(RuntimeError("cancelled")), f"{RID}: cancelled", None),
     ],
 )
-def test_main_a_failure_of_md_fails_the_request(item, message) -> None:
+def test_main_a_failure_of_md_fails_the_request(item, message, role) -> None:
+    """MD's failures name MD as the role that failed (the gateway blames MD, not RLD)."""
+
     async def scenario():
         s, agent, worker = make()
         await main_phase(s, agent, worker)
         await s.dispatch(item)
         assert s.phase is Phase.DONE
-        assert drain(s) == [{"type": "error", "message": message}]
+        expected = {"type": "error", "message": message, **({"role": role} if role else {})}
+        assert drain(s) == [expected]
         await s.close()
         await asyncio.sleep(0)
         assert agent.http.posts == [("http://md/v1/pdd/cancel", {"request_id": RID})]

@@ -260,23 +260,38 @@ def test_a_decoder_that_falls_silent_mid_stream_is_migrated(two_decoders, monkey
 
 
 @pytest.mark.parametrize(
-    ("message", "pipeline", "expected"),
+    ("message", "role", "pipeline", "expected"),
     [
-        ("r1: MD stream ended after the handoff: RemoteProtocolError(...)", "p-rld-md", "main"),
-        ("r1: downstream stream ended without done: RemoteProtocolError(...)", "p-rld-md", "relay"),
-        ("r1: downstream stream ended without done", "p-md", "main"),
-        ("stream stalled: no token for 3.0 s (the last one from MD)", "p-rld-md", "main"),
-        ("stream stalled: no token for 3.0 s (the last one from RLD)", "p-rld-md", "relay"),
+        ("r1: MD stream ended after the handoff: RemoteProtocolError(...)", "md", "p-rld-md",
+         "main"),
+        ("r1: downstream stream ended without done: RemoteProtocolError(...)", "", "p-rld-md",
+         "relay"),
+        ("r1: downstream stream ended without done", "", "p-md", "main"),
+        ("stream stalled: no token for 3.0 s (the last one from MD)", "md", "p-rld-md", "main"),
+        ("stream stalled: no token for 3.0 s (the last one from RLD)", "rld", "p-rld-md",
+         "relay"),
+        # The text is never read: a message naming MD without the role blames the next hop.
+        ("r1: something about MD", "", "p-rld-md", "relay"),
     ],
-)
-def test_a_failure_implicates_one_decoder_not_both(message, pipeline, expected):
+)  # fmt: skip
+def test_a_failure_implicates_one_decoder_not_both(message, role, pipeline, expected):
     from routing.policy import Decision
 
     relay = "2" if pipeline == "p-rld-md" else None
     decision = Decision(pipeline, "one-shot", "1", relay, "3", 0, 10, 0.1, "test")
-    got = routes.implicated(decision, AgentRunError(message, at_prefill=False))
+    got = routes.implicated(decision, AgentRunError(message, at_prefill=False, role=role))
     assert got == [{"main": "3", "relay": "2"}[expected]]
     assert routes.implicated(decision, AgentRunError("unreachable")) == ["1"]
+
+
+def test_an_error_event_carries_the_role_that_failed():
+    from pdd.events import ErrorEvent, parse_event
+
+    event = ErrorEvent("r1: MD failed after the handoff", role="md")
+    assert event.to_json() == {"type": "error", "message": event.message, "role": "md"}
+    assert parse_event(event.to_json()) == event
+    assert parse_event({"type": "error", "message": "x", "role": "p"}).role == ""  # unknown
+    assert "role" not in ErrorEvent("x").to_json()
 
 
 def test_a_prefill_that_sends_no_first_token_fails_over_after_the_timeout(
