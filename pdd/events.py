@@ -183,6 +183,56 @@ class ContinueEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadyEvent:
+    """MD, held for a handoff, has imported P's KV and holds a decode slot: RLD may hand the
+    request over (MD's stream to RLD only). ``cached_tokens``: MD's own prefix it reused;
+    ``received_tokens``: what came from P; ``slot_wait_s``: how long it waited for the slot."""
+
+    cached_tokens: int = 0
+    received_tokens: int = 0
+    slot_wait_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "ready",
+            "cached_tokens": self.cached_tokens,
+            "received_tokens": self.received_tokens,
+            "slot_wait_s": round(self.slot_wait_s, 4),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> ReadyEvent:
+        def count(key: str) -> int:
+            value = raw.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+        wait = raw.get("slot_wait_s")
+        return cls(
+            cached_tokens=count("cached_tokens"),
+            received_tokens=count("received_tokens"),
+            slot_wait_s=float(wait) if isinstance(wait, int | float) and wait >= 0 else 0.0,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendedEvent:
+    """MD took a catch-up handoff batch into its context: it holds the tokens up to index
+    ``upto`` (RLD sends the next batch, or the final one)."""
+
+    upto: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "extended", "upto": self.upto}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> ExtendedEvent:
+        upto = raw.get("upto")
+        if not isinstance(upto, int) or isinstance(upto, bool) or upto < 0:
+            raise ValueError(f"extended event without a valid upto: {upto!r}")
+        return cls(upto)
+
+
+@dataclass(frozen=True, slots=True)
 class OtherEvent:
     """An event type this reader does not know."""
 
@@ -190,13 +240,17 @@ class OtherEvent:
     raw: Mapping[str, Any]
 
 
-StreamEvent = TokenEvent | DoneEvent | ErrorEvent | ContinueEvent | OtherEvent
+StreamEvent = (
+    TokenEvent | DoneEvent | ErrorEvent | ContinueEvent | ReadyEvent | ExtendedEvent | OtherEvent
+)
 
 _PARSERS: dict[str, Callable[[Mapping[str, Any]], StreamEvent]] = {
     "token": TokenEvent.from_json,
     "done": DoneEvent.from_json,
     "error": ErrorEvent.from_json,
     "continue": ContinueEvent.from_json,
+    "ready": ReadyEvent.from_json,
+    "extended": ExtendedEvent.from_json,
 }
 
 

@@ -29,7 +29,7 @@ from agents.node.pipeline_common import (
 from agents.node.tail import Tail
 from agents.node.wire import output_logprob
 from agents.node.worker import EngineWorker
-from pdd.events import ENGINE_FULL
+from pdd.events import ENGINE_FULL, ExtendedEvent, ReadyEvent
 
 log = logging.getLogger(__name__)
 
@@ -279,12 +279,7 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
             # RLD hands off when MD is ready; MD is ready when it has a decode slot for the
             # request, so a full MD leaves RLD decoding instead of stalling the stream here.
             slot_wait_s = await _wait_for_decode_slot(worker, queue)
-            yield {
-                "type": "ready",
-                "cached_tokens": result.local_tokens,
-                "received_tokens": result.received_tokens,
-                "slot_wait_s": round(slot_wait_s, 4),
-            }
+            yield ReadyEvent(result.local_tokens, result.received_tokens, slot_wait_s).to_json()
             handed = 0
             while True:
                 item = await queue.get()
@@ -310,7 +305,7 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
                     return
                 handed += len(ids)
                 if not final:
-                    yield {"type": "extended", "upto": 1 + handed}
+                    yield ExtendedEvent(1 + handed).to_json()
                     continue
                 index = 1 + handed
                 # MD's first tokens after the handoff go out through the decode loop, ahead

@@ -49,7 +49,7 @@ from agents.node.pipeline_common import (
 )
 from agents.node.wire import HandoffPlan, Peer, output_logprob, relayed_token
 from agents.transfer.records import TokenIds, Transfer, TransferStats
-from pdd.events import ENGINE_FULL
+from pdd.events import ENGINE_FULL, ReadyEvent
 from pdd.vocab import HandoffMode
 
 log = logging.getLogger(__name__)
@@ -390,7 +390,7 @@ class RelaySession:
         kind = value.get("type")
         if kind == "ready":
             self.handoff.md_ready = True
-            self.handoff.slot_wait_s = float(value.get("slot_wait_s") or 0.0)
+            self.handoff.slot_wait_s = ReadyEvent.from_json(value).slot_wait_s
             self.maybe_handoff()
         elif kind == "extended":
             self.handoff.inflight = False

@@ -48,3 +48,16 @@ def test_a_malformed_event_is_a_value_error(raw):
 def test_an_unknown_event_type_passes_as_other():
     event = parse_event({"type": "progress", "pct": 50})
     assert isinstance(event, OtherEvent) and event.type == "progress"
+
+
+def test_mds_handoff_events_are_typed_and_parsed():
+    from pdd.events import ExtendedEvent, ReadyEvent, parse_event
+
+    ready = ReadyEvent(cached_tokens=32, received_tokens=96, slot_wait_s=0.01234567)
+    assert ready.to_json() == {"type": "ready", "cached_tokens": 32, "received_tokens": 96,
+                               "slot_wait_s": 0.0123}  # fmt: skip
+    assert parse_event(ready.to_json()) == ReadyEvent(32, 96, 0.0123)
+    assert parse_event({"type": "ready", "slot_wait_s": -1}) == ReadyEvent()
+    assert parse_event({"type": "extended", "upto": 9}) == ExtendedEvent(9)
+    with pytest.raises(ValueError, match="upto"):
+        parse_event({"type": "extended"})
