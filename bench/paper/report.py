@@ -234,6 +234,13 @@ def render(results: Mapping[str, Any]) -> str:
             f"| simulator vs live P90 TTFT, {key} | within 10% | {s(lv)} s | {s(pr)} s | "
             f"{share(off)} off: {'yes' if off is not None and abs(off) <= 0.10 else 'no'} |"
         )
+    rld_p = get("pdd", "predicted", "rld_share")
+    gap = None if rld is None or rld_p is None else rld_p - rld
+    add(
+        f"| simulator vs live RLD token share, pdd | within 2 points | {share(rld)} | "
+        f"{share(rld_p)} | {'n/a' if gap is None else f'{100 * gap:+.1f} points: '}"
+        f"{'' if gap is None else ('yes' if abs(gap) <= 0.02 else 'no')} |"
+    )
     add("")
     return "\n".join(w) + "\n"
 
