@@ -85,6 +85,7 @@ class DoneStats:
     handoff: HandoffStats = field(default_factory=HandoffStats)
     main_error: str | None = None
     kv_format_wan: str = ""  # the format P sent MD's KV in across the WAN ("": its own)
+    kv_stream_pieces: int = 0  # pieces of a streamed export (0: sent whole after prefill)
 
     @classmethod
     def from_json(cls, raw: Any) -> DoneStats:
@@ -113,6 +114,7 @@ class DoneStats:
             handoff=HandoffStats.from_json(raw.get("handoff")),
             main_error=str(raw["main_error"]) if raw.get("main_error") else None,
             kv_format_wan=str(raw.get("kv_format_wan") or "")[:16],
+            kv_stream_pieces=_count(raw.get("kv_stream_pieces")),
         )
 
     def to_json(self) -> dict[str, Any]:

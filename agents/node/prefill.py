@@ -31,6 +31,7 @@ from agents.node.pipeline_common import (
 from agents.node.wire import HandoffPlan, Peer
 from agents.node.worker import EngineWorker
 from agents.transfer.records import KVChunk
+from pdd.stats import DoneStats
 from pdd.vocab import Pipeline
 
 log = logging.getLogger(__name__)
@@ -210,22 +211,17 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
     length = len(req.prompt)
     bs = agent.settings.block_size
     prefill_s = pre.first_token_at - pre.started
-    stats: dict[str, Any] = {
-        "pipeline": req.pipeline,
-        # Filled in when the user's first token leaves (see `first` below).
-        "ttft_s": None,
-        "prefill_s": prefill_s,
-        "kv_wait_s": None,
-        "max_gap_s": 0.0,
-        "first_token_early": req.early_first_token,
-        "prefill_cached_tokens": pre.prefill_cached_tokens,
-        "cached_tokens": 0,
-        "tokens_by_role": {"prefill": 1, "rld": 0, "md": 0},
-        "kv_bytes": {"intra_dc": 0, "wan": 0},
-        "kv_wire_bytes": {"intra_dc": 0, "wan": 0},
-        "handoff_bytes": 0,
-        "handoff": {"mode": "none", "at_token": None, "batches": 0},
-    }
+    # The attempt's figures, sent with `done` (or `continue`); ttft_s is filled in when the
+    # user's first token leaves (see `first` below).
+    stats = DoneStats(
+        pipeline=req.pipeline,
+        prefill_s=prefill_s,
+        max_gap_s=0.0,
+        first_token_early=req.early_first_token,
+        prefill_cached_tokens=pre.prefill_cached_tokens,
+        cached_tokens=0,
+        tokens_by_role=(by_role := {"prefill": 1, "rld": 0, "md": 0}),
+    )
     downstream: Peer | None = None
     done = False
     sends: list[asyncio.Task] = []
@@ -243,9 +239,9 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
         nonlocal last_at
         now = time.monotonic()
         if last_at is None:
-            stats["ttft_s"] = now - pre.started
+            stats.ttft_s = now - pre.started
         else:
-            stats["max_gap_s"] = max(stats["max_gap_s"], now - last_at)
+            stats.max_gap_s = max(stats.max_gap_s or 0.0, now - last_at)
         last_at = now
         return event
 
@@ -255,8 +251,8 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
         return emit(token_event(0, pre.first_token, "prefill", pre.first_logprob))
 
     def decoder_started() -> None:
-        if stats["kv_wait_s"] is None:
-            stats["kv_wait_s"] = time.monotonic() - pre.first_token_at
+        if stats.kv_wait_s is None:
+            stats.kv_wait_s = time.monotonic() - pre.first_token_at
 
     try:
         if req.early_first_token or pre.finished:
@@ -268,9 +264,9 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             await release_prefill(agent, inst, rid)
             fire_and_forget(agent, cancel_remote(agent, req.main, rid))
             done = True
-            stats["kv_wait_s"] = 0.0
-            stats["e2e_s"] = time.monotonic() - pre.started
-            yield {"type": "done", "finish_reason": pre.finish_reason, "stats": stats}
+            stats.kv_wait_s = 0.0
+            stats.e2e_s = time.monotonic() - pre.started
+            yield {"type": "done", "finish_reason": pre.finish_reason, "stats": stats.to_json()}
             return
         main_cached = pre.main_cached_tokens
         # The MD that pinned its cached prefix; None: rld-only, or MD's reservation failed.
@@ -284,7 +280,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
         if main_cached is not None:
             start = min(main_cached, length)
             start -= start % bs
-            stats["cached_tokens"] = start
+            stats.cached_tokens = start
 
         streamed = pre.stream
 
@@ -324,7 +320,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
                 else:
                     queue.put_nowait(("send_failed", (peer, fabric, exc)))
             else:
-                stats["kv_wire_bytes"][fabric] += sent.bytes_sent
+                stats.kv_wire_bytes[fabric] += sent.bytes_sent
 
         def start_ship(peer: Peer, payload: bytes, fabric: str, lo: int) -> None:
             # Counted when committed: a relayed request's KV for MD may still be on its way when
@@ -334,12 +330,12 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             if fmt and read_kv_header(payload).num_layers:
                 # The WAN link asks for another format (8-bit, another dtype): encoded off the
                 # event loop, counted at its encoded size; MD decodes it on import.
-                stats["kv_bytes"][fabric] += encoded_size(payload, fmt)
+                stats.kv_bytes[fabric] += encoded_size(payload, fmt)
                 if fabric == "wan":
-                    stats["kv_format_wan"] = fmt
+                    stats.kv_format_wan = fmt
                 sends.append(asyncio.create_task(ship_as(peer, payload, fmt, fabric, lo)))
                 return
-            stats["kv_bytes"][fabric] += worker.engine.represented_bytes(payload)
+            stats.kv_bytes[fabric] += worker.engine.represented_bytes(payload)
             sends.append(asyncio.create_task(ship(peer, payload, fabric, lo)))
 
         async def ship_as(peer: Peer, payload: bytes, fmt: str, fabric: str, lo: int) -> None:
@@ -357,15 +353,15 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
                 else:
                     queue.put_nowait(("send_failed", (stream.main, stream.fabric, exc)))
             else:
-                stats["kv_wire_bytes"][stream.fabric] += sent.bytes_sent
+                stats.kv_wire_bytes[stream.fabric] += sent.bytes_sent
 
         if main is not None and streamed is not None and rest is not None:
             assert delta is not None
             streamed.finish(rest, delta)
-            stats["kv_bytes"][streamed.fabric] += streamed.kv_bytes
-            stats["kv_stream_pieces"] = streamed.pieces
+            stats.kv_bytes[streamed.fabric] += streamed.kv_bytes
+            stats.kv_stream_pieces = streamed.pieces
             if streamed.kv_format and streamed.fabric == "wan":
-                stats["kv_format_wan"] = streamed.kv_format
+                stats.kv_format_wan = streamed.kv_format
             sends.append(asyncio.create_task(streamed_sent(streamed)))
         elif main is not None:
             # An MD in P's own datacenter (in-DC PD) gets the delta over the intra-DC fabric.
@@ -401,7 +397,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
                 **req.plan.to_json(),
             }
             if not main_ok and req.pipeline != Pipeline.RLD_ONLY:
-                stats["main_error"] = f"MD unreachable: {pre.main_error}"
+                stats.main_error = f"MD unreachable: {pre.main_error}"
         if req.direct:
             # The caller opens the decoding role's stream itself; the KV sends carry on in the
             # background (a failed one cancels the request at the decoder, whose stream then
@@ -419,7 +415,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
                 "body": {k: v for k, v in body.items() if k != "prompt_ids"},
                 "instance": downstream.instance,
                 "role": "md" if req.pipeline == Pipeline.P_MD else "rld",
-                "stats": stats,
+                "stats": stats.to_json(),
             }
             return
         pump = asyncio.create_task(
@@ -448,7 +444,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
                 if not first_sent:
                     yield first()
                 role = value.get("role", "md")
-                stats["tokens_by_role"][role] = stats["tokens_by_role"].get(role, 0) + 1
+                by_role[role] = by_role.get(role, 0) + 1
                 yield emit(value)
             elif kind == "done":
                 decoder_started()
@@ -460,11 +456,15 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
                 keep_in_background(agent, sends)
                 sub = value.get("stats") or {}
                 if "handoff" in sub:
-                    stats["handoff"] = sub["handoff"]
-                    stats["handoff_bytes"] = sub.get("handoff_bytes", 0)
-                stats["e2e_s"] = time.monotonic() - pre.started
+                    sent_on = DoneStats.from_json(sub)
+                    stats.handoff, stats.handoff_bytes = sent_on.handoff, sent_on.handoff_bytes
+                stats.e2e_s = time.monotonic() - pre.started
                 done = True
-                yield {"type": "done", "finish_reason": value.get("finish_reason"), "stats": stats}
+                yield {
+                    "type": "done",
+                    "finish_reason": value.get("finish_reason"),
+                    "stats": stats.to_json(),
+                }
                 return
             elif kind == "error":
                 yield value
