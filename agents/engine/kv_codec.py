@@ -59,6 +59,8 @@ def _body(payload, header: KVHeader):
     import torch
 
     shape = (2, header.num_layers, header.num_tokens, header.num_kv_heads, header.head_dim)
+    if header.num_tokens == 0:  # a header alone (an empty range): no buffer to view
+        return torch.empty(shape, dtype=header.dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # read-only buffers: only read here
         raw = torch.frombuffer(memoryview(payload), dtype=torch.uint8, offset=KV_HEADER_BYTES)

@@ -110,8 +110,10 @@ class StreamedDelta:
         self._pieces.put_nowait((first, end, payload))
 
     def finish(self, first: int, payload: bytes) -> None:
-        """Prefill ended: the rest of the prompt, from ``first``, closes the transfer."""
-        self._piece(first, self.length, payload)
+        """Prefill ended: the rest of the prompt, from ``first``, closes the transfer (no
+        piece when the pieces already cover the prompt)."""
+        if first < self.length:
+            self._piece(first, self.length, payload)
         self._closed = True
         self._pieces.put_nowait(None)
 

@@ -164,3 +164,13 @@ def test_the_send_format_converts_once_on_the_cheaper_side():
     assert send_format(None, "bfloat16", "float16") is None  # same width: MD converts
     assert send_format(None, "float32", None) is None  # an MD that does not say
     assert send_format(None, None, "bfloat16") is None  # an emulated P: no tensors
+
+
+def test_an_empty_range_converts_to_a_header_alone():
+    from agents.engine.kv_pool import kv_header
+
+    empty = kv_header(0, LAYERS, HEADS, DIM, 32, 32)
+    for fmt in ("int8", "bfloat16", "float32"):
+        out = to_format(empty, fmt)
+        assert len(out) == KV_HEADER_BYTES and read_kv_header(out).num_tokens == 0
+    assert decode_to(to_format(empty, "int8"), "float32") == empty

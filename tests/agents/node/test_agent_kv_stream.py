@@ -92,3 +92,15 @@ def test_a_narrower_md_gets_its_own_dtype_converted_on_the_sending_side():
     assert narrow["output_token_ids"] == wide["output_token_ids"]
     assert wide["stats"]["kv_bytes"]["wan"] == 120 * 4096 + 24
     assert narrow["stats"]["kv_bytes"]["intra_dc"] == 120 * 4096 // 2 + 24
+
+
+def test_pieces_that_cover_the_whole_prompt_close_the_transfer_without_an_empty_one():
+    """128 tokens in 32-token forwards: the pieces cover the prompt before prefill ends, so
+    nothing is left for the end (an empty 8-bit piece once failed the whole transfer)."""
+    prompt = make_prompt(128, 56)
+    with pdd_agents(FAST_LINK, *STREAMED, tag="-stream-int8") as agents:
+        got = _generate(agents, "stream-int8", prompt, 8, "p-md", "int8")
+    assert got["error"] is None, got
+    assert got["stats"]["kv_format_wan"] == "int8"
+    assert got["stats"]["kv_stream_pieces"] == 4
+    assert len(got["output_token_ids"]) == 8
