@@ -343,6 +343,10 @@ def run(cp: ControlPlane, ports, out: Path, progress, run_s: float = RUN_S) -> d
         prompts, answers = lengths(len(times))
         progress.phase, progress.planned = "replay", len(times)
         results = asyncio.run(replay(cp, times, prompts, answers, progress))
+        # The fleet the traffic ran on, judged against the offline answer: taken before the
+        # wait below, in which the autopilot may shrink it for the rate that has stopped (the
+        # first --late-ramp run with the wait judged the fleet of a scale-down made then).
+        instances = cp.get_all("instances")
         progress.phase = "waiting for the realised window"
         wait_for_realised(cp)
         progress.phase = "collecting"
@@ -350,7 +354,6 @@ def run(cp: ControlPlane, ports, out: Path, progress, run_s: float = RUN_S) -> d
         records = [r for r in cp.get_all("requests") if r.get("model") == MODEL]
         proposals = [_api(cp, "GET", f"autopilot/proposals/{p['id']}/")
                      for p in cp.get_all("autopilot/proposals")]  # fmt: skip
-        instances = cp.get_all("instances")
         events = [
             e for e in cp.get_all("events") if str(e.get("kind", "")).startswith("autopilot.")
         ]
