@@ -206,23 +206,30 @@ def record_request(
     return record
 
 
-def reject_recorded(p: Prepared, error: GatewayError, reason: str) -> GatewayError:
-    """``error`` for a request refused before any agent was called (no healthy path, the
-    tenant's rate limit), with its ``rejected`` record submitted to the record writer; the
-    view waits for the write before it answers (``GatewayError.pending_write``)."""
-    error.pending_write = record_writer.submit(
+def submit_record(p: Prepared, outcome: Outcome, decision: Decision | None) -> Future:
+    """The request's record (``record_request``) handed to the record writer; the future
+    resolves when it is written."""
+    return record_writer.submit(
         record_request,
         request_id=p.request_id,
         api_key=p.key,
         model=p.model.name,
         endpoint=p.kind,
         stream=p.greq.stream,
-        decision=None,
+        decision=decision,
         policy_version=p.version,
         decision_inputs=p.inputs,
-        outcome=Outcome(status="rejected", error=reason, prompt_tokens=len(p.prompt_ids)),
+        outcome=outcome,
         client_request_id=p.client_request_id,
     )
+
+
+def reject_recorded(p: Prepared, error: GatewayError, reason: str) -> GatewayError:
+    """``error`` for a request refused before any agent was called (no healthy path, the
+    tenant's rate limit), with its ``rejected`` record submitted to the record writer; the
+    view waits for the write before it answers (``GatewayError.pending_write``)."""
+    outcome = Outcome(status="rejected", error=reason, prompt_tokens=len(p.prompt_ids))
+    error.pending_write = submit_record(p, outcome, None)
     return error
 
 

@@ -29,7 +29,7 @@ from routing.gateway.records import (
     Outcome,
     admission_attempt,
     admission_progress,
-    record_request,
+    submit_record,
 )
 from routing.gateway.runner import (
     AgentBusy,
@@ -437,21 +437,7 @@ class Run:
 
         async def write() -> None:
             try:
-                await asyncio.wrap_future(
-                    record_writer.submit(
-                        record_request,
-                        request_id=p.request_id,
-                        api_key=p.key,
-                        model=p.model.name,
-                        endpoint=p.kind,
-                        stream=p.greq.stream,
-                        decision=p.decision,
-                        policy_version=p.version,
-                        decision_inputs=p.inputs,
-                        outcome=outcome,
-                        client_request_id=p.client_request_id,
-                    )
-                )
+                await asyncio.wrap_future(submit_record(p, outcome, p.decision))
             except Exception:
                 log.exception("could not record request %s", p.request_id)
 

@@ -88,13 +88,15 @@ def test_a_client_that_closes_right_after_done_leaves_one_record(prepared):
 
 
 def test_a_client_gone_while_the_record_is_written_still_leaves_it(prepared, monkeypatch):
-    real = gw_run.record_request
+    from routing.gateway import records
+
+    real = records.record_request
 
     def slow_record(**kwargs):
         time.sleep(0.3)  # the write is under way when the client disconnects
         return real(**kwargs)
 
-    monkeypatch.setattr(gw_run, "record_request", slow_record)
+    monkeypatch.setattr(records, "record_request", slow_record)
 
     async def client():
         task = asyncio.ensure_future(views._complete(prepared("cmpl-cancel", stream=False)))
