@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from agents.engine.core import EngineCore
 from agents.engine.kv_codec import encoded_size, to_format
 from agents.engine.kv_pool import read_kv_header
 from agents.node.agent import Agent
@@ -39,6 +40,31 @@ def send_format(link_format: str | None, own: str | None, stored: str | None) ->
     return None
 
 
+def fabric_to(agent: Agent, peer: Peer) -> str:
+    """The fabric P's KV reaches ``peer`` over: intra-DC in P's own datacenter, else the WAN."""
+    return "intra_dc" if peer.datacenter == agent.settings.datacenter else "wan"
+
+
+def delta_start(main_cached: int, length: int, block_size: int) -> int:
+    """Where MD's delta starts: its cached prefix of the prompt, in whole blocks."""
+    start = min(main_cached, length)
+    return start - start % block_size
+
+
+def encodes(payload: bytes, kv_format: str | None) -> bool:
+    """Whether a payload goes out converted to ``kv_format`` (an emulated engine's payload
+    carries no tensors and goes as it is)."""
+    return bool(kv_format) and read_kv_header(payload).num_layers > 0
+
+
+def kv_size(engine: EngineCore, payload: bytes, kv_format: str | None) -> int:
+    """The KV bytes a payload stands for on the wire: its encoded size in ``kv_format``, else
+    what the engine's own payload represents (an emulated one's: the profile's bytes)."""
+    if kv_format and encodes(payload, kv_format):
+        return encoded_size(payload, kv_format)
+    return engine.represented_bytes(payload)
+
+
 class StreamedDelta:
     """One request's delta to MD, streamed from P's engine while it prefills."""
 
@@ -58,10 +84,9 @@ class StreamedDelta:
         self.main = main
         self.length = length
         self.background = background
-        self.fabric = "intra_dc" if main.datacenter == agent.settings.datacenter else "wan"
+        self.fabric = fabric_to(agent, main)
         # The format the pieces go in (send_format, once MD said what it stores), if not P's.
         self.kv_format: str | None = None
-        self.start: int | None = None  # the delta's first token (MD's cached prefix, aligned)
         self.pieces = 0
         self.kv_bytes = 0  # the KV the pieces stand for (encoded size in another format)
         self.send: asyncio.Task[TransferStats] | None = None
@@ -73,12 +98,9 @@ class StreamedDelta:
         prefill has computed past it, and each piece from now on, on one transfer, in
         ``kv_format`` (None: P's own)."""
         self.kv_format = kv_format
-        bs = self.agent.settings.block_size
-        start = min(main_cached, self.length)
-        self.start = start - start % bs
         await self.worker.watch_export(
             self.request_id,
-            self.start,
+            delta_start(main_cached, self.length, self.agent.settings.block_size),
             self.agent.settings.kv_stream_tokens,
             self._piece,
         )
@@ -102,10 +124,7 @@ class StreamedDelta:
         if self._closed:
             return
         # Counted as it is committed (header only): the KV it stands for, or its encoded size.
-        if self.kv_format and read_kv_header(payload).num_layers:
-            self.kv_bytes += encoded_size(payload, self.kv_format)
-        else:
-            self.kv_bytes += self.worker.engine.represented_bytes(payload)
+        self.kv_bytes += kv_size(self.worker.engine, payload, self.kv_format)
         self.pieces += 1
         self._pieces.put_nowait((first, end, payload))
 
@@ -121,7 +140,7 @@ class StreamedDelta:
         """The request failed or ended before its delta was whole: stop exporting and drop
         the transfer (MD sees it partial)."""
         self._closed = True
-        self.worker.drop_export_watch(self.request_id)
+        self.worker.take_export_watch(self.request_id)
         if self.send is not None and not self.send.done():
             self.send.cancel()
 
@@ -129,6 +148,6 @@ class StreamedDelta:
         bs = self.agent.settings.block_size
         while (item := await self._pieces.get()) is not None:
             first, end, payload = item
-            if self.kv_format and read_kv_header(payload).num_layers:
+            if self.kv_format and encodes(payload, self.kv_format):
                 payload = await asyncio.to_thread(to_format, payload, self.kv_format)
             yield KVChunk(first // bs, -(-end // bs), first, end, payload)

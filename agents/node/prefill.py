@@ -7,15 +7,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
 from agents.engine import SamplingParams, TokenLogprob
-from agents.engine.kv_codec import encoded_size, to_format
-from agents.engine.kv_pool import read_kv_header
+from agents.engine.kv_codec import to_format
 from agents.engine.outputs import PrefillResult, TokenOutput
 from agents.node.agent import Agent, Instance
-from agents.node.kv_stream import StreamedDelta, send_format
+from agents.node.kv_stream import (
+    StreamedDelta,
+    delta_start,
+    encodes,
+    fabric_to,
+    kv_size,
+    send_format,
+)
 from agents.node.pipeline_common import (
     Events,
     PeerFailed,
@@ -30,7 +37,7 @@ from agents.node.pipeline_common import (
 )
 from agents.node.wire import HandoffPlan, Peer
 from agents.node.worker import EngineWorker
-from agents.transfer.records import KVChunk
+from agents.transfer.records import KVChunk, TransferStats
 from pdd.stats import DoneStats
 from pdd.vocab import Pipeline
 
@@ -187,9 +194,9 @@ async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefil
 def wire_format(agent: Agent, inst: Instance, main: Peer, stored: str | None) -> str | None:
     """The format MD's delta crosses in (kv_stream.send_format): the WAN link's, or MD's
     narrower dtype, or None for P's own."""
-    cross_dc = main.datacenter != agent.settings.datacenter
     own = getattr(inst.running_worker.engine.pool, "dtype_name", None)
-    return send_format(main.kv_format if cross_dc else None, own, stored)
+    link_format = main.kv_format if fabric_to(agent, main) == "wan" else None
+    return send_format(link_format, own, stored)
 
 
 def keep_in_background(agent: Agent, sends: list[asyncio.Task]) -> None:
@@ -224,6 +231,7 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
     )
     downstream: Peer | None = None
     done = False
+    released = False  # P let the request go (its KV stays in its prefix cache)
     sends: list[asyncio.Task] = []
     pump: asyncio.Task | None = None
     queue: asyncio.Queue = asyncio.Queue()
@@ -274,13 +282,12 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
         main_ok = main is not None
         if not main_ok and req.pipeline == Pipeline.P_MD:
             await release_prefill(agent, inst, rid)
+            released = True
             yield error_event(f"{rid}: MD unreachable: {pre.main_error}", role="md")
             return
         start = 0
         if main_cached is not None:
-            start = min(main_cached, length)
-            start -= start % bs
-            stats.cached_tokens = start
+            start = stats.cached_tokens = delta_start(main_cached, length, bs)
 
         streamed = pre.stream
 
@@ -296,23 +303,13 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
         # the engine thread (P's KV stays in its prefix cache) while it travels.
         delta, full, rest = await worker.read_held(export)
         fire_and_forget(agent, release_prefill(agent, inst, rid))
+        released = True
         end_block = -(-length // bs)
 
-        async def ship(peer: Peer, payload: bytes, fabric: str, lo: int) -> None:
-            client = agent.wan_client(peer.datacenter) if fabric == "wan" else agent.intra_client
-            host, port = peer.kv_address(fabric == "wan")
-            chunk = KVChunk(lo // bs, end_block, lo, length, payload)
-            # With a relay, RLD answers the user: the KV for MD is background WAN traffic and
-            # yields the connection queue to transfers a first token waits on.
-            background = fabric == "wan" and req.relay is not None
+        async def shipped(peer: Peer, fabric: str, sending: Awaitable[TransferStats]) -> None:
+            """Await a KV send to ``peer``: its wire bytes counted, or its failure reported."""
             try:
-                sent = await client.send(
-                    host,
-                    port,
-                    transfer_id(rid, peer.instance, "kv"),
-                    [chunk],
-                    background=background,
-                )
+                sent = await sending
             except Exception as exc:  # noqa: BLE001
                 if done:  # the stream has ended: nobody reads the queue any more
                     log.warning("%s: KV send over %s to %s failed: %r", rid, fabric, peer.http, exc)
@@ -322,52 +319,48 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
             else:
                 stats.kv_wire_bytes[fabric] += sent.bytes_sent
 
+        async def ship(peer: Peer, payload: bytes, fabric: str, lo: int) -> None:
+            client = agent.wan_client(peer.datacenter) if fabric == "wan" else agent.intra_client
+            host, port = peer.kv_address(fabric == "wan")
+            chunk = KVChunk(lo // bs, end_block, lo, length, payload)
+            # With a relay, RLD answers the user: the KV for MD is background WAN traffic and
+            # yields the connection queue to transfers a first token waits on.
+            background = fabric == "wan" and req.relay is not None
+            tid = transfer_id(rid, peer.instance, "kv")
+            await shipped(
+                peer, fabric, client.send(host, port, tid, [chunk], background=background)
+            )
+
         def start_ship(peer: Peer, payload: bytes, fabric: str, lo: int) -> None:
             # Counted when committed: a relayed request's KV for MD may still be on its way when
             # the user's stream ends (see "done" below). The KV the payload stands for: an
             # emulated engine's carries 1/kv_scale of it (kv_wire_bytes: what crossed).
             fmt = wire_format(agent, inst, peer, pre.main_kv_format) if peer is main else None
-            if fmt and read_kv_header(payload).num_layers:
-                # The WAN link asks for another format (8-bit, another dtype): encoded off the
+            stats.kv_bytes[fabric] += kv_size(worker.engine, payload, fmt)
+            if fmt and encodes(payload, fmt):
+                # Another format (the WAN link's, or MD's narrower dtype): encoded off the
                 # event loop, counted at its encoded size; MD decodes it on import.
-                stats.kv_bytes[fabric] += encoded_size(payload, fmt)
                 if fabric == "wan":
                     stats.kv_format_wan = fmt
                 sends.append(asyncio.create_task(ship_as(peer, payload, fmt, fabric, lo)))
                 return
-            stats.kv_bytes[fabric] += worker.engine.represented_bytes(payload)
             sends.append(asyncio.create_task(ship(peer, payload, fabric, lo)))
 
         async def ship_as(peer: Peer, payload: bytes, fmt: str, fabric: str, lo: int) -> None:
             encoded = await asyncio.to_thread(to_format, payload, fmt)
             await ship(peer, encoded, fabric, lo)
 
-        async def streamed_sent(stream: StreamedDelta) -> None:
-            assert stream.send is not None  # begun: MD reserved
-            try:
-                sent = await stream.send
-            except Exception as exc:  # noqa: BLE001
-                if done:
-                    log.warning("%s: streamed KV to %s failed: %r", rid, stream.main.http, exc)
-                    fire_and_forget(agent, cancel_remote(agent, stream.main, rid))
-                else:
-                    queue.put_nowait(("send_failed", (stream.main, stream.fabric, exc)))
-            else:
-                stats.kv_wire_bytes[stream.fabric] += sent.bytes_sent
-
         if main is not None and streamed is not None and rest is not None:
-            assert delta is not None
+            assert delta is not None and streamed.send is not None  # begun: MD reserved
             streamed.finish(rest, delta)
             stats.kv_bytes[streamed.fabric] += streamed.kv_bytes
             stats.kv_stream_pieces = streamed.pieces
             if streamed.kv_format and streamed.fabric == "wan":
                 stats.kv_format_wan = streamed.kv_format
-            sends.append(asyncio.create_task(streamed_sent(streamed)))
+            sends.append(asyncio.create_task(shipped(main, streamed.fabric, streamed.send)))
         elif main is not None:
             # An MD in P's own datacenter (in-DC PD) gets the delta over the intra-DC fabric.
-            same_dc = main.datacenter == agent.settings.datacenter
-            main_fabric = "intra_dc" if same_dc else "wan"
-            start_ship(main, delta, main_fabric, start)
+            start_ship(main, delta, fabric_to(agent, main), start)
         if req.pipeline == Pipeline.P_MD:
             assert main is not None  # p-md without MD's reservation returned above
             downstream = main
@@ -478,7 +471,8 @@ async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefil
         if not done:
             if pre.stream is not None:
                 pre.stream.abort()  # a delta still streaming is dropped (MD sees it partial)
-            await release_prefill(agent, inst, rid)
+            if not released:
+                await release_prefill(agent, inst, rid)
             for peer in (req.main, req.relay, downstream):
                 if peer is not None:
                     fire_and_forget(agent, cancel_remote(agent, peer, rid))

@@ -123,9 +123,9 @@ class EngineWorker:
         return self.call(register)
 
     def take_export_watch(self, request_id: str) -> int | None:
-        """End request_id's streamed export (in a command, or in ``read_held``): the token its
-        next piece would have started at (what the caller exports itself), or None when no
-        export was watched."""
+        """End request_id's streamed export (from any thread: the engine's commands, a
+        ``read_held`` reader, the loop when the request fails): the token its next piece would
+        have started at (what the caller exports itself), or None when no export was watched."""
         with self._watches_lock:
             watch = self._watches.pop(request_id, None)
         return None if watch is None else watch.next_token
@@ -137,10 +137,6 @@ class EngineWorker:
         a whole prefill chunk on a busy P (0.5-3 s on the paper's GPU-A), before P's KV could
         leave (bench/paper/REPORT.md)."""
         return asyncio.ensure_future(asyncio.to_thread(fn, self.engine))
-
-    def drop_export_watch(self, request_id: str) -> None:
-        """From the loop: end request_id's streamed export (the request failed or ended)."""
-        self.take_export_watch(request_id)
 
     def stop(self) -> None:
         self._commands.put(_STOP)
