@@ -181,6 +181,12 @@ def _serve_parser(sub) -> None:
         help="P sends MD's KV in pieces of at least this many tokens while prefill runs "
         "(streamed export; default 0: all of it after prefill)",
     )
+    p.add_argument(
+        "--queued-every-s",
+        type=float,
+        help="P's stream says 'queued' this often while a request waits in its engine's queue "
+        "for its first token (default 5), so a busy P is not taken for a frozen one",
+    )
     p.add_argument("--log-level", default="WARNING")
 
 

@@ -364,6 +364,12 @@ BATON_GATEWAY_FIRST_TOKEN_TIMEOUT_S = env_float(
 # process, and at most this many of one tenant (fair share). Past them: 503 / 429 with
 # Retry-After, as a status code when no token has been sent.
 BATON_GATEWAY_QUEUE_TIMEOUT_S = env_float("BATON_GATEWAY_QUEUE_TIMEOUT_S", 60.0, minimum=0.0)
+# A request P's engine has queued (P's stream says "queued" every few seconds: busy, not
+# frozen) waits there for its first token up to this long; then the gateway lets it go (P
+# drops it) and answers 503 `overloaded` with Retry-After.
+BATON_GATEWAY_PREFILL_QUEUE_TIMEOUT_S = env_float(
+    "BATON_GATEWAY_PREFILL_QUEUE_TIMEOUT_S", 300.0, minimum=1.0
+)
 BATON_GATEWAY_QUEUE_MAX = env_int("BATON_GATEWAY_QUEUE_MAX", 512)
 BATON_GATEWAY_QUEUE_PER_TENANT = env_int("BATON_GATEWAY_QUEUE_PER_TENANT", 128)
 # Connections a gateway process holds to agents at once: one per stream in flight.

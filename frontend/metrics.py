@@ -288,6 +288,18 @@ class TelemetryCollector:
             "Requests refused because the queue (or the tenant's share of it) was full.",
             value=stats.refused_total,
         )
+        yield GaugeMetricFamily(
+            "baton_gateway_prefill_queue_waiting",
+            "Requests of this gateway process a prefill engine holds in its queue now (P "
+            "said 'queued', no token yet).",
+            value=stats.at_prefill,
+        )
+        yield CounterMetricFamily(
+            "baton_gateway_prefill_queue_timeouts",
+            "Requests answered 503 after waiting BATON_GATEWAY_PREFILL_QUEUE_TIMEOUT_S in a "
+            "prefill engine's queue.",
+            value=stats.prefill_timed_out_total,
+        )
         streams = coalesce.stats
         yield GaugeMetricFamily(
             "baton_gateway_streams_open",

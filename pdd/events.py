@@ -8,6 +8,8 @@ once (routing/gateway/runner.py), so neither side reads raw dicts.
 - ``continue``: ``{"type": "continue", "url", "body", "instance", "role", "stats"}``: P's
   stream ends here (a ``direct`` call); the caller reads the rest from the decoding role
   (``ContinueEvent``)
+- ``queued``: ``{"type": "queued", "waited_s"}``: P's engine holds the request in its queue
+  and has not produced its first token yet (a keep-alive: a busy P, not a frozen one)
 
 Any other type (an agent newer than this gateway) parses as ``OtherEvent`` and is ignored by
 readers that do not know it; a known type with a malformed field is a ``ValueError``.
@@ -107,6 +109,9 @@ class DoneEvent:
 ENGINE_FULL = "engine_full"  # ErrorEvent.code and the agents' 503 body's "code"
 # The decoding roles an error event may name as the one that failed (ErrorEvent.role).
 FAILING_ROLES = ("md", "rld")
+# ErrorEvent.role of P's own failure after its stream started (a prefill that failed once its
+# engine had queued it): the gateway blames P, as for a P that refused the call.
+PREFILL_FAILED = "prefill"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +120,8 @@ class ErrorEvent:
     ``"engine_full"``: an engine had no room for the request now (capacity, not a fault: the
     gateway queues and retries it, and blames no instance). ``role`` (``md``, ``rld``), when
     the agent that reports it knows: the role that failed (RLD reporting its MD's failure says
-    ``md``); the gateway blames that role's instance, else the stream's own (routes.py)."""
+    ``md``); the gateway blames that role's instance, else the stream's own (routes.py).
+    ``prefill`` (PREFILL_FAILED, from P only): P's own prefill failed after it was queued."""
 
     message: str = "agent error"
     code: str = ""
@@ -135,7 +141,7 @@ class ErrorEvent:
         return cls(
             message=str(raw.get("message") or "agent error"),
             code=str(raw.get("code") or ""),
-            role=role if role in FAILING_ROLES else "",
+            role=role if role in FAILING_ROLES or role == PREFILL_FAILED else "",
         )
 
 
@@ -233,6 +239,23 @@ class ExtendedEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class QueuedEvent:
+    """P's keep-alive while its engine holds the request in the queue (no first token yet):
+    ``waited_s`` since the engine took it. The gateway's first-token timeout restarts on each,
+    so a busy P is waited for and only a silent (frozen) one fails over."""
+
+    waited_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "queued", "waited_s": self.waited_s}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> QueuedEvent:
+        waited = _float_or_none(raw.get("waited_s"))
+        return cls(waited if waited is not None and waited >= 0 else 0.0)
+
+
+@dataclass(frozen=True, slots=True)
 class OtherEvent:
     """An event type this reader does not know."""
 
@@ -241,7 +264,14 @@ class OtherEvent:
 
 
 StreamEvent = (
-    TokenEvent | DoneEvent | ErrorEvent | ContinueEvent | ReadyEvent | ExtendedEvent | OtherEvent
+    TokenEvent
+    | DoneEvent
+    | ErrorEvent
+    | ContinueEvent
+    | ReadyEvent
+    | ExtendedEvent
+    | QueuedEvent
+    | OtherEvent
 )
 
 _PARSERS: dict[str, Callable[[Mapping[str, Any]], StreamEvent]] = {
@@ -251,6 +281,7 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], StreamEvent]] = {
     "continue": ContinueEvent.from_json,
     "ready": ReadyEvent.from_json,
     "extended": ExtendedEvent.from_json,
+    "queued": QueuedEvent.from_json,
 }
 
 

@@ -333,13 +333,13 @@ def build_app(agent: Agent) -> Starlette:
             early_first_token=get_bool(body, "early_first_token"),
             direct=get_bool(body, "direct"),
         )
-        pre = await admit(inst, lambda: pipelines.admit_prefill(agent, inst, req))
+        prefilling = await admit(inst, lambda: pipelines.admit_prefill(agent, inst, req))
 
         async def cleanup() -> None:
             # Idempotent: a held prefill (never streamed) is released; otherwise a no-op.
             await pipelines.release_prefill(agent, inst, req.request_id)
 
-        events = pipelines.run_prefill(agent, inst, req, pre)
+        events = pipelines.run_prefill(agent, inst, req, prefilling)
         return stream(inst, agent.served.count(req.request_id, events), cleanup)
 
     async def pdd_reserve(request: Request) -> Response:

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ from agents.node.pipeline_common import (
 from agents.node.wire import HandoffPlan, Peer
 from agents.node.worker import EngineWorker
 from agents.transfer.records import KVChunk, TransferStats
+from pdd.events import QueuedEvent
 from pdd.stats import DoneStats
 from pdd.vocab import Pipeline
 
@@ -97,11 +99,16 @@ async def reserve_remote(
 
 
 async def batched_prefill(
-    worker: EngineWorker, request_id: str, prompt: list[int], sampling: SamplingParams
+    worker: EngineWorker,
+    request_id: str,
+    prompt: list[int],
+    sampling: SamplingParams,
+    submitted: asyncio.Future[None] | None = None,
 ) -> PrefillResult:
     """Prefill batched with the engine's other work: the request joins the scheduler (chunked
     prefill with every other prompt waiting, not one prompt per engine command) and its first
-    token arrives as a step output. EngineFull / ValueError surface from the submission."""
+    token arrives as a step output. EngineFull / ValueError surface from the submission;
+    ``submitted`` is set once the engine has taken the request into its queue."""
     loop = asyncio.get_running_loop()
     first: asyncio.Future[TokenOutput] = loop.create_future()
 
@@ -116,6 +123,8 @@ async def batched_prefill(
     worker.add_sink(request_id, sink)
     try:
         await worker.call(lambda e: e.submit_prefill(request_id, prompt, sampling))
+        if submitted is not None and not submitted.done():
+            submitted.set_result(None)
         out = await first
         # Held from its first token on: read beside the next step, not after it.
         return await worker.read_held(lambda e: e.prefill_result(request_id, out))
@@ -127,9 +136,31 @@ async def batched_prefill(
         worker.remove_sink(request_id)
 
 
-async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefilled:
-    """Prefill on P while MD pins its cached prefix; raises EngineFull / ValueError before any
-    streaming starts, so the caller can answer 503 / 400."""
+async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> asyncio.Task[Prefilled]:
+    """Start the prefill and return once P's engine has taken the request into its queue:
+    EngineFull / ValueError are raised before that (the caller answers 503 / 400, a status
+    code); the task (the prefill while MD pins its cached prefix) is what `run_prefill` waits
+    for, with a ``queued`` event every ``queued_every_s`` while the request waits in the queue,
+    so that a busy P is told from a frozen one (silent) by the gateway."""
+    submitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(prefill_with_reservation(agent, inst, req, submitted))
+    try:
+        waits: set[asyncio.Future[Any]] = {task, submitted}
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the caller left while the submission ran
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+    if task.done() and not submitted.done():
+        task.result()  # the submission's EngineFull / ValueError (or the engine's failure)
+    return task
+
+
+async def prefill_with_reservation(
+    agent: Agent, inst: Instance, req: PddRequest, submitted: asyncio.Future[None]
+) -> Prefilled:
+    """Prefill on P (``submitted`` set once the engine queued it) while MD pins its cached
+    prefix and, with ``kv_stream_tokens``, the delta starts leaving."""
     started = time.monotonic()
     stream = (
         StreamedDelta(
@@ -154,7 +185,7 @@ async def admit_prefill(agent: Agent, inst: Instance, req: PddRequest) -> Prefil
     reserve = asyncio.create_task(reserve_main(req.main)) if req.main is not None else None
     try:
         result = await batched_prefill(inst.running_worker, req.request_id, req.prompt,
-                                       req.sampling)  # fmt: skip
+                                       req.sampling, submitted)  # fmt: skip
     except BaseException:
         if reserve is not None:
             reserve.cancel()
@@ -213,7 +244,39 @@ async def release_prefill(agent: Agent, inst: Instance, request_id: str) -> None
     await quiet(inst.running_worker.call(lambda e: e.release(request_id)))
 
 
-async def run_prefill(agent: Agent, inst: Instance, req: PddRequest, pre: Prefilled) -> Events:
+async def run_prefill(
+    agent: Agent, inst: Instance, req: PddRequest, prefilling: asyncio.Task[Prefilled]
+) -> Events:
+    """P's stream of a request its engine has queued (`admit_prefill`): a ``queued`` event
+    every ``queued_every_s`` while the prefill has not produced its first token (so the
+    caller's first-token timeout measures silence, not a queue), then `stream_prefilled`'s.
+    A prefill that fails after it was queued is an error event naming P (``role`` prefill)."""
+    every = agent.settings.queued_every_s
+    started = time.monotonic()
+    try:
+        while True:
+            done, _ = await asyncio.wait({prefilling}, timeout=every)
+            if done:
+                break
+            yield QueuedEvent(waited_s=round(time.monotonic() - started, 3)).to_json()
+        try:
+            pre = prefilling.result()
+        except Exception as exc:  # noqa: BLE001 - the engine failed the queued prefill
+            log.warning("%s: prefill failed after it was queued: %r", req.request_id, exc)
+            yield error_event(f"{req.request_id}: prefill failed: {exc}", role="prefill")
+            return
+    finally:
+        if not prefilling.done():  # the caller left while the request was queued
+            prefilling.cancel()
+            await asyncio.gather(prefilling, return_exceptions=True)
+    async with aclosing(stream_prefilled(agent, inst, req, pre)) as events:
+        async for event in events:
+            yield event
+
+
+async def stream_prefilled(agent: Agent, inst: Instance, req: PddRequest, pre: Prefilled) -> Events:
+    """P's stream once its prefill is done: ship the KV, then the decoding role's stream (or a
+    ``continue`` naming it, one hop per token)."""
     rid, worker = req.request_id, inst.running_worker
     length = len(req.prompt)
     bs = agent.settings.block_size

@@ -111,6 +111,10 @@ class AgentSettings:
     # computes them, so its transfer overlaps the prefill; the rest of the prompt goes when
     # prefill ends. 0 (the default): the whole delta is sent after prefill. docs/agents.md.
     kv_stream_tokens: int = 0
+    # P's stream sends a ``queued`` event this often while a request waits in its engine's
+    # queue for its first token: the gateway's first-token timeout then measures silence (a
+    # frozen P), not the queue (a busy one).
+    queued_every_s: float = 5.0
     # What the agent resolved and applied before torch loaded (the state document's "threads").
     thread_plan: ThreadPlan | None = field(default=None, repr=False)
 
@@ -134,6 +138,7 @@ class AgentSettings:
             "reserve_ttl_s",
             "reserve_timeout_s",
             "handoff_attach_s",
+            "queued_every_s",
         ):
             check_number(getattr(self, name), name, gt=0)
         check_number(self.kv_scale, "kv_scale", ge=1)

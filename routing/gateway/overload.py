@@ -32,6 +32,10 @@ class QueueStats:
     timed_out_total: int = 0
     refused_total: int = 0  # queue or tenant share full
     by_tenant: Counter = field(default_factory=Counter)
+    # Requests P's engine holds in its queue now (P's stream said "queued", no token yet), and
+    # those let go after BATON_GATEWAY_PREFILL_QUEUE_TIMEOUT_S there.
+    at_prefill: int = 0
+    prefill_timed_out_total: int = 0
 
 
 class OverloadQueue:
@@ -92,6 +96,24 @@ class OverloadQueue:
                 if self.stats.by_tenant[tenant] <= 0:
                     del self.stats.by_tenant[tenant]
                 self.stats.wait_seconds_total += time.monotonic() - began
+
+    def queued_at_prefill(self, entered: bool) -> None:
+        """A request's attempt began (True) or ended (False) waiting in P's engine queue."""
+        with self._lock:
+            self.stats.at_prefill += 1 if entered else -1
+
+    def prefill_queue_timeout(self, waited: float) -> GatewayError:
+        """The 503 of a request that waited BATON_GATEWAY_PREFILL_QUEUE_TIMEOUT_S in P's queue."""
+        with self._lock:
+            self.stats.prefill_timed_out_total += 1
+        return GatewayError(
+            503,
+            f"The request waited {waited:.0f} s in the prefill queue without starting; "
+            "retry later.",
+            type_="server_error",
+            code="overloaded",
+            headers={"Retry-After": "30"},
+        )
 
 
 overload = OverloadQueue()

@@ -16,14 +16,17 @@ from django.conf import settings
 from pdd.events import (
     ENGINE_FULL,
     FAILING_ROLES,
+    PREFILL_FAILED,
     ContinueEvent,
     DoneEvent,
     ErrorEvent,
+    QueuedEvent,
     TokenEvent,
     parse_event,
 )
 from pdd.stats import DoneStats
 from routing.gateway.openai_shapes import LogprobsCollector
+from routing.gateway.overload import overload
 from routing.gateway.prepared import Prepared
 from routing.gateway.records import (
     Outcome,
@@ -52,10 +55,15 @@ PROGRESS_EVERY_S = 2.0
 # sent its first token within FIRST_TOKEN_TIMEOUT_S fails over to another path.
 STALL_FLOOR_S = settings.BATON_GATEWAY_STALL_S
 FIRST_TOKEN_TIMEOUT_S = settings.BATON_GATEWAY_FIRST_TOKEN_TIMEOUT_S
+# A P that keeps saying "queued" (busy, not frozen) is waited for this long at most.
+PREFILL_QUEUE_TIMEOUT_S = settings.BATON_GATEWAY_PREFILL_QUEUE_TIMEOUT_S
 
 
 class Run:
     """Drives one request's agent stream and assembles text, finish reason and the outcome."""
+
+    # Whether the attempt waits in P's engine queue now (a `queued` event came, no token yet).
+    at_prefill_queue = False
 
     def __init__(self, p: Prepared) -> None:
         self.p = p
@@ -96,6 +104,7 @@ class Run:
         # whose stream the attempt reads now (prefill, rld or md).
         self.relay_stats: DoneStats | None = None
         self.following = "prefill"
+        self.attempt_at = self.started  # when this attempt's P stream began
 
     async def deltas(self, recover: Recover):
         """Yield text pieces in order as tokens arrive, as lists of ``(piece, logprobs)``: the
@@ -140,6 +149,7 @@ class Run:
         RLD's, then (after RLD's ``continue`` at the handoff) MD's from the handoff's index."""
         self.prefill_stats = self.relay_stats = self.continued_at = self.kv_wait_s = None
         self.following = "prefill"
+        self.attempt_at = time.monotonic()
         source = run_events(self.p.url, self.p.plan)
         ended = False  # a done event came through
         try:
@@ -169,6 +179,7 @@ class Run:
                 await source.aclose()
                 source = self._follow(follow)
         finally:
+            self._left_prefill_queue()
             await source.aclose()
             if self.continued_at is not None and not ended:
                 # P handed the stream over and is done; whatever ended it early (a dead
@@ -184,6 +195,7 @@ class Run:
         note the figures and where the stream now comes from (for a process that finishes
         this admission), and open the decoder's stream."""
         from_relay = self.following != "prefill"
+        self._left_prefill_queue()  # P prefilled: the request left its queue
         if from_relay and (self.following != "rld" or event.role != "md"):
             raise AgentRunError(
                 f"a {self.following.upper()} stream sent 'continue' to {event.role.upper()}",
@@ -285,6 +297,22 @@ class Run:
         finally:
             await events.aclose()
 
+    def _left_prefill_queue(self) -> None:
+        if self.at_prefill_queue:
+            self.at_prefill_queue = False
+            overload.queued_at_prefill(False)
+
+    def _queued(self) -> None:
+        """P's keep-alive: its engine holds the request in the queue (busy, not frozen). The
+        read's first-token deadline restarts with it (``_events``); past
+        PREFILL_QUEUE_TIMEOUT_S the request is let go with a 503 (no token has gone out)."""
+        if not self.at_prefill_queue:
+            self.at_prefill_queue = True
+            overload.queued_at_prefill(True)
+        waited = time.monotonic() - self.attempt_at
+        if waited >= PREFILL_QUEUE_TIMEOUT_S and self.token_count == self.offset:
+            raise overload.prefill_queue_timeout(waited)
+
     def _own_role(self) -> str:
         """The decoding role whose stream is read now (``md``, ``rld``); "" for P's."""
         return self.following if self.following in FAILING_ROLES else ""
@@ -292,7 +320,10 @@ class Run:
     def _take(self, event, pieces: list[tuple[str, dict | None]]) -> bool:
         """One agent event: a token's text (and logprobs) onto ``pieces``, the done event's
         stats, an error event raised. True when a stop string ended the answer."""
-        if isinstance(event, TokenEvent):
+        if isinstance(event, QueuedEvent):
+            self._queued()
+        elif isinstance(event, TokenEvent):
+            self._left_prefill_queue()
             if event.index != self.token_count - self.offset:
                 raise AgentRunError(
                     f"token stream out of order: got index {event.index}, "
@@ -332,6 +363,8 @@ class Run:
         elif isinstance(event, ErrorEvent):
             # The role that failed: the one the event names, else the decoder whose own
             # stream this is (read directly, one hop per token); P's: the path's next hop.
+            if event.role == PREFILL_FAILED:  # P's own prefill failed after it was queued
+                raise AgentRunError(event.message, at_prefill=True)
             role = event.role or self._own_role()
             if event.code == ENGINE_FULL and self.token_count == self.offset:
                 raise AgentBusy(event.message, at_prefill=False, role=role)

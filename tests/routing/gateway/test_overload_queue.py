@@ -44,6 +44,7 @@ def fleet(transactional_db, settings, monkeypatch):
     settings.BATON_GATEWAY_QUEUE_TIMEOUT_S = 30.0
     monkeypatch.setattr(overload_module, "overload", OverloadQueue())
     monkeypatch.setattr("routing.gateway.views.overload", overload_module.overload)
+    monkeypatch.setattr("routing.gateway.run.overload", overload_module.overload)
     monkeypatch.setattr(overload_module, "FIRST_WAIT_S", 0.01)
     tenant = Tenant.objects.create(name="acme", requests_per_minute=100, tokens_per_minute=10**6)
     _, raw = billing.api_key_create(tenant=tenant)
@@ -190,3 +191,88 @@ def test_the_queue_backs_off_and_counts_what_waits(settings):
         assert queue.stats.waiting == 0 and not queue.stats.by_tenant
 
     asyncio.run(main())
+
+
+def _queued_then(seconds: float, every: float, then: bytes | None):
+    """P's stream of a request its engine queued: a `queued` keep-alive every ``every`` for
+    ``seconds``, then ``then`` (the answer), or silence (None: P froze in the queue)."""
+
+    async def body():
+        waited = 0.0
+        while waited < seconds:
+            yield _lines({"type": "queued", "waited_s": waited})
+            await asyncio.sleep(every)
+            waited += every
+        if then is None:
+            await asyncio.sleep(30)
+        else:
+            yield then
+
+    return body()
+
+
+def test_a_busy_prefill_s_keep_alives_outlast_the_first_token_timeout(fleet, monkeypatch):
+    """A request queued at P longer than the first-token timeout is waited for, not failed
+    over: P's `queued` events say it is busy, not frozen. No instance is blamed."""
+    from routing.gateway import run as gw_run
+
+    monkeypatch.setattr(gw_run, "FIRST_TOKEN_TIMEOUT_S", 0.3)
+    fleet["answers"].append((200, _queued_then(1.0, 0.1, ANSWER)))
+    status, body = _stream(fleet["client"])
+    assert status == 200 and "[DONE]" in body and '"error"' not in body
+    assert len(fleet["calls"]) == 1  # one attempt: no retry, no failover
+    assert routes.suspects.marks() == {}
+    record = RequestRecord.objects.get()
+    assert record.status == "ok" and record.completion_tokens == 2
+    assert "retried" not in (record.decision.inputs or {})
+    assert overload_module.overload.stats.at_prefill == 0  # left the count at its first token
+
+
+def test_a_prefill_that_falls_silent_in_its_queue_still_fails_over(fleet, monkeypatch):
+    """Keep-alives, then silence: a P frozen with the request queued fails over after the
+    first-token timeout, and is the instance blamed."""
+    from routing.gateway import run as gw_run
+
+    monkeypatch.setattr(gw_run, "FIRST_TOKEN_TIMEOUT_S", 0.3)
+    fleet["answers"].append((200, _queued_then(0.3, 0.1, None)))
+    status, _ = _stream(fleet["client"])
+    assert status == 502  # the only P is avoided: no path left, and no token went out
+    assert routes.suspects.marks()
+    record = RequestRecord.objects.get()
+    assert record.status == "error" and "no first token" in record.error
+    assert overload_module.overload.stats.at_prefill == 0
+
+
+def test_past_the_prefill_queue_limit_the_answer_is_a_503_with_retry_after(fleet, monkeypatch):
+    """A P that keeps saying `queued` is waited for BATON_GATEWAY_PREFILL_QUEUE_TIMEOUT_S at
+    most; then a status code (no token went out), the record `rejected`, P not blamed."""
+    from routing.gateway import run as gw_run
+
+    monkeypatch.setattr(gw_run, "PREFILL_QUEUE_TIMEOUT_S", 0.4)
+    fleet["answers"].append((200, _queued_then(30.0, 0.1, ANSWER)))
+    response = fleet["client"].post(
+        "/v1/chat/completions",
+        {"model": "baton-tiny", "messages": [{"role": "user", "content": "hi"}],
+         "max_tokens": 2, "stream": True},
+        format="json",
+    )  # fmt: skip
+    assert response.status_code == 503
+    assert response["Retry-After"] == "30"
+    assert response.json()["error"]["code"] == "overloaded"
+    assert "prefill queue" in response.json()["error"]["message"]
+    assert RequestRecord.objects.get().status == "rejected"
+    assert routes.suspects.marks() == {}
+    stats = overload_module.overload.stats
+    assert stats.prefill_timed_out_total == 1 and stats.at_prefill == 0
+
+
+def test_a_prefill_that_fails_after_it_was_queued_blames_p(fleet):
+    """P's own failure after its stream started (an error event naming ``prefill``) is P's
+    fault, as a P that refused the call: P is avoided, not the decoder."""
+    fleet["answers"].append(
+        (200, _lines({"type": "error", "message": "r: prefill failed: boom", "role": "prefill"}))
+    )
+    status, _ = _stream(fleet["client"])
+    assert status == 502
+    prefill = Instance.objects.get(role=InstanceRole.PREFILL)
+    assert list(routes.suspects.marks()) == [str(prefill.pk)]
