@@ -8,8 +8,9 @@ once (routing/gateway/runner.py), so neither side reads raw dicts.
 - ``continue``: ``{"type": "continue", "url", "body", "instance", "role", "stats"}``: P's
   stream ends here (a ``direct`` call); the caller reads the rest from the decoding role
   (``ContinueEvent``)
-- ``queued``: ``{"type": "queued", "waited_s"}``: P's engine holds the request in its queue
-  and has not produced its first token yet (a keep-alive: a busy P, not a frozen one)
+- ``queued``: ``{"type": "queued", "waited_s", "waiting_for"}``: the agent holds the request
+  and has no token for it yet (a keep-alive: busy, not frozen): P's engine queue
+  (``waiting_for`` ``prefill``), or a decoder waiting for the request's KV (``kv``)
 
 Any other type (an agent newer than this gateway) parses as ``OtherEvent`` and is ignored by
 readers that do not know it; a known type with a malformed field is a ``ValueError``.
@@ -240,19 +241,26 @@ class ExtendedEvent:
 
 @dataclass(frozen=True, slots=True)
 class QueuedEvent:
-    """P's keep-alive while its engine holds the request in the queue (no first token yet):
-    ``waited_s`` since the engine took it. The gateway's first-token timeout restarts on each,
-    so a busy P is waited for and only a silent (frozen) one fails over."""
+    """An agent's keep-alive while it holds the request with no token for it yet: P while its
+    engine queues or prefills it (``waiting_for`` ``prefill``), a decoder while the request's
+    KV is on its way (``kv``); ``waited_s`` since the wait began. The gateway's first-token
+    timeout restarts on each, so a busy agent is waited for and only a silent (frozen) one
+    fails over."""
 
     waited_s: float = 0.0
+    waiting_for: str = "prefill"
 
     def to_json(self) -> dict[str, Any]:
-        return {"type": "queued", "waited_s": self.waited_s}
+        return {"type": "queued", "waited_s": self.waited_s, "waiting_for": self.waiting_for}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> QueuedEvent:
         waited = _float_or_none(raw.get("waited_s"))
-        return cls(waited if waited is not None and waited >= 0 else 0.0)
+        what = raw.get("waiting_for")
+        return cls(
+            waited if waited is not None and waited >= 0 else 0.0,
+            what if isinstance(what, str) and what else "prefill",
+        )
 
 
 @dataclass(frozen=True, slots=True)

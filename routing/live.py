@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import takewhile
 from typing import Any
@@ -62,6 +62,10 @@ class LiveView:
     # (P datacenter, MD datacenter) -> the KV format the WAN link asks P to send (WANLink
     # kv_format; absent: the engine's own)
     kv_formats: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def main_block_sizes(self) -> set[int]:
+        """The block sizes the MDs' prefix caches hash (0: an MD that does not say)."""
+        return {st.block_tokens for st in self.snapshot.main_decode if st.block_tokens}
 
 
 _LINK_STATUS = {
@@ -182,6 +186,13 @@ def _incoming_blocks(item: dict[str, Any]) -> frozenset[str]:
     return frozenset(item.get("incoming_prefix_blocks") or ())
 
 
+def _block_tokens(item: dict[str, Any] | None) -> int:
+    """Tokens per block of an instance's prefix cache, as its report says (``kv.block_size``);
+    0 when it does not say (the served model's block size is assumed)."""
+    size = ((item or {}).get("kv") or {}).get("block_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+
+
 def _topology_changed(sender, update_fields=None, **_: object) -> None:
     used = _TOPOLOGY_FIELDS.get(sender)
     if update_fields is not None and used is not None and not (set(update_fields) & used):
@@ -240,6 +251,7 @@ def build_live_view(model_name: str) -> LiveView:
                 queue_depth=queued,
                 cached_prefix_blocks=cached,
                 handoff_mode=(item or {}).get("handoff_mode"),
+                block_tokens=_block_tokens(item) if inst.role == InstanceRole.MAIN_DECODE else 0,
             )
         )
         kv = (item or {}).get("kv_endpoint") or {}
@@ -617,26 +629,31 @@ def with_dispatched_blocks(
     ledger: DispatchedBlocks,
     block_hashes: Sequence[str],
     now: float | None = None,
+    hashes_for: Callable[[InstanceState], Sequence[str]] | None = None,
 ) -> tuple[ClusterSnapshot, dict[str, int]]:
     """``snapshot`` with each MD's cached prefix blocks extended by this request's blocks that
     the gateways dispatched to that MD since its last report (less the ledger's grace), and,
     per MD, how many of the request's leading blocks only the ledger supplied.
 
     Only the request's own leading run is added (what the policy matches); the view's snapshot
-    is not changed. An MD that has never reported counts every dispatch within the horizon."""
+    is not changed. An MD that has never reported counts every dispatch within the horizon.
+    ``hashes_for``: the request's hashes in an MD's own block size (RequestInfo.hashes_for),
+    when MDs hash blocks of other sizes than ``block_hashes``'."""
     if not block_hashes or not snapshot.main_decode or snapshot.prefix_hits is not None:
         return snapshot, {}
     queries: list[tuple[str, float, Sequence[str]]] = []
     held_from: dict[str, int] = {}
+    own: dict[str, Sequence[str]] = {}
     for st in snapshot.main_decode:
         if not st.healthy:
             continue
-        k = leading_run(block_hashes, st.cached_prefix_blocks)
-        if k == len(block_hashes):
+        hashes = own[st.id] = block_hashes if hashes_for is None else hashes_for(st)
+        k = leading_run(hashes, st.cached_prefix_blocks)
+        if k == len(hashes):
             continue
         reported_at = view.reported.get(st.id, (0.0, 0.0))[0]
         held_from[st.id] = k
-        queries.append((st.id, reported_at - ledger.grace_s, block_hashes[k:]))
+        queries.append((st.id, reported_at - ledger.grace_s, hashes[k:]))
     if not queries:
         return snapshot, {}
     runs = ledger.held_many(queries, now=now)
@@ -645,12 +662,12 @@ def with_dispatched_blocks(
     for st in snapshot.main_decode:
         run = runs.get(st.id, 0)
         if run:
-            k = held_from[st.id]
+            k, hashes = held_from[st.id], own[st.id]
             cached, end = st.cached_prefix_blocks, k + run
             # Past the dispatched run, MD's report may hold more (a deeper cached block).
-            end += leading_run(block_hashes[end:], cached)
+            end += leading_run(hashes[end:], cached)
             added[st.id] = end - k
-            st = replace(st, cached_prefix_blocks=cached.union(block_hashes[k:end]))
+            st = replace(st, cached_prefix_blocks=cached.union(hashes[k:end]))
         main.append(st)
     if not added:
         return snapshot, {}

@@ -204,6 +204,10 @@ class InstanceState:
     queue_depth: int = 0
     cached_prefix_blocks: BlockSet = field(default_factory=frozenset)
     handoff_mode: str | None = None
+    # Tokens per block of this instance's prefix cache (an MD's own engine block size), when
+    # it differs from the served model's: its ``cached_prefix_blocks`` are hashes of blocks
+    # of this size, matched against the request's hashes of the same size. 0: the model's.
+    block_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -242,6 +246,19 @@ class RequestInfo:
     max_tokens: int
     prefix_block_hashes: tuple[str, ...] = ()
     block_tokens: int = 64  # tokens per prefix block; must match the agents' cache hashing
+    # The prompt's hashes in blocks of other sizes (block size -> hashes), for instances whose
+    # cache hashes blocks of another size (InstanceState.block_tokens).
+    hashes_by_block: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def hashes_for(self, instance: InstanceState) -> tuple[tuple[str, ...], int]:
+        """The prompt's prefix hashes in the instance's block size, and that size: its own
+        when it differs from the request's and they were computed, else the request's."""
+        size = instance.block_tokens
+        if size and size != self.block_tokens:
+            other = self.hashes_by_block.get(size)
+            if other is not None:
+                return other, size
+        return self.prefix_block_hashes, self.block_tokens
 
 
 @dataclass(slots=True)
@@ -332,8 +349,9 @@ def leading_run(block_hashes: Sequence[str], held: Collection[str]) -> int:
 
 def prefix_hit_tokens(request: RequestInfo, instance: InstanceState) -> int:
     """Prompt tokens covered by the longest leading run of the request's blocks the cache holds."""
-    hit_blocks = leading_run(request.prefix_block_hashes, instance.cached_prefix_blocks)
-    return min(hit_blocks * request.block_tokens, request.prompt_tokens)
+    hashes, block_tokens = request.hashes_for(instance)
+    hit_blocks = leading_run(hashes, instance.cached_prefix_blocks)
+    return min(hit_blocks * block_tokens, request.prompt_tokens)
 
 
 def estimate_wan_s(delta_tokens: int, link: WanLinkState, settings: PolicySettings) -> float:

@@ -29,7 +29,7 @@ from agents.node.pipeline_common import (
 from agents.node.tail import Tail
 from agents.node.wire import output_logprob
 from agents.node.worker import EngineWorker
-from pdd.events import ENGINE_FULL, ExtendedEvent, ReadyEvent
+from pdd.events import ENGINE_FULL, ExtendedEvent, QueuedEvent, ReadyEvent
 
 log = logging.getLogger(__name__)
 
@@ -98,29 +98,56 @@ async def claim_reservation(agent: Agent, inst: Instance, request_id: str) -> _C
     """Take request_id's reservation for its import. When it counted on another request's KV
     in flight to this instance, first wait (at most kv_timeout_s) until that KV landed, failed
     or was dropped, or until this reservation is dropped itself."""
+    claimed: list[_Claim] = []
+    async for _ in claiming(agent, inst, request_id, claimed):
+        pass
+    return claimed[0]
+
+
+async def claiming(
+    agent: Agent,
+    inst: Instance,
+    request_id: str,
+    claimed: list[_Claim],
+    every_s: float | None = None,
+) -> Events:
+    """`claim_reservation` as a stream: a keep-alive (``queued``, waiting for kv) every
+    ``every_s`` (None: none) while the KV in flight it counted on is still coming, the claim
+    appended to ``claimed`` at the end."""
     res = agent.reservations.get(request_id)
     if res is None or res.instance_id != inst.instance_id:
-        return _Claim(None, "")
+        claimed.append(_Claim(None, ""))
+        return
     res.claimed = True
     source = res.depends_on
     if source is None:
         agent.reservations.pop(request_id, None)
-        return _Claim(res, "")
-    if not source.done.is_set():
-        waits = [asyncio.ensure_future(source.done.wait())]
-        own = agent.incoming.get(request_id)
-        if own is not None:
-            waits.append(asyncio.ensure_future(own.done.wait()))
+        claimed.append(_Claim(res, ""))
+        return
+    started = time.monotonic()
+    own = agent.incoming.get(request_id)
+    events = [source.done] + ([own.done] if own is not None else [])
+    while not any(e.is_set() for e in events):
+        left = agent.settings.kv_timeout_s - (time.monotonic() - started)
+        if left <= 0:
+            break
+        waits = [asyncio.ensure_future(e.wait()) for e in events]
         try:
-            await asyncio.wait(
-                waits, timeout=agent.settings.kv_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            done, _ = await asyncio.wait(
+                waits,
+                timeout=left if every_s is None else min(every_s, left),
+                return_when=asyncio.FIRST_COMPLETED,
             )
         finally:
             for waiter in waits:
                 waiter.cancel()
+        if done or time.monotonic() - started >= agent.settings.kv_timeout_s:
+            break
+        yield kv_wait_event(started)
     where = f" (counted on the KV of request {source.request_id} in flight to this instance"
     if agent.reservations.get(request_id) is not res:
-        return _Claim(None, where + ")", dropped=True)
+        claimed.append(_Claim(None, where + ")", dropped=True))
+        return
     agent.reservations.pop(request_id, None)
     if not source.done.is_set():
         note = f", which did not land within {agent.settings.kv_timeout_s} s)"
@@ -128,7 +155,12 @@ async def claim_reservation(agent: Agent, inst: Instance, request_id: str) -> _C
         note = ", whose import failed or was cancelled)"
     else:
         note = ")"
-    return _Claim(res, where + note)
+    claimed.append(_Claim(res, where + note))
+
+
+def kv_wait_event(started: float) -> dict[str, Any]:
+    """A decoder's keep-alive while a request's KV is on its way."""
+    return QueuedEvent(round(time.monotonic() - started, 3), "kv").to_json()
 
 
 def start_import(
@@ -230,11 +262,24 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
     imported = finished = dropped = detached = False
     payload: bytes | None = None
     admission: asyncio.Future | None = None
+    every, kv_timeout = agent.settings.queued_every_s, agent.settings.kv_timeout_s
     try:
-        try:
-            item = await get_within(queue, agent.settings.kv_timeout_s)
-        except TimeoutError:
-            yield error_event(f"{rid}: no KV from P within {agent.settings.kv_timeout_s} s")
+        # The KV may cross a busy WAN: a keep-alive while it comes (busy, not frozen). Read
+        # with get_within, whose cancellation leaves the item queued (the caller may leave
+        # as it lands: the late import below must still find it).
+        started = time.monotonic()
+        while True:
+            left = kv_timeout - (time.monotonic() - started)
+            try:
+                item = await get_within(queue, max(0.0, min(every, left)))
+                break
+            except TimeoutError:
+                if left <= every:
+                    item = None
+                    break
+                yield kv_wait_event(started)
+        if item is None:
+            yield error_event(f"{rid}: no KV from P within {kv_timeout} s")
             return
         if isinstance(item, BaseException):
             agent.finish_incoming(rid)  # no KV is coming: whoever counted on it stops waiting
@@ -245,7 +290,10 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
             yield error_event(f"{rid}: expected the KV transfer first, got {what!r}")
             return
         payload = kv_payload(transfer)
-        claim = await claim_reservation(agent, inst, rid)
+        claimed: list[_Claim] = []
+        async for event in claiming(agent, inst, rid, claimed, every):  # KV it counted on
+            yield event
+        claim = claimed[0]
         if claim.dropped:
             dropped = True
             yield error_event(

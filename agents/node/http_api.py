@@ -350,7 +350,15 @@ def build_app(agent: Agent) -> Starlette:
         cached = await pipelines.reserve_prefix(agent, inst, rid, prompt)
         # What this MD stores its KV as: P sends a wider one narrowed already (kv_stream.py).
         stored = getattr(inst.running_worker.engine.pool, "dtype_name", None)
-        return JSONResponse({"request_id": rid, "cached_tokens": cached, "kv_format": stored})
+        # ... and its block size: P's delta starts at one of MD's block boundaries.
+        return JSONResponse(
+            {
+                "request_id": rid,
+                "cached_tokens": cached,
+                "kv_format": stored,
+                "block_size": agent.settings.block_size,
+            }
+        )
 
     def decode_common(body: dict, inst: Instance) -> tuple[str, list[int], int, Any]:
         prompt = get_ids(body, "prompt_ids", vocab(inst))

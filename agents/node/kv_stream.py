@@ -93,14 +93,14 @@ class StreamedDelta:
         self._pieces: asyncio.Queue[tuple[int, int, bytes] | None] = asyncio.Queue()
         self._closed = False
 
-    async def begin(self, main_cached: int, kv_format: str | None) -> None:
-        """MD's reservation answered: the delta starts at its cached prefix; send what the
-        prefill has computed past it, and each piece from now on, on one transfer, in
-        ``kv_format`` (None: P's own)."""
+    async def begin(self, start: int, kv_format: str | None) -> None:
+        """MD's reservation answered: the delta starts at ``start`` (its cached prefix in whole
+        blocks of MD's size); send what the prefill has computed past it, and each piece from
+        now on, on one transfer, in ``kv_format`` (None: P's own)."""
         self.kv_format = kv_format
         await self.worker.watch_export(
             self.request_id,
-            delta_start(main_cached, self.length, self.agent.settings.block_size),
+            start,
             self.agent.settings.kv_stream_tokens,
             self._piece,
         )

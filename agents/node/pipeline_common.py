@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from agents.engine.kv_codec import join_payloads
 from agents.node.agent import SEP, Agent, AgentError, Instance
 from agents.node.wire import Peer, error_event, sampling_json, token_event
 from agents.transfer.records import Transfer
+from pdd.events import QueuedEvent
 
 __all__ = [
     "Events",
@@ -27,6 +29,7 @@ __all__ = [
     "error_event",
     "fire_and_forget",
     "get_within",
+    "keep_alive",
     "kv_payload",
     "pump_stream",
     "quiet",
@@ -113,6 +116,25 @@ async def get_within(queue: asyncio.Queue, timeout_s: float) -> Any:
     cancellation always wins, and the item stays in the queue for whoever reads it next."""
     async with asyncio.timeout(timeout_s):
         return await queue.get()
+
+
+async def keep_alive(task: asyncio.Future, every_s: float, waiting_for: str) -> Events:
+    """A ``queued`` event every ``every_s`` until ``task`` is done (the caller then reads its
+    result): the agent holds the request with no token for it yet, busy, not frozen, so the
+    gateway's first-token timeout measures silence. Closed early (the caller left), it
+    cancels the task."""
+    started = time.monotonic()
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=every_s)
+            if done:
+                return
+            waited = round(time.monotonic() - started, 3)
+            yield QueuedEvent(waited_s=waited, waiting_for=waiting_for).to_json()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 def fire_and_forget(agent: Agent, coro) -> None:

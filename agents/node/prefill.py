@@ -30,6 +30,7 @@ from agents.node.pipeline_common import (
     cancel_remote,
     error_event,
     fire_and_forget,
+    keep_alive,
     pump_stream,
     quiet,
     sampling_json,
@@ -39,7 +40,7 @@ from agents.node.pipeline_common import (
 from agents.node.wire import HandoffPlan, Peer
 from agents.node.worker import EngineWorker
 from agents.transfer.records import KVChunk, TransferStats
-from pdd.events import QueuedEvent
+from pdd.events import PREFILL_FAILED
 from pdd.stats import DoneStats
 from pdd.vocab import Pipeline
 
@@ -79,13 +80,25 @@ class Prefilled:
     first_token_at: float
     # MD's delta streamed while prefill ran (kv_stream_tokens > 0 and MD reserved), else None.
     stream: StreamedDelta | None = None
+    # MD's engine block size (its reservation's answer; None: an MD that does not say).
+    main_block_size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveAnswer:
+    """MD's answer to ``reserve``: the tokens of the prompt it holds (whole blocks of its own
+    size), the format it stores KV in, and its engine's block size (None: an MD that does not
+    say; the delta then starts at a block boundary of P's own size)."""
+
+    cached_tokens: int
+    kv_format: str | None = None
+    block_size: int | None = None
 
 
 async def reserve_remote(
     agent: Agent, main: Peer, request_id: str, prompt: list[int]
-) -> tuple[int, str | None]:
-    """MD pins its cached prefix of the prompt: how many tokens it holds, and the format it
-    stores KV in."""
+) -> ReserveAnswer:
+    """MD pins its cached prefix of the prompt (``ReserveAnswer``)."""
     response = await agent.http.post(
         f"{main.http}/v1/pdd/reserve",
         json={"request_id": request_id, "instance": main.instance, "prompt_ids": prompt},
@@ -94,8 +107,12 @@ async def reserve_remote(
     if response.status_code != 200:
         raise PeerFailed(f"reserve at MD: HTTP {response.status_code}: {response.text[:300]}")
     answer = response.json()
-    stored = answer.get("kv_format")
-    return int(answer["cached_tokens"]), stored if isinstance(stored, str) else None
+    stored, size = answer.get("kv_format"), answer.get("block_size")
+    return ReserveAnswer(
+        int(answer["cached_tokens"]),
+        stored if isinstance(stored, str) else None,
+        size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None,
+    )
 
 
 async def batched_prefill(
@@ -175,12 +192,15 @@ async def prefill_with_reservation(
         else None
     )
 
-    async def reserve_main(main: Peer) -> tuple[int, str | None]:
-        cached, stored = await reserve_remote(agent, main, req.request_id, req.prompt)
+    async def reserve_main(main: Peer) -> ReserveAnswer:
+        reservation = await reserve_remote(agent, main, req.request_id, req.prompt)
         if stream is not None:
             # The delta starts leaving while prefill runs.
-            await stream.begin(cached, wire_format(agent, inst, main, stored))
-        return cached, stored
+            await stream.begin(
+                main_delta_start(agent, reservation, len(req.prompt)),
+                wire_format(agent, inst, main, reservation.kv_format),
+            )
+        return reservation
 
     reserve = asyncio.create_task(reserve_main(req.main)) if req.main is not None else None
     try:
@@ -195,15 +215,15 @@ async def prefill_with_reservation(
         raise
     first_at = time.monotonic()
     agent.count_tokens(inst)
-    cached: int | None
-    stored: str | None = None
+    reservation: ReserveAnswer | None = None
+    error: str | None = None
     try:
         if reserve is None:
-            cached, error = None, "no main decode in this pipeline (rld-only)"
+            error = "no main decode in this pipeline (rld-only)"
         else:
-            (cached, stored), error = await reserve, None
+            reservation = await reserve
     except Exception as exc:  # noqa: BLE001 - MD unreachable: p-rld-md falls back to RLD alone
-        cached, error = None, f"{type(exc).__name__}: {exc}"
+        error = f"{type(exc).__name__}: {exc}"
     if stream is not None and stream.send is None:
         stream.abort()  # MD did not reserve: nothing was streamed
         stream = None
@@ -213,13 +233,21 @@ async def prefill_with_reservation(
         result.finished,
         result.finish_reason,
         result.cached_tokens,
-        cached,
+        None if reservation is None else reservation.cached_tokens,
         error,
-        stored,
+        None if reservation is None else reservation.kv_format,
         started,
         first_at,
         stream,
+        None if reservation is None else reservation.block_size,
     )
+
+
+def main_delta_start(agent: Agent, reservation: ReserveAnswer, length: int) -> int:
+    """Where MD's delta starts: MD's cached prefix, in whole blocks of MD's own size (its
+    import starts at one of its block boundaries; P's may be larger or smaller)."""
+    size = reservation.block_size or agent.settings.block_size
+    return delta_start(reservation.cached_tokens, length, size)
 
 
 def wire_format(agent: Agent, inst: Instance, main: Peer, stored: str | None) -> str | None:
@@ -251,24 +279,16 @@ async def run_prefill(
     every ``queued_every_s`` while the prefill has not produced its first token (so the
     caller's first-token timeout measures silence, not a queue), then `stream_prefilled`'s.
     A prefill that fails after it was queued is an error event naming P (``role`` prefill)."""
-    every = agent.settings.queued_every_s
-    started = time.monotonic()
+    # Closed early (the caller left while the request was queued), it drops the prefill.
+    async with aclosing(keep_alive(prefilling, agent.settings.queued_every_s, "prefill")) as alive:
+        async for event in alive:
+            yield event
     try:
-        while True:
-            done, _ = await asyncio.wait({prefilling}, timeout=every)
-            if done:
-                break
-            yield QueuedEvent(waited_s=round(time.monotonic() - started, 3)).to_json()
-        try:
-            pre = prefilling.result()
-        except Exception as exc:  # noqa: BLE001 - the engine failed the queued prefill
-            log.warning("%s: prefill failed after it was queued: %r", req.request_id, exc)
-            yield error_event(f"{req.request_id}: prefill failed: {exc}", role="prefill")
-            return
-    finally:
-        if not prefilling.done():  # the caller left while the request was queued
-            prefilling.cancel()
-            await asyncio.gather(prefilling, return_exceptions=True)
+        pre = prefilling.result()
+    except Exception as exc:  # noqa: BLE001 - the engine failed the queued prefill
+        log.warning("%s: prefill failed after it was queued: %r", req.request_id, exc)
+        yield error_event(f"{req.request_id}: prefill failed: {exc}", role=PREFILL_FAILED)
+        return
     async with aclosing(stream_prefilled(agent, inst, req, pre)) as events:
         async for event in events:
             yield event
@@ -350,7 +370,9 @@ async def stream_prefilled(agent: Agent, inst: Instance, req: PddRequest, pre: P
             return
         start = 0
         if main_cached is not None:
-            start = stats.cached_tokens = delta_start(main_cached, length, bs)
+            start = stats.cached_tokens = delta_start(
+                main_cached, length, pre.main_block_size or bs
+            )
 
         streamed = pre.stream
 

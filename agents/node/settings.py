@@ -24,7 +24,7 @@ from pdd.vocab import Role
 ROLES = tuple(Role)
 WAIT_POLICIES = ("auto", "passive", "active")
 # The engine options an agent passes to every engine it starts (agents.engine.EngineConfig).
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")
 DECODE_WEIGHTS = ("full", "int8", "stream")
 # Fields a config file may not set (worked out by the agent itself).
 _DERIVED = frozenset({"thread_plan"})

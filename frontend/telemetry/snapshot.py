@@ -23,6 +23,24 @@ def _summary(p: Parsed, seconds: float, fleet: FleetState, cost: float | None) -
     )
 
 
+def overload_queue() -> dict[str, Any]:
+    """The overload queue of this process's gateway (routing/gateway/overload.py): requests
+    waiting for room now (at the gateway, and in a prefill engine's queue), and totals."""
+    from routing.gateway.overload import overload
+
+    stats = overload.stats
+    return {
+        "waiting": stats.waiting,
+        "at_prefill": stats.at_prefill,
+        "queued_total": stats.queued_total,
+        "mean_wait_s": (
+            stats.wait_seconds_total / stats.queued_total if stats.queued_total else None
+        ),
+        "timed_out_total": stats.timed_out_total + stats.prefill_timed_out_total,
+        "refused_total": stats.refused_total,
+    }
+
+
 def chart_point(t: int, p: Parsed, seconds: float, fleet: FleetState) -> dict[str, Any]:
     """One chart point: compact figures for the overview's live charts."""
     cost = p.cost_micro / 1e6 if p.cost_micro is not None else fleet.cost_per_hour
@@ -61,6 +79,7 @@ def build_snapshot(
         "t": now,
         "windows": windows,
         "point": chart_point(t, p, span, fleet),
+        "queue": overload_queue(),
         "fleet": {
             "cost_per_hour": fleet.cost_per_hour,
             "currency": fleet.currency,

@@ -63,13 +63,27 @@ def route_inputs(p: Prepared) -> LiveView:
     policy, version = policies.current()
     p.policy, p.version = policy, version
     p.first_token_early = policy.stream_first_token_early
-    p.info = RequestInfo(
-        prompt_tokens=len(p.prompt_ids),
-        max_tokens=p.greq.max_tokens,
-        prefix_block_hashes=prefix_block_hashes(p.prompt_ids, p.model.kv_block_size),
-        block_tokens=p.model.kv_block_size,
+    view = live_views.get(p.model.name)
+    p.info = request_info(p, p.prompt_ids, p.greq.max_tokens, view)
+    return view
+
+
+def request_info(p: Prepared, ids: list[int], max_tokens: int, view: LiveView) -> RequestInfo:
+    """What the policy knows of a request: its length and the prompt's prefix hashes in the
+    served model's block size, and in each other block size an MD of the view hashes its
+    cache in (an MD of another kind: agents/PROTOCOL.md, "KV formats")."""
+    size = p.model.kv_block_size
+    return RequestInfo(
+        prompt_tokens=len(ids),
+        max_tokens=max_tokens,
+        prefix_block_hashes=prefix_block_hashes(ids, size),
+        block_tokens=size,
+        hashes_by_block={
+            other: prefix_block_hashes(ids, other)
+            for other in view.main_block_sizes()
+            if other != size
+        },
     )
-    return live_views.get(p.model.name)
 
 
 def route_first(p: Prepared, view: LiveView | None = None) -> None:
@@ -100,7 +114,11 @@ def route(p: Prepared, view: LiveView | None = None) -> None:
     # MD will hold what the gateways have already sent it (KV on its way, not yet in its
     # heartbeat): a session's next turn sent right after the previous answer is a hit there.
     snapshot, in_flight = with_dispatched_blocks(
-        view, snapshot, dispatched_blocks, info.prefix_block_hashes
+        view,
+        snapshot,
+        dispatched_blocks,
+        info.prefix_block_hashes,
+        hashes_for=(lambda st: info.hashes_for(st)[0]) if info.hashes_by_block else None,
     )
     snapshot, avoided = without_suspects(view, snapshot, suspects)
     inputs = {
@@ -146,7 +164,7 @@ def route(p: Prepared, view: LiveView | None = None) -> None:
         # ones would never be read. At a 90% hit that is a tenth of a 64K prompt's 4,000
         # hashes sent to Redis per request.
         main = next((st for st in reported.main_decode if st.id == decision.main_id), None)
-        hashes = info.prefix_block_hashes
+        hashes = info.prefix_block_hashes if main is None else info.hashes_for(main)[0]
         start = leading_run(hashes, main.cached_prefix_blocks) if main is not None else 0
         dispatched_blocks.record(decision.main_id, hashes[start:])
     # The agents see each attempt as its own request (a retry must not meet the first one's
@@ -227,12 +245,7 @@ def migrate(p: Prepared, exc: AgentRunError, delivered: list[int], remaining: in
         return False
     ids = [*p.prompt_ids, *delivered]
     p.continue_ids, p.continue_max_tokens = ids, remaining
-    p.info = RequestInfo(
-        prompt_tokens=len(ids),
-        max_tokens=remaining,
-        prefix_block_hashes=prefix_block_hashes(ids, p.model.kv_block_size),
-        block_tokens=p.model.kv_block_size,
-    )
+    p.info = request_info(p, ids, remaining, live_views.get(p.model.name))
     implicated, no_path = reroute(p, exc, {"migrated_at_token": len(delivered)})
     if no_path:
         log.warning(

@@ -253,6 +253,15 @@ class Run:
                 yield raw
         except TimeoutError:
             if limit is None:
+                if self.continued_at is not None:  # P handed over: the decoder fell silent
+                    role = self._own_role()
+                    named = {"md": "MD", "rld": "RLD"}.get(role, "decoding")
+                    raise AgentRunError(
+                        f"no first token from the {named} agent within "
+                        f"{FIRST_TOKEN_TIMEOUT_S:g} s (and no keep-alive)",
+                        at_prefill=False,
+                        role=role,
+                    ) from None
                 raise AgentRunError(
                     f"no first token from the prefill agent within {FIRST_TOKEN_TIMEOUT_S:g} s"
                 ) from None
@@ -303,9 +312,13 @@ class Run:
             overload.queued_at_prefill(False)
 
     def _queued(self) -> None:
-        """P's keep-alive: its engine holds the request in the queue (busy, not frozen). The
-        read's first-token deadline restarts with it (``_events``); past
-        PREFILL_QUEUE_TIMEOUT_S the request is let go with a 503 (no token has gone out)."""
+        """An agent's keep-alive (busy, not frozen): the read's first-token deadline restarts
+        with it (``_events``). P's (its engine queues the request) is counted as waiting in a
+        prefill queue, and past PREFILL_QUEUE_TIMEOUT_S the request is let go with a 503 (no
+        token has gone out); a decoder's (its KV on the way) is bounded by the decoder's own
+        KV timeout, which ends its stream with an error."""
+        if self.following != "prefill":
+            return
         if not self.at_prefill_queue:
             self.at_prefill_queue = True
             overload.queued_at_prefill(True)

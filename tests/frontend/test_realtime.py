@@ -65,6 +65,7 @@ def test_logged_in_socket_gets_history_then_snapshots_with_new_traffic(
     assert history["type"] == "history" and len(history["points"]) == 300
     assert first["type"] == "snapshot" and set(first["windows"]) == {"1m", "5m", "1h"}
     assert first["windows"]["1m"]["requests"] == 0
+    assert first["queue"]["waiting"] == 0 and first["queue"]["at_prefill"] == 0
     assert second["windows"]["1m"]["requests"] == 1
     assert {i["id"] for i in second["fleet"]["instances"]} == {
         fleet[k].pk for k in ("prefill", "relay", "main")
@@ -72,3 +73,25 @@ def test_logged_in_socket_gets_history_then_snapshots_with_new_traffic(
     assert change["change"]["type"] == "instance" and change["change"]["id"] == fleet["relay"].pk
     assert running is True
     assert not broadcaster.running
+
+
+def test_the_snapshot_carries_the_gateway_s_overload_queue(monkeypatch):
+    """Waiting for room, on the dashboard: at the gateway (an engine was full) and in a prefill
+    engine's queue, with the mean wait and the timeouts of both."""
+    from frontend.telemetry.snapshot import overload_queue
+    from routing.gateway import overload as overload_module
+
+    queue = overload_module.OverloadQueue()
+    queue.stats.waiting, queue.stats.queued_total, queue.stats.wait_seconds_total = 2, 4, 6.0
+    queue.queued_at_prefill(True)
+    queue.stats.timed_out_total = 1
+    queue.prefill_queue_timeout(301.0)
+    monkeypatch.setattr(overload_module, "overload", queue)
+    assert overload_queue() == {
+        "waiting": 2,
+        "at_prefill": 1,
+        "queued_total": 4,
+        "mean_wait_s": 1.5,
+        "timed_out_total": 2,
+        "refused_total": 0,
+    }

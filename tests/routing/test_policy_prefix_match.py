@@ -97,3 +97,22 @@ def test_a_short_shared_prefix_does_not_keep_a_new_prefill_idle():
     assert decide(turn, snap, settings).prefill_id == "p-old"  # 87% cached: its home P
     every_hit = PolicySettings(prefill_min_hit_share=0.0)
     assert decide(fresh, snap, every_hit).prefill_id == "p-old"  # the former rule
+
+
+def test_an_instance_of_another_block_size_is_matched_with_hashes_of_its_size():
+    big = ("b0", "b1")  # the prompt in blocks of 32
+    md = InstanceState("md", "main_decode", cached_prefix_blocks=frozenset(big), block_tokens=32)
+    request = RequestInfo(
+        prompt_tokens=80,
+        max_tokens=8,
+        prefix_block_hashes=("s0", "s1", "s2", "s3", "s4"),
+        block_tokens=16,
+        hashes_by_block={32: big},
+    )
+    assert request.hashes_for(md) == (big, 32)
+    assert prefix_hit_tokens(request, md) == 64
+    # Without its size's hashes the request's own are used: nothing of them is held there.
+    assert prefix_hit_tokens(RequestInfo(80, 8, ("s0", "s1"), 16), md) == 0
+    # An instance that states no size (0) or the request's is matched as before.
+    same = InstanceState("m2", "main_decode", cached_prefix_blocks=frozenset({"s0"}))
+    assert prefix_hit_tokens(request, same) == 16

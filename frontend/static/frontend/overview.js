@@ -32,6 +32,17 @@
     set("cache", B.pct(w.cache_hit_rate));
     const links = Object.entries(w.wan);
     set("wan", links.length ? "WAN " + links.map(([k, v]) => k + " " + B.pct(v.utilisation)).join(", ") : "WAN idle");
+    queue(snap.queue);
+  }
+
+  /* The gateway's overload queue in this process: waiting now, then how it went so far. */
+  function queue(q) {
+    if (!q) return;
+    set("queue", String(q.waiting + q.at_prefill));
+    const parts = [q.waiting + " at the gateway", q.at_prefill + " in a prefill queue"];
+    if (q.queued_total) parts.push("mean wait " + B.secs(q.mean_wait_s));
+    if (q.timed_out_total || q.refused_total) parts.push(q.timed_out_total + " timed out · " + q.refused_total + " refused");
+    set("queue_detail", parts.join(" · "));
   }
 
   /* The fleet in one card whatever its size: running of all instances, then the other states

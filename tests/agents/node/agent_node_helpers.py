@@ -6,11 +6,26 @@ import contextlib
 from collections.abc import Iterator
 
 import httpx
+import pytest
 
 from agents.node.launch import AgentProcess
 from agents.node.loopback import make_prompt, pdd_body, stream_events, summarize
 
 FAST_LINK = "1:5:16"  # 1 Gbit/s, 5 ms RTT
+
+# Every pipeline and handoff (id, and the handoff plan's extra fields), for tests that run them
+# all: P-MD, P-RLD-MD handing off at once or after 9 tokens, and catch-up in batches of 4.
+PIPELINE_CASES = [
+    pytest.param("p-md", "one-shot", {}, id="p-md"),
+    pytest.param("p-rld-md", "one-shot", {"handoff_at": 0}, id="one-shot-asap"),
+    pytest.param("p-rld-md", "one-shot", {"handoff_at": 9}, id="one-shot-at-9"),
+    pytest.param(
+        "p-rld-md",
+        "catch-up",
+        {"handoff_at": 8, "catch_up_batch": 4, "max_catch_up_batches": 2},
+        id="catch-up",
+    ),
+]
 
 
 def agent_args(role: str, dc: str, *extra: str) -> list[str]:

@@ -171,3 +171,20 @@ def test_a_handed_off_stream_nobody_attaches_to_is_let_go_on_md():
         handed = rest[-1]
         late, _, _ = stream_events(handed["url"], handed["body"])
         assert late[-1]["type"] == "error"
+
+
+def test_a_decoder_waiting_for_its_kv_keeps_the_stream_alive():
+    """MD's direct stream while P's KV crosses a slow WAN (10 Mbit/s: ~0.4 s for this prompt)
+    says ``queued`` (waiting for kv) every --queued-every-s, so the gateway's first-token
+    timeout measures silence, not the transfer; the tokens are single's all the same."""
+    prompt = make_prompt(120, 34)
+    with pdd_agents("0.01:5:16", "--queued-every-s", "0.05", tag="-slow") as agents:
+        expected = run_single(agents["single"], prompt, 8)["output_token_ids"]
+        _, _, rest = run_direct(
+            agents["p"], agents["rld"], agents["md"], "direct-slow", prompt, 8, "p-md"
+        )
+    waits = [e for e in rest if e["type"] == "queued"]
+    assert waits and all(e["waiting_for"] == "kv" for e in waits)
+    tokens = [e for e in rest if e["type"] == "token"]
+    assert rest.index(waits[-1]) < rest.index(tokens[0])  # all before the first token
+    assert summarize(rest)["output_token_ids"] == expected

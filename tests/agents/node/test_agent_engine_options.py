@@ -81,7 +81,7 @@ def test_the_defaults_are_float32_with_the_models_own_weights():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"dtype": "float64"}, "dtype must be one of float32|bfloat16, got 'float64'"),
+        ({"dtype": "float64"}, "dtype must be one of float32|bfloat16|float16, got 'float64'"),
         (
             {"decode_weights": "int4"},
             "decode_weights must be one of full|int8|stream, got 'int4'",
@@ -181,5 +181,5 @@ def test_a_config_file_sets_the_engine_options(tmp_path):
     settings = load_settings(str(path), {"dtype": None})
     assert (settings.dtype, settings.decode_weights) == ("bfloat16", "int8")
     path.write_text('{"dtype": "fp8"}')
-    with pytest.raises(ValueError, match="dtype must be one of float32|bfloat16"):
+    with pytest.raises(ValueError, match="dtype must be one of float32|bfloat16|float16"):
         load_settings(str(path), {})

@@ -332,6 +332,31 @@ def test_a_dependent_cancelled_while_waiting_ends_at_once(prefill_engine):
     run(scenario)
 
 
+def test_a_dependent_waiting_for_kv_in_flight_says_so_and_then_decodes(prefill_engine):
+    """The stream of a request that counted on another request's KV still crossing carries
+    keep-alives (``queued``, waiting for kv) every --queued-every-s while it waits: a gateway
+    reading it directly sees a busy MD, not a frozen one. Then it decodes as before."""
+    p1 = make_prompt(40, 13)
+    p2 = p1 + make_prompt(9, 14)
+
+    async def scenario(agent: Agent, inst):
+        assert await reserve_prefix(agent, inst, "slow", p1) == 0
+        assert await reserve_prefix(agent, inst, "dep", p2) == 32
+        task, events = _dependent_decode(agent, inst, prefill_engine, "dep", p2, 32)
+        await asyncio.sleep(0.4)
+        assert events and {e["type"] for e in events} == {"queued"}
+        assert all(e["waiting_for"] == "kv" for e in events)
+        await _cache_late_kv(
+            agent, inst, late("slow", p1, 0), asyncio.Queue(), kv_of(prefill_engine, "slow", p1, 0)
+        )
+        await asyncio.wait_for(task, 30)
+        kinds = [e["type"] for e in events if e["type"] != "queued"]
+        assert kinds == ["token", "token", "done"], events
+        assert_clean(agent)
+
+    run(scenario, queued_every_s=0.05)
+
+
 # -- a held decode whose caller leaves as its KV lands, and RLD's release -------------------
 
 

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from agent_node_helpers import (
     FAST_LINK,
+    PIPELINE_CASES,
     agent_args,
     get,
     make_prompt,
@@ -30,17 +31,7 @@ from agents.transfer.frames import FrameKind, encode_end, encode_frame
 pytestmark = pytest.mark.slow
 KV_BYTES_PER_TOKEN = 2 * 4 * 2 * 64 * 4  # baton-tiny: K and V, 4 layers, 2 KV heads, dim 64, f32
 
-CASES = [
-    pytest.param("p-md", "one-shot", {}, id="p-md"),
-    pytest.param("p-rld-md", "one-shot", {"handoff_at": 0}, id="one-shot-asap"),
-    pytest.param("p-rld-md", "one-shot", {"handoff_at": 9}, id="one-shot-at-9"),
-    pytest.param(
-        "p-rld-md",
-        "catch-up",
-        {"handoff_at": 8, "catch_up_batch": 4, "max_catch_up_batches": 2},
-        id="catch-up",
-    ),
-]
+CASES = PIPELINE_CASES
 
 
 def assert_one_ordered_stream(result: dict) -> None:

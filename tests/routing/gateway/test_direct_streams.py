@@ -4,6 +4,8 @@ its stream points at it, and a later process would ask it (not P) what was deliv
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from fleet import live as fleet_live
@@ -65,6 +67,12 @@ def fleet(transactional_db, settings, monkeypatch):
         if script["md_fails"]:
             script["md_fails"] -= 1
             raise AgentRunError("MD agent unreachable: connection refused", at_prefill=False)
+        if script.get("md_silent"):  # frozen before its first token
+            script["md_silent"] -= 1
+            await asyncio.sleep(30)
+        for i in range(script.get("md_keep_alives", 0)):  # its KV still crossing the WAN
+            yield [{"type": "queued", "waited_s": i * 0.1, "waiting_for": "kv"}]
+            await asyncio.sleep(0.1)
         yield [{"type": "token", "index": 0, "token_id": ord("o"), "role": "prefill"}]
         yield [
             {"type": "token", "index": 1, "token_id": ord("k"), "role": "md"},
@@ -147,3 +155,43 @@ def test_a_continue_from_mds_own_stream_is_refused(fleet):
     record = RequestRecord.objects.get()
     errors = [r["error"] for r in record.decision.inputs["retried"]]
     assert any("a MD stream sent 'continue' to MD" in e for e in errors), errors
+
+
+def test_a_decoder_silent_before_its_first_token_is_blamed_not_p(fleet, monkeypatch):
+    """After P's `continue`, the first-token timeout is the decoder's: a frozen MD is the
+    instance blamed (P did its part), and the request runs on the other MD."""
+    from routing.gateway import routes
+
+    client, made, calls, _, script = fleet
+    monkeypatch.setattr(gw_run, "FIRST_TOKEN_TIMEOUT_S", 0.3)
+    script["md_silent"] = 1
+    response = client.post("/v1/completions", BODY, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["choices"][0]["text"] == "ok!"
+    record = RequestRecord.objects.get()
+    (retried,) = record.decision.inputs["retried"]
+    first_md = calls[1][0].split("/v1/pdd/")[0]
+    blamed = next(i for name, (node, i) in made.items() if node.agent_endpoint == first_md)
+    assert retried["instances"] == [str(blamed.pk)]
+    assert "no first token from the MD agent" in retried["error"]
+    assert str(made["p"][1].pk) not in routes.suspects.marks()
+
+
+def test_a_decoder_s_keep_alives_while_its_kv_comes_are_waited_for(fleet, monkeypatch):
+    """MD waiting for the request's KV on a busy WAN says so (`queued`, waiting for kv): the
+    gateway waits past its first-token timeout, blames nobody, and does not count it as a
+    prefill queue."""
+    from routing.gateway import routes
+    from routing.gateway.overload import overload
+
+    client, _, calls, _, script = fleet
+    monkeypatch.setattr(gw_run, "FIRST_TOKEN_TIMEOUT_S", 0.3)
+    script["md_keep_alives"] = 8
+    before = overload.stats.at_prefill
+    response = client.post("/v1/completions", BODY, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["choices"][0]["text"] == "ok!"
+    assert [source for _, source in calls] == ["prefill", "md"]  # no retry
+    assert routes.suspects.marks() == {}
+    assert "retried" not in RequestRecord.objects.get().decision.inputs
+    assert overload.stats.at_prefill == before

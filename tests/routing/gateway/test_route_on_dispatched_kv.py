@@ -237,3 +237,40 @@ def test_the_ledger_records_only_the_blocks_past_what_md_reports(fake_fleet):
     ledger = routes.dispatched_blocks
     assert ledger.held(md, hashes[50:], after=0.0) == 2  # the new blocks are in it
     assert ledger.held(md, hashes, after=0.0) == 0  # the reported ones are not
+
+
+def test_an_md_whose_cache_hashes_blocks_of_another_size_is_matched_in_its_size(fake_fleet):
+    """An MD of another kind (its engine's block size 32, the served model's 16) reports its
+    block size; the gateway hashes the prompt in MD's size too and matches MD's cache and the
+    KV in flight to it in that size (issue 42: a decoder of another kind)."""
+    client = fake_fleet["client"]
+    md_hashes = list(prefix_block_hashes(list(TURN_1.encode()), 32))  # 25 blocks of 32
+    fake_fleet["report_md"](kv={"block_size": 32}, incoming_prefix_blocks=md_hashes)
+    (md,) = routes.live_views.get("baton-tiny").snapshot.main_decode
+    assert md.block_tokens == 32
+    second = _send(client, TURN_2)
+    assert second.pipeline == "p-md", second.decision.reason
+    assert second.decision.cached_tokens == 800  # 25 blocks of 32 (the model's 16: 50)
+    # The hashes of the model's size would have matched nothing there.
+    fake_fleet["report_md"](
+        kv={"block_size": 32},
+        incoming_prefix_blocks=list(prefix_block_hashes(list(TURN_1.encode()), BLOCK)),
+    )
+    routes.dispatched_blocks.clear()
+    third = _send(client, TURN_2 + " and on.")
+    assert third.decision.cached_tokens == 0
+
+
+def test_the_ledger_keeps_an_md_s_blocks_in_its_own_size(fake_fleet):
+    """Back to back, no report between: the dispatched blocks recorded for an MD of block
+    size 32 are hashes of 32 tokens, and the next turn is a hit in that size."""
+    client, main = fake_fleet["client"], fake_fleet["main"]
+    fake_fleet["report_md"](kv={"block_size": 32})
+    first = _send(client, TURN_1)
+    assert first.main_instance == str(main.pk)
+    md_hashes = prefix_block_hashes(list(TURN_1.encode()), 32)
+    assert routes.dispatched_blocks.held(str(main.pk), md_hashes, after=0.0) == 25
+    second = _send(client, TURN_2)
+    assert second.pipeline == "p-md", second.decision.reason
+    assert second.decision.cached_tokens == 800
+    assert second.decision.inputs["dispatched_blocks"] == {str(main.pk): 25}
