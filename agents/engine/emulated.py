@@ -11,7 +11,10 @@ must give the same ones, as on the real engine.
 
 KV payloads carry no tensor: a header (the torch engine's, with zero layers) and
 ``kv_bytes_per_token / kv_scale`` bytes per token, so that a transfer over a link shaped to
-``bandwidth / kv_scale`` takes the time the real bytes take on the real link."""
+``bandwidth / kv_scale`` takes the time the real bytes take on the real link. A profile's KV is
+taken to be bfloat16 (``EMULATED_KV_DTYPE``); sent in another transport format (a WAN link's
+``kv_format``) a payload takes that format's bytes (``as_format``: float32 twice, int8 half plus
+its scales), so switching a link's format changes what crosses it as on real engines."""
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from agents.engine.kv_pool import (
     KVHeader,
     KVPool,
     OutOfBlocks,
+    format_code,
     kv_header,
     read_kv_header,
 )
@@ -48,6 +52,39 @@ from pdd.profiles import ModelProfile
 FIRST_TOKEN, NUM_TOKENS = 32, 95
 # Steps remembered for the state document and the tests (kind, batch, tokens, seconds).
 STEP_HISTORY = 256
+
+
+# The dtype a profile's kv_bytes_per_token is taken to be in (profiles do not say), and each
+# transport format's bytes per value relative to it: int8 is one byte plus one float32 scale
+# per 16-token block of a 64-value head (the real engine's 8-bit transport, kv_codec.py).
+EMULATED_KV_DTYPE = "bfloat16"
+FORMAT_WIDTH = {"float32": 2.0, "bfloat16": 1.0, "float16": 1.0, "int8": 0.5 * (1 + 1 / 256)}
+
+
+def format_bytes_per_token(own_bytes_per_token: float, fmt: str | None) -> float:
+    """Bytes per token of KV of ``own_bytes_per_token`` (EMULATED_KV_DTYPE) in format ``fmt``
+    (None: its own)."""
+    if not fmt:
+        return own_bytes_per_token
+    if fmt not in FORMAT_WIDTH:
+        raise ValueError(f"unknown KV format {fmt!r}; known: {', '.join(FORMAT_WIDTH)}")
+    return own_bytes_per_token * FORMAT_WIDTH[fmt] / FORMAT_WIDTH[EMULATED_KV_DTYPE]
+
+
+def as_format(payload: bytes | bytearray | memoryview, fmt: str) -> bytes:
+    """An emulated payload as it would cross in ``fmt``: the same tokens, its format in the
+    header, and that format's bytes per token (from the payload's own, whatever it is)."""
+    header = read_kv_header(payload)
+    if header.num_layers:
+        raise ValueError("as_format takes an emulated payload (no tensors)")
+    if header.dtype_name == fmt:
+        return bytes(payload)
+    own = header.reserved * FORMAT_WIDTH[EMULATED_KV_DTYPE] / FORMAT_WIDTH[header.dtype_name]
+    wire = max(1, round(format_bytes_per_token(own, fmt)))
+    n = header.num_tokens
+    return kv_header(format_code(fmt), 0, 0, 0, header.start_token, header.end_token, wire) + bytes(
+        n * wire
+    )
 
 
 @dataclass(slots=True)
@@ -106,7 +143,8 @@ class BlockPool(KVPool):
         )
         n = end_token - start_token
         # Zero layers mark a payload without tensors; `reserved` carries its bytes per token.
-        header = kv_header(0, 0, 0, 0, start_token, end_token, self.wire_bytes_per_token)
+        code = format_code(EMULATED_KV_DTYPE)
+        header = kv_header(code, 0, 0, 0, start_token, end_token, self.wire_bytes_per_token)
         return header + bytes(n * self.wire_bytes_per_token)
 
     def import_kv(self, payload: bytes | bytearray | memoryview, blocks: list[int]) -> KVHeader:
@@ -121,11 +159,14 @@ class BlockPool(KVPool):
         n = header.num_tokens
         if len(blocks) != self.blocks_for(n):
             raise ValueError(f"{n} tokens need {self.blocks_for(n)} blocks, got {len(blocks)}")
-        expected = KV_HEADER_BYTES + n * self.wire_bytes_per_token
-        if len(payload) != expected:
+        # Any transport format (as_format): its bytes per token follow from this engine's.
+        fmt = header.dtype_name
+        wire = max(1, round(format_bytes_per_token(self.wire_bytes_per_token, fmt)))
+        expected = KV_HEADER_BYTES + n * wire
+        if len(payload) != expected or header.reserved != wire:
             raise ValueError(
                 f"KV payload is {len(payload)} bytes, expected {expected} (this engine sends "
-                f"{self.wire_bytes_per_token} bytes per token: same profile and kv_scale?)"
+                f"{wire} bytes per token in {fmt}: same profile and kv_scale?)"
             )
         return header
 
@@ -272,8 +313,11 @@ class EmulatedEngine(EngineCore):
         }
 
     def represented_bytes(self, payload: bytes) -> int:
-        """The real KV bytes a payload stands for (its tokens x the profile's bytes per token)."""
-        return read_kv_header(payload).num_tokens * self.profile.model.kv_bytes_per_token
+        """The real KV bytes a payload stands for: its tokens x the profile's bytes per token,
+        in the payload's format (as_format)."""
+        header = read_kv_header(payload)
+        real = format_bytes_per_token(self.profile.model.kv_bytes_per_token, header.dtype_name)
+        return round(header.num_tokens * real)
 
     def step_time(self, new_tokens: list[int], context_tokens: list[int]) -> float:
         """Modelled seconds of one forward (pdd.hardware.forward_time on this unit)."""

@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from agents.engine.core import EngineCore
+from agents.engine.emulated import FORMAT_WIDTH, as_format
 from agents.engine.kv_codec import encoded_size, to_format
 from agents.engine.kv_pool import read_kv_header
 from agents.node.agent import Agent
@@ -51,17 +52,23 @@ def delta_start(main_cached: int, length: int, block_size: int) -> int:
     return start - start % block_size
 
 
-def encodes(payload: bytes, kv_format: str | None) -> bool:
-    """Whether a payload goes out converted to ``kv_format`` (an emulated engine's payload
-    carries no tensors and goes as it is)."""
-    return bool(kv_format) and read_kv_header(payload).num_layers > 0
+def for_wire(payload: bytes, kv_format: str) -> bytes:
+    """A payload in ``kv_format``: a torch engine's converted (kv_codec.to_format), an emulated
+    one's (no tensors) given that format's bytes per token (emulated.as_format)."""
+    if read_kv_header(payload).num_layers == 0:
+        return as_format(payload, kv_format)
+    return to_format(payload, kv_format)
 
 
 def kv_size(engine: EngineCore, payload: bytes, kv_format: str | None) -> int:
     """The KV bytes a payload stands for on the wire: its encoded size in ``kv_format``, else
     what the engine's own payload represents (an emulated one's: the profile's bytes)."""
-    if kv_format and encodes(payload, kv_format):
-        return encoded_size(payload, kv_format)
+    if kv_format:
+        header = read_kv_header(payload)
+        if header.num_layers:
+            return encoded_size(payload, kv_format)
+        own = engine.represented_bytes(payload)  # in the payload's own format
+        return round(own * FORMAT_WIDTH[kv_format] / FORMAT_WIDTH[header.dtype_name])
     return engine.represented_bytes(payload)
 
 
@@ -148,6 +155,6 @@ class StreamedDelta:
         bs = self.agent.settings.block_size
         while (item := await self._pieces.get()) is not None:
             first, end, payload = item
-            if self.kv_format and encodes(payload, self.kv_format):
-                payload = await asyncio.to_thread(to_format, payload, self.kv_format)
+            if self.kv_format:
+                payload = await asyncio.to_thread(for_wire, payload, self.kv_format)
             yield KVChunk(first // bs, -(-end // bs), first, end, payload)

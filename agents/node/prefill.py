@@ -13,14 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.engine import SamplingParams, TokenLogprob
-from agents.engine.kv_codec import to_format
 from agents.engine.outputs import PrefillResult, TokenOutput
 from agents.node.agent import Agent, Instance
 from agents.node.kv_stream import (
     StreamedDelta,
     delta_start,
-    encodes,
     fabric_to,
+    for_wire,
     kv_size,
     send_format,
 )
@@ -422,7 +421,7 @@ async def stream_prefilled(agent: Agent, inst: Instance, req: PddRequest, pre: P
             # emulated engine's carries 1/kv_scale of it (kv_wire_bytes: what crossed).
             fmt = wire_format(agent, inst, peer, pre.main_kv_format) if peer is main else None
             stats.kv_bytes[fabric] += kv_size(worker.engine, payload, fmt)
-            if fmt and encodes(payload, fmt):
+            if fmt:
                 # Another format (the WAN link's, or MD's narrower dtype): encoded off the
                 # event loop, counted at its encoded size; MD decodes it on import.
                 if fabric == "wan":
@@ -432,7 +431,7 @@ async def stream_prefilled(agent: Agent, inst: Instance, req: PddRequest, pre: P
             sends.append(asyncio.create_task(ship(peer, payload, fabric, lo)))
 
         async def ship_as(peer: Peer, payload: bytes, fmt: str, fabric: str, lo: int) -> None:
-            encoded = await asyncio.to_thread(to_format, payload, fmt)
+            encoded = await asyncio.to_thread(for_wire, payload, fmt)
             await ship(peer, encoded, fabric, lo)
 
         if main is not None and streamed is not None and rest is not None:

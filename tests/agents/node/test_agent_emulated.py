@@ -101,6 +101,31 @@ def test_wan_bytes_are_the_real_bytes_over_the_kv_scale(fleet):
     assert sent < real // KV_SCALE + 4096  # plus headers and framing
 
 
+@pytest.mark.parametrize(("fmt", "width"), [("int8", 0.5 * (1 + 1 / 256)), ("float32", 2.0)])
+def test_a_links_kv_format_changes_what_emulated_kv_takes_on_the_wan(fleet, fmt, width):
+    """The WAN link's format (the main peer's kv_format) on emulated engines: the payload
+    crosses with that format's bytes per token (the profile's KV taken as bfloat16), P's stats
+    count it so, MD imports it, and the tokens are single's."""
+    from agents.node.loopback import pdd_body, stream_events, summarize
+
+    prompt = make_prompt(2048, 98 if fmt == "int8" else 97)
+    expected = run_single(fleet["single"], prompt, 4)["output_token_ids"]
+    before = get(fleet["p"], "/state").json()["fabrics"]["wan"]["sent_payload_bytes"]
+    body = pdd_body(f"emu-{fmt}", prompt, 4, "p-md", "one-shot", fleet["p"], None, fleet["md"])
+    body["main"]["kv_format"] = fmt
+    events, _, _ = stream_events(f"{fleet['p'].http}/v1/pdd/generate", body)
+    result = summarize(events)
+    assert result["error"] is None, result["error"]
+    assert result["output_token_ids"] == expected
+    assert result["stats"]["kv_format_wan"] == fmt
+    real = 2048 * load_profile(PROFILE).model.kv_bytes_per_token
+    assert result["stats"]["kv_bytes"]["wan"] == pytest.approx(real * width, rel=1e-3)
+    sent = get(fleet["p"], "/state").json()["fabrics"]["wan"]["sent_payload_bytes"] - before
+    # The wire carries whole bytes per token: the format's share of the engine's own.
+    wire = 2048 * round(round(load_profile(PROFILE).model.kv_bytes_per_token / KV_SCALE) * width)
+    assert wire <= sent < wire + 4096
+
+
 def test_decode_steps_take_the_units_modelled_time(fleet):
     # The modelled busy time of a fresh 1-request decode equals the hardware model's sum.
     def busy(agent: AgentProcess) -> float:
