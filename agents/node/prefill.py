@@ -546,6 +546,8 @@ async def stream_prefilled(agent: Agent, inst: Instance, req: PddRequest, pre: P
             elif kind == "error":
                 yield value
                 return
+            elif kind == "queued":  # the decoder's keep-alive while its KV comes: passed on
+                yield value
     finally:
         if pump is not None:
             pump.cancel()

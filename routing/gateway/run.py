@@ -311,14 +311,14 @@ class Run:
             self.at_prefill_queue = False
             overload.queued_at_prefill(False)
 
-    def _queued(self) -> None:
+    def _queued(self, event: QueuedEvent) -> None:
         """An agent's keep-alive (busy, not frozen): the read's first-token deadline restarts
         with it (``_events``). P's (its engine queues the request) is counted as waiting in a
         prefill queue, and past PREFILL_QUEUE_TIMEOUT_S the request is let go with a 503 (no
         token has gone out); a decoder's (its KV on the way) is bounded by the decoder's own
         KV timeout, which ends its stream with an error."""
-        if self.following != "prefill":
-            return
+        if self.following != "prefill" or event.waiting_for != "prefill":
+            return  # a decoder's (read directly, or relayed by P): its KV on the way
         if not self.at_prefill_queue:
             self.at_prefill_queue = True
             overload.queued_at_prefill(True)
@@ -334,7 +334,7 @@ class Run:
         """One agent event: a token's text (and logprobs) onto ``pieces``, the done event's
         stats, an error event raised. True when a stop string ended the answer."""
         if isinstance(event, QueuedEvent):
-            self._queued()
+            self._queued(event)
         elif isinstance(event, TokenEvent):
             self._left_prefill_queue()
             if event.index != self.token_count - self.offset:

@@ -177,14 +177,20 @@ def test_a_decoder_waiting_for_its_kv_keeps_the_stream_alive():
     """MD's direct stream while P's KV crosses a slow WAN (10 Mbit/s: ~0.4 s for this prompt)
     says ``queued`` (waiting for kv) every --queued-every-s, so the gateway's first-token
     timeout measures silence, not the transfer; the tokens are single's all the same."""
-    prompt = make_prompt(120, 34)
+    prompt, again = make_prompt(120, 34), make_prompt(120, 35)
     with pdd_agents("0.01:5:16", "--queued-every-s", "0.05", tag="-slow") as agents:
         expected = run_single(agents["single"], prompt, 8)["output_token_ids"]
         _, _, rest = run_direct(
             agents["p"], agents["rld"], agents["md"], "direct-slow", prompt, 8, "p-md"
         )
-    waits = [e for e in rest if e["type"] == "queued"]
-    assert waits and all(e["waiting_for"] == "kv" for e in waits)
-    tokens = [e for e in rest if e["type"] == "token"]
-    assert rest.index(waits[-1]) < rest.index(tokens[0])  # all before the first token
-    assert summarize(rest)["output_token_ids"] == expected
+        # P relaying MD's stream (no `direct`) passes MD's keep-alives on.
+        body = pdd_body("relayed-slow", again, 8, "p-md", "one-shot", agents["p"], None,
+                        agents["md"])  # fmt: skip
+        relayed, _, _ = stream_events(f"{agents['p'].http}/v1/pdd/generate", body)
+        expected_again = run_single(agents["single"], again, 8)["output_token_ids"]
+    for stream, want in ((rest, expected), (relayed, expected_again)):
+        waits = [e for e in stream if e["type"] == "queued" and e["waiting_for"] == "kv"]
+        assert waits, [e["type"] for e in stream]
+        tokens = [e for e in stream if e["type"] == "token"]
+        assert stream.index(waits[-1]) < stream.index(tokens[0])  # all before the first token
+        assert summarize(stream)["output_token_ids"] == want

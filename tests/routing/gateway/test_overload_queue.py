@@ -276,3 +276,26 @@ def test_a_prefill_that_fails_after_it_was_queued_blames_p(fleet):
     assert status == 502
     prefill = Instance.objects.get(role=InstanceRole.PREFILL)
     assert list(routes.suspects.marks()) == [str(prefill.pk)]
+
+
+def test_a_decoder_s_keep_alives_relayed_by_p_are_not_a_prefill_queue(fleet, monkeypatch):
+    """P relaying MD's stream (no one hop per token) passes on MD's keep-alives while MD waits
+    for its KV: they restart the first-token timeout, but are neither counted as waiting in a
+    prefill queue nor bounded by its timeout (MD's own KV timeout bounds them)."""
+    from routing.gateway import run as gw_run
+
+    monkeypatch.setattr(gw_run, "FIRST_TOKEN_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(gw_run, "PREFILL_QUEUE_TIMEOUT_S", 0.2)
+
+    async def body():
+        for i in range(6):
+            yield _lines({"type": "queued", "waited_s": i * 0.1, "waiting_for": "kv"})
+            await asyncio.sleep(0.1)
+        yield ANSWER
+
+    fleet["answers"].append((200, body()))
+    status, text = _stream(fleet["client"])
+    assert status == 200 and "[DONE]" in text and '"error"' not in text
+    stats = overload_module.overload.stats
+    assert stats.at_prefill == 0 and stats.prefill_timed_out_total == 0
+    assert RequestRecord.objects.get().status == "ok"
