@@ -103,6 +103,16 @@ def _stream(client: APIClient) -> tuple[int, str]:
     return status, raw.decode()
 
 
+def _refused_stream(client: APIClient):
+    """A streamed request whose answer is read whole (a status code is expected)."""
+    return client.post(
+        "/v1/chat/completions",
+        {"model": "baton-tiny", "messages": [{"role": "user", "content": "hi"}],
+         "max_tokens": 2, "stream": True},
+        format="json",
+    )  # fmt: skip
+
+
 def test_a_full_engine_is_waited_for_and_not_blamed(fleet):
     busy = json.dumps(FULL).encode()
     fleet["answers"].extend([(503, busy), (503, busy)])
@@ -130,12 +140,7 @@ def test_past_the_wait_limit_the_answer_is_a_503_status_with_retry_after(fleet, 
     settings.BATON_GATEWAY_QUEUE_TIMEOUT_S = 0.2
     busy = json.dumps(FULL).encode()
     fleet["answers"].extend([(503, busy)] * 1000)
-    response = fleet["client"].post(
-        "/v1/chat/completions",
-        {"model": "baton-tiny", "messages": [{"role": "user", "content": "hi"}],
-         "max_tokens": 2, "stream": True},
-        format="json",
-    )  # fmt: skip
+    response = _refused_stream(fleet["client"])
     # No token went out: the answer is a status code, not an error inside a 200.
     assert response.status_code == 503
     assert int(response["Retry-After"]) >= 1
@@ -250,12 +255,7 @@ def test_past_the_prefill_queue_limit_the_answer_is_a_503_with_retry_after(fleet
 
     monkeypatch.setattr(gw_run, "PREFILL_QUEUE_TIMEOUT_S", 0.4)
     fleet["answers"].append((200, _queued_then(30.0, 0.1, ANSWER)))
-    response = fleet["client"].post(
-        "/v1/chat/completions",
-        {"model": "baton-tiny", "messages": [{"role": "user", "content": "hi"}],
-         "max_tokens": 2, "stream": True},
-        format="json",
-    )  # fmt: skip
+    response = _refused_stream(fleet["client"])
     assert response.status_code == 503
     assert response["Retry-After"] == "30"
     assert response.json()["error"]["code"] == "overloaded"
