@@ -24,6 +24,15 @@ The scenario, fixed before the first run (never retuned after seeing a result):
 
 Report: bench/wan_path/REPORT.md (``python -m bench.wan_path``); raw results under
 ``var/bench-wan-path/``. About 5-10 minutes on 2 cores.
+
+**The formats at the paper's scale** (``python -m bench.wan_path --models emulated``; report
+bench/wan_path/REPORT-emulated.md), fixed before its first run by the rule "the paper's model,
+GPUs, link and context, emulated": P an emulated ``paper-dsv4`` engine on a GPU-A unit, MD one
+on a GPU-B unit (``pdd.profiles``), ``--kv-scale 100``, the link the paper scenario's (20 Gbit/s,
+20 ms, 76 connections: ``planner/scenarios/_common.json``), 8 prompts of 65,536 tokens (seeds
+100-107), MD cold, P-MD, 32 tokens each, one at a time; the engine's own format (the profile's
+KV taken as bfloat16), float32 and int8 on the link. The same figures; agreement is with an
+emulated ``single`` (its tokens are a function of the context: any difference is a fault).
 """
 
 from __future__ import annotations
@@ -62,7 +71,28 @@ CONFIGS: tuple[tuple[str, str | None, bool], ...] = (
 )
 
 
+# The paper-scale arm (docstring): emulated engines, the paper's link and context.
+EMULATED = "profile:paper-dsv4"
+EMULATED_LINK = "20:20:76"
+EMULATED_PROMPT_TOKENS = 65_536
+EMULATED_CONFIGS: tuple[tuple[str, str | None, bool], ...] = (
+    ("own", None, False),
+    ("float32", "float32", False),
+    ("int8", "int8", False),
+)
+
+
 def _args(role: str, dc: str, model: str, *extra: str) -> list[str]:
+    if model == EMULATED:
+        from pdd.profiles import PAPER_GPUS
+
+        gpu = PAPER_GPUS["GPU-B" if role == "main_decode" and dc == "dc-b" else "GPU-A"]
+        link = [a.replace(LINK, EMULATED_LINK) for a in extra]
+        return [
+            "--role", role, "--model", model, "--datacenter", dc, "--listen", "127.0.0.1:0",
+            "--kv-listen", "127.0.0.1:0", "--threads", "1", "--gpu", json.dumps(gpu),
+            "--kv-scale", "100", *link,
+        ]  # fmt: skip
     return [
         "--role", role, "--model", model, "--datacenter", dc, "--listen", "127.0.0.1:0",
         "--kv-listen", "127.0.0.1:0", "--threads", "1", "--max-batch-tokens", str(CHUNK),
@@ -142,14 +172,14 @@ def agreement(rows: list[dict], refs: list[dict]) -> dict[str, Any]:
             "requests": len(rows), "max_logprob_error": worst}  # fmt: skip
 
 
-def summarise(rows: list[dict]) -> dict[str, Any]:
+def summarise(rows: list[dict], prompt_tokens: int = PROMPT_TOKENS) -> dict[str, Any]:
     ok = [r for r in rows if not r["error"]]
 
     def med(key: str) -> float | None:
         values = [r["stats"].get(key) for r in ok if r["stats"].get(key) is not None]
         return statistics.median(values) if values else None
 
-    wan = [r["stats"]["kv_bytes"]["wan"] / PROMPT_TOKENS for r in ok]
+    wan = [r["stats"]["kv_bytes"]["wan"] / prompt_tokens for r in ok]
     return {
         "ok": len(ok),
         "failed": len(rows) - len(ok),
@@ -163,11 +193,13 @@ def summarise(rows: list[dict]) -> dict[str, Any]:
 
 
 def render(results: dict[str, Any]) -> str:
+    emulated = list(results["models"]) == ["emulated"]
     lines = [
         "# The KV path across the WAN: formats and the streamed export",
         "",
         "Scenario (fixed before the first run): `bench/wan_path/run.py`'s docstring. Reproduce:",
-        "`python -m bench.wan_path`; raw results under `var/bench-wan-path/`.",
+        f"`python -m bench.wan_path{' --models emulated' if emulated else ''}`; raw results "
+        f"under `{results.get('out', 'var/bench-wan-path/')}`.",
         "",
         f"Run: {results['started']}, {results['machine']['cpus']} CPUs, commit "
         f"{results['commit']}, {results['wall_s'] / 60:.1f} min. Times are medians over the "
@@ -189,8 +221,9 @@ def render(results: dict[str, Any]) -> str:
             def f(x: Any, d: int = 3) -> str:
                 return "n/a" if x is None else f"{x:.{d}f}"
 
+            own = "own (bfloat16)" if model == "emulated" else "own (float32)"
             lines.append(
-                f"| {entry['format'] or 'own (float32)'} | {'yes' if entry['streamed'] else 'no'}"
+                f"| {entry['format'] or own} | {'yes' if entry['streamed'] else 'no'}"
                 f" | {f(s['bytes_per_token'], 0)} | {f(s['prefill_s'])} | {f(s['ttft_s'])} | "
                 f"{f(s['kv_wait_s'])} | {f(s['pieces'], 0)} | {a['tokens_equal']} / "
                 f"{a['tokens']} | {a['requests_identical']} / {a['requests']} | "
@@ -206,16 +239,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--models",
         default="baton-tiny,qwen2",
-        help="baton-tiny and/or qwen2 (the random Hugging Face checkpoint)",
+        help="baton-tiny and/or qwen2 (the random Hugging Face checkpoint), or emulated (the "
+        "paper-scale arm, on its own)",
     )
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     wanted = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in wanted if m not in ("baton-tiny", "qwen2")]
-    if unknown or not wanted:
-        print(f"--models: unknown {unknown} (known: baton-tiny, qwen2)", file=sys.stderr)
+    unknown = [m for m in wanted if m not in ("baton-tiny", "qwen2", "emulated")]
+    if unknown or not wanted or ("emulated" in wanted and wanted != ["emulated"]):
+        print(
+            f"--models: {unknown or wanted} (known: baton-tiny, qwen2; or emulated alone)",
+            file=sys.stderr,
+        )
         return 2
     began = time.monotonic()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
@@ -224,11 +261,13 @@ def main(argv: list[str] | None = None) -> int:
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "commit": commit,
+        "out": os.path.relpath(out, ROOT) + "/",
         "models": {},
     }
-    prompts = [make_prompt(PROMPT_TOKENS, seed) for seed in SEEDS]
+    length = EMULATED_PROMPT_TOKENS if wanted == ["emulated"] else PROMPT_TOKENS
+    prompts = [make_prompt(length, seed) for seed in SEEDS]
     for name in wanted:
-        model = name
+        model = EMULATED if name == "emulated" else name
         if name == "qwen2":
             from bench.engine.checkpoint import make_checkpoint
 
@@ -236,13 +275,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[wan-path] {name}: reference (single)", flush=True)
         refs = reference(model, prompts)
         by_config: dict[str, Any] = {}
-        for label, fmt, streamed in CONFIGS:
+        for label, fmt, streamed in EMULATED_CONFIGS if name == "emulated" else CONFIGS:
             print(f"[wan-path] {name}: {label}", flush=True)
             rows = run_config(model, fmt, streamed, prompts)
             by_config[label] = {
                 "format": fmt,
                 "streamed": streamed,
-                "summary": summarise(rows),
+                "summary": summarise(rows, length),
                 "agreement": agreement(rows, refs),
             }
             (out / f"{name}-{label.replace(', ', '-')}.json").write_text(json.dumps(rows) + "\n")
@@ -255,5 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     if wanted == ["baton-tiny", "qwen2"]:
         (HERE / "summary.json").write_text(json.dumps(results, indent=2) + "\n")
         (HERE / "REPORT.md").write_text(text)
+    elif wanted == ["emulated"]:
+        (HERE / "summary-emulated.json").write_text(json.dumps(results, indent=2) + "\n")
+        (HERE / "REPORT-emulated.md").write_text(text)
     print(f"[wan-path] done in {results['wall_s'] / 60:.1f} min: {out / 'REPORT.md'}")
     return 0

@@ -50,3 +50,14 @@ def test_the_report_has_a_row_per_configuration():
 def test_unknown_models_are_refused_naming_the_flag(capsys):
     assert w.main(["--models", "gpt9", "--out", "/tmp/wan-path-test"]) == 2
     assert "--models" in capsys.readouterr().err
+
+
+def test_the_paper_scale_arm_runs_emulated_engines_on_the_papers_link_alone(capsys):
+    p = w._args("prefill", "dc-a", w.EMULATED, "--link", f"dc-b={w.LINK}")
+    md = w._args("main_decode", "dc-b", w.EMULATED, "--link", f"dc-a={w.LINK}")
+    assert p[p.index("--link") + 1] == "dc-b=20:20:76" and "--kv-scale" in p
+    assert '"GPU-A"' in p[p.index("--gpu") + 1] and '"GPU-B"' in md[md.index("--gpu") + 1]
+    assert "--max-batch-tokens" not in p  # the profile's own prefill batch
+    # Its own report: with the real-engine models it is refused.
+    assert w.main(["--models", "baton-tiny,emulated", "--out", "/tmp/wan-path-test"]) == 2
+    assert "emulated alone" in capsys.readouterr().err
