@@ -8,12 +8,13 @@ import pytest
 pytest.importorskip("transformers")
 
 from bench import engine_throughput  # noqa: E402
-from bench.agents.random_checkpoint import main as write_checkpoint  # noqa: E402
+from bench.engine.checkpoint import main as write_checkpoint  # noqa: E402
 
 
 def test_a_random_checkpoint_runs_through_the_throughput_bench_in_bfloat16(tmp_path) -> None:
     folder = tmp_path / "tiny-llama"
     assert write_checkpoint(["--shape", "tiny", "--out", str(folder)]) == 0
+    assert write_checkpoint(["--shape", "tiny", "--out", str(folder)]) == 1  # not overwritten
     assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
     result = engine_throughput.main(
         ["--model", str(folder), "--dtype", "bfloat16", "--threads", "1", "--batches", "2",
