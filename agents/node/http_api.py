@@ -336,6 +336,11 @@ def build_app(agent: Agent) -> Starlette:
         prefilling = await admit(inst, lambda: pipelines.admit_prefill(agent, inst, req))
 
         async def cleanup() -> None:
+            # The caller may leave before the stream's first event (the prefill still queued,
+            # its generator never started): the prefill is dropped from the engine here.
+            if not prefilling.done():
+                prefilling.cancel()
+            await asyncio.gather(prefilling, return_exceptions=True)
             # Idempotent: a held prefill (never streamed) is released; otherwise a no-op.
             await pipelines.release_prefill(agent, inst, req.request_id)
 
