@@ -23,13 +23,14 @@ from agents.node.pipeline_common import (
     fire_and_forget,
     get_within,
     kv_payload,
+    queued_event,
     quiet,
     token_event,
 )
 from agents.node.tail import Tail
 from agents.node.wire import output_logprob
 from agents.node.worker import EngineWorker
-from pdd.events import ENGINE_FULL, ExtendedEvent, QueuedEvent, ReadyEvent
+from pdd.events import ENGINE_FULL, ExtendedEvent, ReadyEvent
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ async def claiming(
                 waiter.cancel()
         if done or time.monotonic() - started >= agent.settings.kv_timeout_s:
             break
-        yield kv_wait_event(started)
+        yield queued_event(started, "kv")
     where = f" (counted on the KV of request {source.request_id} in flight to this instance"
     if agent.reservations.get(request_id) is not res:
         claimed.append(_Claim(None, where + ")", dropped=True))
@@ -156,11 +157,6 @@ async def claiming(
     else:
         note = ")"
     claimed.append(_Claim(res, where + note))
-
-
-def kv_wait_event(started: float) -> dict[str, Any]:
-    """A decoder's keep-alive while a request's KV is on its way."""
-    return QueuedEvent(round(time.monotonic() - started, 3), "kv").to_json()
 
 
 def start_import(
@@ -277,7 +273,7 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
                 if left <= every:
                     item = None
                     break
-                yield kv_wait_event(started)
+                yield queued_event(started, "kv")
         if item is None:
             yield error_event(f"{rid}: no KV from P within {kv_timeout} s")
             return

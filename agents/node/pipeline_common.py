@@ -32,6 +32,7 @@ __all__ = [
     "keep_alive",
     "kv_payload",
     "pump_stream",
+    "queued_event",
     "quiet",
     "release_remote",
     "sampling_json",
@@ -118,6 +119,11 @@ async def get_within(queue: asyncio.Queue, timeout_s: float) -> Any:
         return await queue.get()
 
 
+def queued_event(started: float, waiting_for: str) -> dict[str, Any]:
+    """An agent's keep-alive (``queued``) for a wait that began at ``started`` (monotonic)."""
+    return QueuedEvent(round(time.monotonic() - started, 3), waiting_for).to_json()
+
+
 async def keep_alive(task: asyncio.Future, every_s: float, waiting_for: str) -> Events:
     """A ``queued`` event every ``every_s`` until ``task`` is done (the caller then reads its
     result): the agent holds the request with no token for it yet, busy, not frozen, so the
@@ -129,8 +135,7 @@ async def keep_alive(task: asyncio.Future, every_s: float, waiting_for: str) -> 
             done, _ = await asyncio.wait({task}, timeout=every_s)
             if done:
                 return
-            waited = round(time.monotonic() - started, 3)
-            yield QueuedEvent(waited_s=waited, waiting_for=waiting_for).to_json()
+            yield queued_event(started, waiting_for)
     finally:
         if not task.done():
             task.cancel()

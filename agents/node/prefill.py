@@ -196,7 +196,9 @@ async def prefill_with_reservation(
         if stream is not None:
             # The delta starts leaving while prefill runs.
             await stream.begin(
-                main_delta_start(agent, reservation, len(req.prompt)),
+                main_delta_start(
+                    agent, reservation.cached_tokens, reservation.block_size, len(req.prompt)
+                ),
                 wire_format(agent, inst, main, reservation.kv_format),
             )
         return reservation
@@ -242,11 +244,11 @@ async def prefill_with_reservation(
     )
 
 
-def main_delta_start(agent: Agent, reservation: ReserveAnswer, length: int) -> int:
-    """Where MD's delta starts: MD's cached prefix, in whole blocks of MD's own size (its
-    import starts at one of its block boundaries; P's may be larger or smaller)."""
-    size = reservation.block_size or agent.settings.block_size
-    return delta_start(reservation.cached_tokens, length, size)
+def main_delta_start(agent: Agent, cached: int, block_size: int | None, length: int) -> int:
+    """Where MD's delta starts: MD's cached prefix, in whole blocks of MD's own size
+    (``block_size``, its reservation's answer; None: P's own). MD's import starts at one of
+    its block boundaries; P's may be larger or smaller."""
+    return delta_start(cached, length, block_size or agent.settings.block_size)
 
 
 def wire_format(agent: Agent, inst: Instance, main: Peer, stored: str | None) -> str | None:
@@ -369,8 +371,8 @@ async def stream_prefilled(agent: Agent, inst: Instance, req: PddRequest, pre: P
             return
         start = 0
         if main_cached is not None:
-            start = stats.cached_tokens = delta_start(
-                main_cached, length, pre.main_block_size or bs
+            start = stats.cached_tokens = main_delta_start(
+                agent, main_cached, pre.main_block_size, length
             )
 
         streamed = pre.stream
