@@ -36,7 +36,7 @@ from agents.transfer.pool import PoolStats
 from agents.transfer.records import Transfer
 from agents.transfer.server import FabricServer
 from agents.transfer.shaping import LinkSettings, LinkShaper
-from pdd.dataplane import bearer_headers
+from pdd.dataplane import CLIENT_IDLE_S, bearer_headers
 from pdd.hardware import GpuType, unit_from_json
 from pdd.prefix import prefix_block_hashes
 from pdd.profiles import ModelProfile, is_profile_source, load_profile
@@ -224,7 +224,9 @@ class Agent:
         self.tails = Tails()
         # Peer agents' data plane; no pooled-connection cap, streams can be long.
         self.http = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=32)
+            limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=32, keepalive_expiry=CLIENT_IDLE_S
+            )
         )
         self.data_token: str | None = None
         if settings.data_token:

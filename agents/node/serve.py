@@ -27,8 +27,23 @@ from agents.node.settings import (
     resolve_thread_plan,
     split_host_port,
 )
+from pdd.dataplane import SERVER_IDLE_S
 
 log = logging.getLogger(__name__)
+
+
+def server_config(app) -> uvicorn.Config:
+    """The agent's HTTP server: quiet, no lifespan or websockets, and idle connections kept
+    open longer than its callers keep them (pdd/dataplane.py, SERVER_IDLE_S)."""
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=int(SERVER_IDLE_S),
+        access_log=False,
+        lifespan="off",
+        ws="none",
+    )
 
 
 class _Server(uvicorn.Server):
@@ -68,14 +83,7 @@ async def serve(settings: AgentSettings) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound_port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        build_app(agent),
-        log_level="warning",
-        timeout_graceful_shutdown=5,
-        access_log=False,
-        lifespan="off",
-        ws="none",
-    )
+    config = server_config(build_app(agent))
     server = _Server(config)
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()

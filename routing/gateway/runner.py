@@ -26,7 +26,7 @@ from fleet.pinning import (
     EndpointRefused,
     resolved_endpoints,
 )
-from pdd.dataplane import bearer_headers
+from pdd.dataplane import CLIENT_IDLE_S, bearer_headers
 from pdd.events import ENGINE_FULL
 from routing.live import Endpoint, LiveView
 from routing.policy import Decision, Pipeline
@@ -50,6 +50,8 @@ def http_client() -> httpx.AsyncClient:
                     limits=httpx.Limits(
                         max_connections=settings.BATON_GATEWAY_MAX_AGENT_CONNECTIONS,
                         max_keepalive_connections=256,
+                        # Closed here before the agent would close it (pdd/dataplane.py).
+                        keepalive_expiry=CLIENT_IDLE_S,
                     ),
                 ),
                 resolved_endpoints,
