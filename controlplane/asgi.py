@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 import django
 
@@ -26,6 +27,10 @@ from controlplane.embedded_beat import start_embedded_beat  # noqa: E402
 from controlplane.limits import BodyGuard  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
 from routing.caching import versions  # noqa: E402
+
+# The event loop gets the GIL back from computing threads within this (settings.py).
+if settings.BATON_GIL_SWITCH_INTERVAL_MS > 0:
+    sys.setswitchinterval(settings.BATON_GIL_SWITCH_INTERVAL_MS / 1000.0)
 
 http_app = BodyGuard(ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http)
 

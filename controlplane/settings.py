@@ -344,6 +344,13 @@ BATON_LIVE_REFRESH_S = float(env_str("BATON_LIVE_REFRESH_S", "10.0"))
 # at random per node); then one full heartbeat again (fleet/agent_services.py, fleet/beats.py).
 # At 1,000 nodes, 10 s meant 100 full beats a second, more than one web process serves.
 BATON_HEARTBEAT_FULL_EVERY_S = float(env_str("BATON_HEARTBEAT_FULL_EVERY_S", "60.0"))
+# The web process's GIL switch interval (sys.setswitchinterval), in milliseconds. Its event
+# loop takes the heartbeats' fast path and the gateway's streams while page renders and full
+# heartbeats compute on threads; each time the loop wants the GIL back from a computing thread
+# it waits up to this long, at every turn of the loop. CPython's 5 ms capped the loop at ~200
+# turns a second whenever a page rendered (bench/control_path/REPORT.md).
+# 0 keeps CPython's default.
+BATON_GIL_SWITCH_INTERVAL_MS = env_float("BATON_GIL_SWITCH_INTERVAL_MS", 0.5, minimum=0.0)
 # Requests of the agents' API that Django serves at once per web process; more wait on the
 # event loop (a burst must not hold threads and pooled connections past the pool's timeout).
 BATON_AGENT_API_CONCURRENCY = env_int("BATON_AGENT_API_CONCURRENCY", 16)
