@@ -57,7 +57,9 @@ class UsageEntryAdmin(admin.ModelAdmin):
 
 @admin.register(ModelPrice)
 class ModelPriceAdmin(admin.ModelAdmin):
-    list_display = [
+    # The form's fields and the list's columns, in this order (the model has PeriodPrice's
+    # fields first).
+    fields = (
         "served_model",
         "tenant",
         "input_per_mtok",
@@ -66,7 +68,8 @@ class ModelPriceAdmin(admin.ModelAdmin):
         "currency",
         "effective_from",
         "effective_to",
-    ]
+    )
+    list_display = fields
     list_filter = ["served_model", "tenant", "currency"]
     date_hierarchy = "effective_from"
 

@@ -8,8 +8,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from billing.amounts import component
-from fleet.choices import Currency
-from fleet.models.pricing import EffectivePeriodQuerySet, check_effective_period
+from fleet.models.pricing import EffectivePeriodQuerySet, PeriodPrice
 from fleet.validators import slug_name
 
 
@@ -179,14 +178,6 @@ class UsageEntry(models.Model):
         return statement.pk if statement is not None else None
 
 
-class ModelPriceQuerySet(EffectivePeriodQuerySet):
-    def overlapping(self, *, served_model_id, tenant_id, effective_from, effective_to):
-        """Prices for the same model and tenant (None: the list) that intersect [from, to)."""
-        qs = self.filter(served_model_id=served_model_id)
-        qs = qs.filter(tenant__isnull=True) if tenant_id is None else qs.filter(tenant_id=tenant_id)
-        return qs.intersecting(effective_from, effective_to)
-
-
 def _price_field(what: str) -> models.DecimalField:
     return models.DecimalField(
         max_digits=12,
@@ -196,7 +187,7 @@ def _price_field(what: str) -> models.DecimalField:
     )
 
 
-class ModelPrice(models.Model):
+class ModelPrice(PeriodPrice):
     """What 1M tokens of a served model cost over [effective_from, effective_to).
 
     With no tenant it is the list price; with a tenant it is that tenant's contract price,
@@ -220,33 +211,14 @@ class ModelPrice(models.Model):
     input_per_mtok = _price_field("uncached input")
     cached_input_per_mtok = _price_field("cached input")
     output_per_mtok = _price_field("output")
-    currency = models.CharField(
-        max_length=3,
-        choices=Currency.choices,
-        default=Currency.USD,
-        help_text="ISO 4217 currency code.",
-    )
-    effective_from = models.DateTimeField(help_text="Start of the period (inclusive).")
-    effective_to = models.DateTimeField(
-        null=True,
-        blank=True,
-        help_text="End of the period (exclusive); empty means open-ended.",
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(
         auto_now=True, help_text="Last change; open statements are re-rated when the book changes."
     )
 
-    objects = ModelPriceQuerySet.as_manager()
-
     class Meta:
         ordering = ["served_model", "tenant", "effective_from"]
         constraints = [
-            models.CheckConstraint(
-                condition=models.Q(effective_to__isnull=True)
-                | models.Q(effective_to__gt=models.F("effective_from")),
-                name="modelprice_range_not_empty",
-            ),
+            *PeriodPrice.Meta.constraints,
             models.CheckConstraint(
                 condition=models.Q(input_per_mtok__gte=0)
                 & models.Q(cached_input_per_mtok__gte=0)
@@ -258,30 +230,27 @@ class ModelPrice(models.Model):
 
     def __str__(self) -> str:
         who = self.tenant.name if self.tenant is not None else "list"
-        until = self.effective_to.date().isoformat() if self.effective_to else "open"
         return (
             f"{self.served_model} ({who}): {self.input_per_mtok}/{self.cached_input_per_mtok}/"
-            f"{self.output_per_mtok} {self.currency} per 1M from "
-            f"{self.effective_from.date().isoformat()} to {until}"
+            f"{self.output_per_mtok} {self.currency} per 1M {self.period_text()}"
         )
 
-    def clean(self) -> None:
-        super().clean()
+    def overlapping_prices(self) -> EffectivePeriodQuerySet | None:
+        """Prices for the same model and tenant (None: the list)."""
+        if not (self.served_model_id and self.effective_from is not None):
+            return None
+        prices = ModelPrice.objects.filter(served_model_id=self.served_model_id)
+        if self.tenant_id is None:
+            prices = prices.filter(tenant__isnull=True)
+        else:
+            prices = prices.filter(tenant_id=self.tenant_id)
+        return prices.intersecting(self.effective_from, self.effective_to)
+
+    def clash_message(self, clash: PeriodPrice) -> str:
         whose = "this tenant's contract" if self.tenant_id else "the list"
-        check_effective_period(
-            self,
-            ModelPrice.objects.overlapping(
-                served_model_id=self.served_model_id,
-                tenant_id=self.tenant_id,
-                effective_from=self.effective_from,
-                effective_to=self.effective_to,
-            )
-            if self.served_model_id and self.effective_from is not None
-            else None,
-            lambda clash: (
-                f"Overlaps the existing price #{clash.pk} of {whose} for this model; "
-                "end that period first or pick a later start."
-            ),
+        return (
+            f"Overlaps the existing price #{clash.pk} of {whose} for this model; "
+            "end that period first or pick a later start."
         )
 
 

@@ -38,14 +38,17 @@ class GPUTypeAdmin(admin.ModelAdmin):
 
 @admin.register(UnitPrice)
 class UnitPriceAdmin(admin.ModelAdmin):
-    list_display = [
+    # The form's fields and the list's columns, in this order (the model has PeriodPrice's
+    # fields first).
+    fields = (
         "gpu_type",
         "datacenter",
         "price_per_gpu_hour",
         "currency",
         "effective_from",
         "effective_to",
-    ]
+    )
+    list_display = fields
     list_filter = ["datacenter", "gpu_type", "currency"]
 
 

@@ -10,7 +10,7 @@ from rest_framework import serializers
 
 from billing import pricing, statements
 from billing.models import ApiKey, ModelPrice, StatementLine, Tenant, UsageEntry
-from fleet.api.serializers import ModelCleanMixin
+from fleet.api.serializers import PeriodPriceSerializer
 
 
 class TenantSerializer(serializers.ModelSerializer):
@@ -81,11 +81,11 @@ class UsageEntrySerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ModelPriceSerializer(ModelCleanMixin, serializers.ModelSerializer):
+class ModelPriceSerializer(PeriodPriceSerializer):
     model_name = serializers.CharField(source="served_model.name", read_only=True)
     tenant_name = serializers.CharField(source="tenant.name", read_only=True, default=None)
 
-    class Meta:
+    class Meta(PeriodPriceSerializer.Meta):
         model = ModelPrice
         fields = [
             "id",
@@ -96,20 +96,11 @@ class ModelPriceSerializer(ModelCleanMixin, serializers.ModelSerializer):
             "input_per_mtok",
             "cached_input_per_mtok",
             "output_per_mtok",
-            "currency",
-            "effective_from",
-            "effective_to",
-            "created_at",
+            *PeriodPriceSerializer.PERIOD_FIELDS,
         ]
-        read_only_fields = ["created_at"]
 
-    def create(self, validated_data):
-        return pricing.model_price_save(price=ModelPrice(**validated_data))
-
-    def update(self, instance, validated_data):
-        for field, value in validated_data.items():
-            setattr(instance, field, value)
-        return pricing.model_price_save(price=instance)
+    def save_price(self, price):
+        return pricing.model_price_save(price=price)
 
 
 def _full(value):

@@ -85,28 +85,41 @@ class GPUTypeSerializer(serializers.ModelSerializer):
         read_only_fields = ["created_at", "updated_at"]
 
 
-class UnitPriceSerializer(ModelCleanMixin, serializers.ModelSerializer):
+class PeriodPriceSerializer(ModelCleanMixin, serializers.ModelSerializer):
+    """A row of a price table (fleet.models.pricing.PeriodPrice): its fields, then the
+    period's; the model's clean() checks the period and the overlaps, and ``save_price``
+    writes the row through its service."""
+
+    PERIOD_FIELDS = ["currency", "effective_from", "effective_to", "created_at"]
+
     class Meta:
+        read_only_fields = ["created_at"]
+
+    def save_price(self, price):
+        raise NotImplementedError
+
+    def create(self, validated_data):
+        return self.save_price(self.Meta.model(**validated_data))
+
+    def update(self, instance, validated_data):
+        for field, value in validated_data.items():
+            setattr(instance, field, value)
+        return self.save_price(instance)
+
+
+class UnitPriceSerializer(PeriodPriceSerializer):
+    class Meta(PeriodPriceSerializer.Meta):
         model = UnitPrice
         fields = [
             "id",
             "gpu_type",
             "datacenter",
             "price_per_gpu_hour",
-            "currency",
-            "effective_from",
-            "effective_to",
-            "created_at",
+            *PeriodPriceSerializer.PERIOD_FIELDS,
         ]
-        read_only_fields = ["created_at"]
 
-    def create(self, validated_data):
-        return services.unit_price_save(price=UnitPrice(**validated_data))
-
-    def update(self, instance, validated_data):
-        for field, value in validated_data.items():
-            setattr(instance, field, value)
-        return services.unit_price_save(price=instance)
+    def save_price(self, price):
+        return services.unit_price_save(price=price)
 
 
 class WANLinkSerializer(ModelCleanMixin, serializers.ModelSerializer):

@@ -1,4 +1,6 @@
-"""Unit prices: what one GPU-hour of a GPU type costs in a datacenter over a period."""
+"""Prices over a period: the shape every price table has (PeriodPrice, which billing's price
+book shares), and the fleet's unit prices, what one GPU-hour of a GPU type costs in a
+datacenter."""
 
 from __future__ import annotations
 
@@ -31,32 +33,70 @@ class EffectivePeriodQuerySet(models.QuerySet):
         )
 
 
-def check_effective_period(row, overlapping: models.QuerySet | None, clash_message) -> None:
-    """A period row's clean(): its end after its start, and no other row of `overlapping`
-    (the rows that must not share any instant with it) in force at the same time;
-    `clash_message(clash)` says which row it overlaps and what to do."""
-    if (
-        row.effective_to is not None
-        and row.effective_from is not None
-        and row.effective_to <= row.effective_from
-    ):
-        raise ValidationError({"effective_to": "Must be later than effective_from."})
-    if overlapping is None:
-        return
-    clash = overlapping.exclude(pk=row.pk).first()
-    if clash is not None:
-        raise ValidationError({"effective_from": clash_message(clash)})
+class PeriodPrice(models.Model):
+    """A price in force over [effective_from, effective_to), in one currency: the shape of the
+    fleet's unit prices and of billing's price book. clean() checks that the period ends after
+    it starts and that no row of ``overlapping_prices()`` is in force at the same instant."""
+
+    currency = models.CharField(
+        max_length=3,
+        choices=Currency.choices,
+        default=Currency.USD,
+        help_text="ISO 4217 currency code.",
+    )
+    effective_from = models.DateTimeField(
+        help_text="Start of the period (inclusive).",
+    )
+    effective_to = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="End of the period (exclusive); empty means open-ended.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = EffectivePeriodQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+        # A subclass lists these first in its own Meta.constraints.
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(effective_to__isnull=True)
+                | models.Q(effective_to__gt=models.F("effective_from")),
+                name="%(class)s_range_not_empty",
+            ),
+        ]
+
+    def overlapping_prices(self) -> EffectivePeriodQuerySet | None:
+        """The rows that must not share an instant with this one, or None while the row lacks
+        what picks them."""
+        raise NotImplementedError
+
+    def clash_message(self, clash: PeriodPrice) -> str:
+        """What clean() says when this row overlaps ``clash``, and what to do."""
+        raise NotImplementedError
+
+    def clean(self) -> None:
+        super().clean()
+        if (
+            self.effective_to is not None
+            and self.effective_from is not None
+            and self.effective_to <= self.effective_from
+        ):
+            raise ValidationError({"effective_to": "Must be later than effective_from."})
+        overlapping = self.overlapping_prices()
+        if overlapping is None:
+            return
+        clash = overlapping.exclude(pk=self.pk).first()
+        if clash is not None:
+            raise ValidationError({"effective_from": self.clash_message(clash)})
+
+    def period_text(self) -> str:
+        until = self.effective_to.date().isoformat() if self.effective_to else "open"
+        return f"from {self.effective_from.date().isoformat()} to {until}"
 
 
-class UnitPriceQuerySet(EffectivePeriodQuerySet):
-    def overlapping(self, *, gpu_type_id, datacenter_id, effective_from, effective_to):
-        """Prices for the same pair whose effective range intersects [from, to)."""
-        return self.filter(gpu_type_id=gpu_type_id, datacenter_id=datacenter_id).intersecting(
-            effective_from, effective_to
-        )
-
-
-class UnitPrice(models.Model):
+class UnitPrice(PeriodPrice):
     gpu_type = models.ForeignKey(
         "fleet.GPUType",
         on_delete=models.PROTECT,
@@ -75,32 +115,11 @@ class UnitPrice(models.Model):
         validators=[GreaterThanValidator(Decimal("0")), MaxValueValidator(Decimal("100000"))],
         help_text="Price of one GPU for one hour, in `currency`.",
     )
-    currency = models.CharField(
-        max_length=3,
-        choices=Currency.choices,
-        default=Currency.USD,
-        help_text="ISO 4217 currency code.",
-    )
-    effective_from = models.DateTimeField(
-        help_text="Start of the period (inclusive).",
-    )
-    effective_to = models.DateTimeField(
-        null=True,
-        blank=True,
-        help_text="End of the period (exclusive); empty means open-ended.",
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    objects = UnitPriceQuerySet.as_manager()
 
     class Meta:
         ordering = ["gpu_type", "datacenter", "effective_from"]
         constraints = [
-            models.CheckConstraint(
-                condition=models.Q(effective_to__isnull=True)
-                | models.Q(effective_to__gt=models.F("effective_from")),
-                name="unitprice_range_not_empty",
-            ),
+            *PeriodPrice.Meta.constraints,
             models.CheckConstraint(
                 condition=models.Q(price_per_gpu_hour__gt=0),
                 name="unitprice_positive",
@@ -108,26 +127,21 @@ class UnitPrice(models.Model):
         ]
 
     def __str__(self) -> str:
-        until = self.effective_to.date().isoformat() if self.effective_to else "open"
         return (
             f"{self.gpu_type} @ {self.datacenter.name}: {self.price_per_gpu_hour} "
-            f"{self.currency}/GPU-h from {self.effective_from.date().isoformat()} to {until}"
+            f"{self.currency}/GPU-h {self.period_text()}"
         )
 
-    def clean(self) -> None:
-        super().clean()
-        check_effective_period(
-            self,
-            UnitPrice.objects.overlapping(
-                gpu_type_id=self.gpu_type_id,
-                datacenter_id=self.datacenter_id,
-                effective_from=self.effective_from,
-                effective_to=self.effective_to,
-            )
-            if self.gpu_type_id and self.datacenter_id and self.effective_from is not None
-            else None,
-            lambda clash: (
-                f"Overlaps the existing price #{clash.pk} for this GPU type and "
-                "datacenter; end that period first or pick a later start."
-            ),
+    def overlapping_prices(self) -> EffectivePeriodQuerySet | None:
+        """Prices for the same GPU type and datacenter."""
+        if not (self.gpu_type_id and self.datacenter_id and self.effective_from is not None):
+            return None
+        return UnitPrice.objects.filter(
+            gpu_type_id=self.gpu_type_id, datacenter_id=self.datacenter_id
+        ).intersecting(self.effective_from, self.effective_to)
+
+    def clash_message(self, clash: PeriodPrice) -> str:
+        return (
+            f"Overlaps the existing price #{clash.pk} for this GPU type and "
+            "datacenter; end that period first or pick a later start."
         )
