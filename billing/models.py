@@ -8,6 +8,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from billing.amounts import component
+from controlplane.tokens import HashedToken, digest_field, prefix_field
 from fleet.models.pricing import EffectivePeriodQuerySet, PeriodPrice
 from fleet.validators import slug_name
 
@@ -49,7 +50,17 @@ class Tenant(models.Model):
         return self.display_name or self.name
 
 
-class ApiKey(models.Model):
+KEY_SCHEME = "sk-baton"
+
+
+class ApiKey(HashedToken):
+    """A tenant's key for the OpenAI-compatible API: ``sk-baton-<8 hex>-<secret>``, kept as
+    its prefix and digest (controlplane/tokens.py)."""
+
+    scheme = KEY_SCHEME
+    separator = "-"
+    prefix_bytes = 4
+
     tenant = models.ForeignKey(
         "billing.Tenant",
         on_delete=models.CASCADE,
@@ -61,16 +72,9 @@ class ApiKey(models.Model):
         blank=True,
         help_text="What the key is for, e.g. 'ci' or 'laptop'.",
     )
-    prefix = models.CharField(
-        max_length=16,
-        unique=True,
-        editable=False,
-        help_text="Visible part of the key (shown in lists so people can tell keys apart).",
-    )
-    key_hash = models.CharField(
-        max_length=64,
-        editable=False,
-        help_text="SHA-256 of the whole key; the key itself is shown once and never stored.",
+    prefix = prefix_field("Visible part of the key (shown in lists so people can tell keys apart).")
+    digest = digest_field(
+        "SHA-256 of the whole key; the key itself is shown once and never stored."
     )
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(

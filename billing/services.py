@@ -8,25 +8,20 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.models import ApiKey, Tenant, UsageEntry
-from pdd import tokens
-
-KEY_SCHEME = "sk-baton"
 
 
 def api_key_create(*, tenant: Tenant, name: str = "") -> tuple[ApiKey, str]:
     """A new key for the tenant, returned with its raw value, which is not recoverable later."""
-    raw, prefix, key_hash = tokens.new_token(KEY_SCHEME, "-", 4)
-    key = ApiKey.objects.create(tenant=tenant, name=name, prefix=prefix, key_hash=key_hash)
+    key = ApiKey(tenant=tenant, name=name)
+    raw = key.new_secret()
+    key.save(force_insert=True)
     return key, raw
 
 
 def api_key_authenticate(raw: str) -> ApiKey | None:
     """The active key for a raw value, or None (unknown, malformed, revoked, inactive tenant)."""
-    prefix = tokens.token_prefix(raw, KEY_SCHEME, "-")
-    if prefix is None:
-        return None
-    key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
-    if key is None or not tokens.matches(raw, key.key_hash) or not key.is_active:
+    key = ApiKey.find(raw, ApiKey.objects.select_related("tenant"))
+    if key is None or not key.is_active:
         return None
     now = timezone.now()
     if key.last_used_at is None or now - key.last_used_at > timedelta(minutes=1):

@@ -4,7 +4,7 @@ from django.apps import apps
 from django.contrib import admin, messages
 from django.utils import timezone
 
-from controlplane.models import ApiToken, generate_key, key_digest, key_prefix
+from controlplane.models import ApiToken
 
 if apps.is_installed("rest_framework.authtoken"):
     # DRF's token admin would show keys and write them into the admin log (object_repr);
@@ -45,8 +45,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
         if change:
             super().save_model(request, obj, form, change)
             return
-        key = generate_key()
-        obj.prefix, obj.digest, obj.created_at = key_prefix(key), key_digest(key), timezone.now()
+        key = obj.new_secret()
+        obj.created_at = timezone.now()
         super().save_model(request, obj, form, change)
         messages.warning(
             request,

@@ -37,10 +37,10 @@ class ApiTokenAuthentication(BaseAuthentication):
         return self.authenticate_credentials(key)
 
     def authenticate_credentials(self, key: str):
-        from controlplane.models import ApiToken, key_prefix
+        from controlplane.models import ApiToken
 
-        token = ApiToken.objects.select_related("user").filter(prefix=key_prefix(key)).first()
-        if token is None or not token.matches(key):
+        token = ApiToken.find(key, ApiToken.objects.select_related("user"))
+        if token is None:
             raise exceptions.AuthenticationFailed("Invalid token.")
         now = timezone.now()
         if token.revoked_at is not None:

@@ -10,8 +10,6 @@ prefix is likewise their first 12 characters.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 from datetime import datetime, timedelta
 
@@ -20,6 +18,8 @@ from django.conf import settings
 from django.db import IntegrityError, models, transaction
 from django.db.models.signals import post_save
 from django.utils import timezone
+
+from controlplane.tokens import HashedToken, digest_field, prefix_field
 
 KEY_SCHEME = "bat"
 # Length of the public prefix: "bat_" and 8 random characters for issued keys.
@@ -32,16 +32,6 @@ LAST_USED_RESOLUTION = timedelta(minutes=1)
 def key_prefix(key: str) -> str:
     """The public prefix that identifies (and finds) the token of a key."""
     return key[:PREFIX_LENGTH]
-
-
-def key_digest(key: str) -> str:
-    """SHA-256 hex of the whole key.
-
-    A fast, unsalted hash is right here, unlike for passwords: every key carries 256 bits from
-    ``secrets`` (DRF's converted keys 160), so there is nothing to guess a dictionary of and
-    nothing a slow hash would protect; a slow one would only cost CPU on every request.
-    """
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def generate_key() -> str:
@@ -62,14 +52,8 @@ class ApiTokenManager(models.Manager["ApiToken"]):
         if expires_in is not None:
             expires_at = timezone.now() + expires_in
         for _ in range(5):
-            key = generate_key()
-            token = self.model(
-                user=user,
-                name=name,
-                prefix=key_prefix(key),
-                digest=key_digest(key),
-                expires_at=expires_at,
-            )
+            token = self.model(user=user, name=name, expires_at=expires_at)
+            key = token.new_secret()
             try:
                 with transaction.atomic():
                     token.save(force_insert=True)
@@ -85,20 +69,23 @@ class ApiTokenManager(models.Manager["ApiToken"]):
         self, *, user_id: int, key: str, name: str = "", created_at: datetime | None = None
     ) -> ApiToken:
         """Keep an existing key (e.g. a DRF token's) working, storing only its digest."""
-        existing = self.filter(prefix=key_prefix(key)).first()
-        if existing is not None and existing.matches(key):
+        existing = self.model.find(key, self.all())
+        if existing is not None:
             return existing  # already imported (a DRF token saved twice)
-        return self.create(
-            user_id=user_id,
-            name=name,
-            prefix=key_prefix(key),
-            digest=key_digest(key),
-            created_at=created_at or timezone.now(),
-        )
+        token = self.model(user_id=user_id, name=name, created_at=created_at or timezone.now())
+        token.set_secret(key)
+        token.save(force_insert=True, using=self.db)
+        return token
 
 
-class ApiToken(models.Model):
-    """An operator's or viewer's credential for the REST API (``Authorization: Token <key>``)."""
+class ApiToken(HashedToken):
+    """An operator's or viewer's credential for the REST API (``Authorization: Token <key>``).
+
+    Its keys are ``bat_<8 characters>_<secret>`` (or a converted DRF key), and the prefix is a
+    key's first PREFIX_LENGTH characters, scheme included (generate, prefix_of)."""
+
+    scheme = KEY_SCHEME
+    separator = "_"
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -109,16 +96,9 @@ class ApiToken(models.Model):
     name = models.CharField(
         max_length=64, blank=True, help_text="What the token is for, e.g. 'ci' or 'laptop'."
     )
-    prefix = models.CharField(
-        max_length=16,
-        unique=True,
-        editable=False,
-        help_text="Public first characters of the key: names the token in lists and logs.",
-    )
-    digest = models.CharField(
-        max_length=64,
-        editable=False,
-        help_text="SHA-256 hex of the whole key; the key itself is shown once and never stored.",
+    prefix = prefix_field("Public first characters of the key: names the token in lists and logs.")
+    digest = digest_field(
+        "SHA-256 hex of the whole key; the key itself is shown once and never stored."
     )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     last_used_at = models.DateTimeField(
@@ -146,6 +126,17 @@ class ApiToken(models.Model):
     def __str__(self) -> str:
         return f"{self.prefix} ({self.state()})"
 
+    @classmethod
+    def generate(cls) -> str:
+        return generate_key()
+
+    @classmethod
+    def prefix_of(cls, raw: str) -> str:
+        return key_prefix(raw)
+
+    def masked(self) -> str:
+        return f"{self.prefix}..."
+
     def is_expired(self, now: datetime | None = None) -> bool:
         return self.expires_at is not None and self.expires_at <= (now or timezone.now())
 
@@ -155,9 +146,6 @@ class ApiToken(models.Model):
         if self.is_expired(now):
             return "expired"
         return "active"
-
-    def matches(self, key: str) -> bool:
-        return hmac.compare_digest(self.digest, key_digest(key))
 
     def revoke(self) -> None:
         if self.revoked_at is None:

@@ -27,7 +27,6 @@ from fleet.models import (
 )
 from pdd import tokens
 
-AGENT_TOKEN_SCHEME = "bnt"
 log = logging.getLogger(__name__)
 
 
@@ -39,20 +38,14 @@ log = logging.getLogger(__name__)
 
 def node_token_generate() -> tuple[str, str, str]:
     """A fresh agent token as (token, public prefix, hash); only the hash is ever stored."""
-    return tokens.new_token(AGENT_TOKEN_SCHEME, "_", 6)
+    return tokens.new_token(Node.scheme, Node.separator, Node.prefix_bytes)
 
 
 def node_authenticate_token(token: str) -> Node | None:
     """The node an agent token speaks for, or None for an unknown or malformed token."""
-    prefix = tokens.token_prefix(token, AGENT_TOKEN_SCHEME, "_")
-    if prefix is None:
-        return None
     # By its unique prefix: no ordering (the default one joins the datacenter), and without
     # the stored report, which no caller of an agent's request reads from this object.
-    node = Node.objects.filter(agent_token_prefix=prefix).defer("last_report").order_by().first()
-    if node is None or not tokens.matches(token, node.agent_token_hash):
-        return None
-    return node
+    return Node.find(token, Node.objects.defer("last_report").order_by())
 
 
 @transaction.atomic
@@ -66,16 +59,14 @@ def node_create(
     actor: str = "",
 ) -> tuple[Node, str]:
     """Create a node and return it with its agent token, which is not recoverable later."""
-    token, prefix, token_hash = node_token_generate()
     node = Node(
         hostname=hostname,
         datacenter=datacenter,
         gpu_type=gpu_type,
         gpu_count=gpu_count,
         agent_endpoint=agent_endpoint,
-        agent_token_prefix=prefix,
-        agent_token_hash=token_hash,
     )
+    token = node.new_secret()
     node.full_clean()
     node.save()
     event_record(
@@ -90,10 +81,8 @@ def node_create(
 @transaction.atomic
 def node_rotate_token(*, node: Node, actor: str = "") -> str:
     """Replace a node's agent token; the old one stops working at once."""
-    token, prefix, token_hash = node_token_generate()
-    node.agent_token_prefix = prefix
-    node.agent_token_hash = token_hash
-    node.save(update_fields=["agent_token_prefix", "agent_token_hash", "updated_at"])
+    token = node.new_secret()
+    node.save(update_fields=[Node.PREFIX_FIELD, Node.DIGEST_FIELD, "updated_at"])
     event_record(kind="node.token_rotated", message="Agent token rotated.", node=node, actor=actor)
     return token
 

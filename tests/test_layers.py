@@ -29,9 +29,10 @@ PACKAGES = (
 )
 
 # The control plane's shared base, which the apps build on: env-driven settings helpers, the
-# bounded filters, JSON safety, roles, the schema's error shapes; the package itself and the
-# Celery app its __init__ loads. The rest of `controlplane` is the top: it composes the apps
-# (settings, URLs, ASGI, websocket routes, pushes, middleware).
+# bounded filters, JSON safety, roles, the schema's error shapes, the abstract hashed-token
+# model (controlplane.tokens: operators' tokens, tenants' keys, agents' tokens); the package
+# itself and the Celery app its __init__ loads. The rest of `controlplane` is the top: it
+# composes the apps (settings, URLs, ASGI, websocket routes, pushes, middleware).
 CONTROLPLANE_BASE = (
     "controlplane",
     "controlplane.celery",
@@ -40,6 +41,7 @@ CONTROLPLANE_BASE = (
     "controlplane.jsonsafety",
     "controlplane.permissions",
     "controlplane.schema",
+    "controlplane.tokens",
 )
 # The planner's command line sets Django up for `size --from-db` and reads the database's
 # fleet through `plans`: an entry point, above what it composes.

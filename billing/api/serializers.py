@@ -49,7 +49,7 @@ class ApiKeySerializer(serializers.ModelSerializer):
         read_only_fields = ["prefix", "created_at", "revoked_at", "last_used_at"]
 
     def get_display(self, obj: ApiKey) -> str:
-        return f"sk-baton-{obj.prefix}-..."
+        return obj.masked()
 
 
 class ApiKeyCreatedSerializer(ApiKeySerializer):

@@ -6,12 +6,21 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from controlplane.tokens import HashedToken, digest_field, prefix_field
 from fleet.choices import ActualState, DesiredState, InstanceRole, NodeStatus
 from fleet.endpoints import check_agent_endpoint
 from fleet.validators import hostname
 
 
-class Node(models.Model):
+class Node(HashedToken):
+    # Its agent's token, bnt_<12 hex>_<secret>, kept as a prefix and a digest under the names
+    # the API has always shown (controlplane/tokens.py).
+    PREFIX_FIELD = "agent_token_prefix"
+    DIGEST_FIELD = "agent_token_hash"
+    scheme = "bnt"
+    separator = "_"
+    prefix_bytes = 6
+
     hostname = models.CharField(
         max_length=253,
         unique=True,
@@ -50,16 +59,11 @@ class Node(models.Model):
         blank=True,
         help_text="When the agent last reported in.",
     )
-    agent_token_prefix = models.CharField(
-        max_length=16,
-        unique=True,
-        editable=False,
-        help_text="Public prefix of the agent token, to find the node; not a secret.",
+    agent_token_prefix = prefix_field(
+        "Public prefix of the agent token, to find the node; not a secret."
     )
-    agent_token_hash = models.CharField(
-        max_length=64,
-        editable=False,
-        help_text="SHA-256 of the agent token; the token itself is shown once and never stored.",
+    agent_token_hash = digest_field(
+        "SHA-256 of the agent token; the token itself is shown once and never stored."
     )
     command_token = models.CharField(
         max_length=64,

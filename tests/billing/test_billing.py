@@ -20,8 +20,32 @@ def tenant(db) -> Tenant:
 def test_api_key_is_shown_once_and_stored_hashed(tenant):
     key, raw = services.api_key_create(tenant=tenant, name="ci")
     assert raw.startswith(f"sk-baton-{key.prefix}-")
-    assert raw not in key.key_hash
+    assert raw not in key.digest
     assert services.api_key_authenticate(raw) == key
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_rename_to_digest_keeps_every_stored_key_working():
+    """billing.0007 renames key_hash to digest (the name every hashed token has): a key
+    issued before it still authenticates after it."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    from pdd import tokens
+
+    before, after = ("billing", "0006_deleted_instance_runs"), ("billing", "0007_apikey_digest")
+    executor = MigrationExecutor(connection)
+    executor.migrate([before])
+    old = executor.loader.project_state([before]).apps
+    tenant = old.get_model("billing", "Tenant").objects.create(name="acme")
+    raw = "sk-baton-0badc0de-" + "s" * 43
+    old.get_model("billing", "ApiKey").objects.create(
+        tenant=tenant, prefix="0badc0de", key_hash=tokens.digest(raw)
+    )
+    executor = MigrationExecutor(connection)
+    executor.migrate([after])
+    key = services.api_key_authenticate(raw)
+    assert key is not None and key.digest == tokens.digest(raw)
 
 
 @pytest.mark.parametrize(
