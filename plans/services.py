@@ -17,7 +17,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import models
 from django.db.models import Sum
@@ -30,6 +30,8 @@ from pdd.hardware import unit_from_chips
 from plans.models import PlanRun
 
 log = logging.getLogger(__name__)
+# A PlanRun or a SizingRun (enqueue_run, execute_run).
+RunT = TypeVar("RunT", bound=models.Model)
 
 DEFAULT_SCENARIO = "tiny-plan"
 DEFAULT_GPUS_PER_NODE = 8
@@ -493,32 +495,42 @@ def enqueue_run(task: str, model: type[models.Model], pk: int, what: str) -> Non
     enqueue_after_commit(task, pk, on_error=failed)
 
 
-def plan_run_execute(*, plan_run_id: int) -> PlanRun | None:
-    """Run a queued plan to done or failed. Only a queued run starts, so a repeated or
-    concurrent call changes nothing; returns the run as it now stands (None if deleted)."""
-    now = timezone.now()
-    started = PlanRun.objects.filter(pk=plan_run_id, status=PlanRunStatus.QUEUED).update(
-        status=PlanRunStatus.RUNNING, started_at=now, progress_done=0
+def execute_run(
+    model: type[RunT], pk: int, what: str, work: Callable[[RunT], dict[str, Any]]
+) -> RunT | None:
+    """Run the queued run ``pk`` of ``model`` (a PlanRun or a SizingRun) to done or failed:
+    ``work(run)`` computes it and returns the fields a done run gets. Only a queued run
+    starts, so a repeated or concurrent call changes nothing; returns the run as it now
+    stands (None if deleted)."""
+    rows = model._default_manager.filter(pk=pk)
+    started = rows.filter(status=PlanRunStatus.QUEUED).update(
+        status=PlanRunStatus.RUNNING, started_at=timezone.now(), progress_done=0
     )
     if not started:
-        return PlanRun.objects.filter(pk=plan_run_id).first()
-    run = PlanRun.objects.get(pk=plan_run_id)
-
-    def progress(done: int, total: int) -> None:
-        PlanRun.objects.filter(pk=plan_run_id).update(progress_done=done, progress_total=total)
-
+        return rows.first()
+    run = rows.get()
     try:
-        results = plan_inputs_run(inputs=run.inputs, top=run.top, on_progress=progress)
+        done = work(run)
     except Exception as exc:  # includes Celery's SoftTimeLimitExceeded
-        log.warning("plan %s failed", plan_run_id, exc_info=True)
-        PlanRun.objects.filter(pk=plan_run_id).update(
+        log.warning("%s %s failed", what, pk, exc_info=True)
+        rows.update(
             status=PlanRunStatus.FAILED,
             error=f"{type(exc).__name__}: {exc}",
             finished_at=timezone.now(),
         )
     else:
-        PlanRun.objects.filter(pk=plan_run_id).update(
-            status=PlanRunStatus.DONE, results=results, finished_at=timezone.now()
-        )
+        rows.update(status=PlanRunStatus.DONE, finished_at=timezone.now(), **done)
     run.refresh_from_db()
     return run
+
+
+def plan_run_execute(*, plan_run_id: int) -> PlanRun | None:
+    """Run a queued plan to done or failed (execute_run)."""
+
+    def progress(done: int, total: int) -> None:
+        PlanRun.objects.filter(pk=plan_run_id).update(progress_done=done, progress_total=total)
+
+    def work(run: PlanRun) -> dict[str, Any]:
+        return {"results": plan_inputs_run(inputs=run.inputs, top=run.top, on_progress=progress)}
+
+    return execute_run(PlanRun, plan_run_id, "plan", work)

@@ -10,24 +10,19 @@ so a queued run keeps the fleet it was asked about and missing fleet data fails 
 from __future__ import annotations
 
 import io
-import logging
 import math
 import time
 from typing import Any
 
-from django.utils import timezone
-
-from fleet.choices import PlanRunStatus
 from plans.models import SizingRun
 from plans.services import (
     PlanInputError,
     _finite,
     _scenario_config,
     enqueue_run,
+    execute_run,
     planner_fleet_from_db,
 )
-
-log = logging.getLogger(__name__)
 
 DEFAULT_SIZE_SCENARIO = "tiny-size"
 SIZE_EXECUTE = "plans.sizing_execute"
@@ -144,19 +139,12 @@ def _db_progress(run_id: int):
 
 
 def sizing_run_execute(*, sizing_run_id: int) -> SizingRun | None:
-    """Run a queued sizing run to done or failed. Only a queued run starts, so a repeated or
-    concurrent call changes nothing; returns the run as it now stands (None if deleted)."""
+    """Run a queued sizing run to done or failed (plans.services.execute_run)."""
     from planner.size import size
 
-    started = SizingRun.objects.filter(pk=sizing_run_id, status=PlanRunStatus.QUEUED).update(
-        status=PlanRunStatus.RUNNING, started_at=timezone.now(), progress_done=0
-    )
-    if not started:
-        return SizingRun.objects.filter(pk=sizing_run_id).first()
-    run = SizingRun.objects.get(pk=sizing_run_id)
-    inputs = run.inputs
-    progress = _db_progress(sizing_run_id)
-    try:
+    def work(run: SizingRun) -> dict[str, Any]:
+        inputs = run.inputs
+        progress = _db_progress(sizing_run_id)
         result = size(
             inputs["scenario"],
             inputs.get("rps"),
@@ -166,18 +154,8 @@ def sizing_run_execute(*, sizing_run_id: int) -> SizingRun | None:
             max_count=SIZE_MAX_COUNT,
             progress=progress,
         )
-    except Exception as exc:  # includes Celery's SoftTimeLimitExceeded
-        log.warning("sizing run %s failed", sizing_run_id, exc_info=True)
-        SizingRun.objects.filter(pk=sizing_run_id).update(
-            status=PlanRunStatus.FAILED,
-            error=f"{type(exc).__name__}: {exc}",
-            finished_at=timezone.now(),
-        )
-    else:
         progress.note = "done"
         progress.save()
-        SizingRun.objects.filter(pk=sizing_run_id).update(
-            status=PlanRunStatus.DONE, result=_finite(result), finished_at=timezone.now()
-        )
-    run.refresh_from_db()
-    return run
+        return {"result": _finite(result)}
+
+    return execute_run(SizingRun, sizing_run_id, "sizing run", work)
