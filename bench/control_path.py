@@ -82,7 +82,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from bench.testbed import stop_on_signals
+from bench.harness.testbed import stop_on_signals
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "var" / "bench-control-path"
@@ -1214,7 +1214,7 @@ def run_one(
     """One N of the scenario; `production=False` (the tests) runs it on the embedded control
     plane instead (SQLite, no Redis, no Celery: the web process's own beat)."""
     bring_up_timeout_s = bring_up_timeout_s or 600.0 + n
-    from bench.pdd.fleet import start_control_plane
+    from bench.harness.control_plane import start_control_plane
 
     out.mkdir(parents=True, exist_ok=True)
     extra: dict[str, str] = {"BATON_RECONCILE_INTERVAL_S": str(RECONCILE_S)}

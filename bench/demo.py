@@ -14,7 +14,6 @@ import contextlib
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.testbed import stop_on_signals
+from bench.harness.control_plane import DEMO_LINK, DEMO_POLICY
+from bench.harness.host import port_in_use
+from bench.harness.testbed import stop_on_signals
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT_PORTS = {"a-prefill-1": 9101, "a-relay-1": 9102, "b-decode-1": 9201}
@@ -57,10 +58,6 @@ MODEL_PRICES = {
     "baton-tiny": ("1.0000", "0.2000", "4.0000"),
     EMULATED_MODEL: ("0.5500", "0.1400", "2.1900"),
 }
-# Scaled link: baton-tiny's KV is 4 KiB/token, so a 60 Mbit/s line makes an opening's KV take
-# ~0.5 s, as production KV on a shared 20 Gbit/s line does; the policy threshold follows suit.
-DEMO_LINK = {"bandwidth_gbps": 0.06, "rtt_ms": 30.0}
-DEMO_POLICY = {"wan_time_threshold_s": 0.25}
 
 
 def say(message: str) -> None:
@@ -82,22 +79,6 @@ def logs_dir() -> Path:
     """Where the demo's processes log: beside the control plane's own state, in BATON_VAR_DIR
     (default var/)."""
     return Path(os.environ.get("BATON_VAR_DIR") or ROOT / "var") / "demo-logs"
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """Whether something holds `host:port` the way a server would need it.
-
-    The probe sets SO_REUSEADDR, as uvicorn and the agents do when they bind, so a port whose
-    last connections are still in TIME-WAIT (a demo stopped a minute ago) counts as free; a
-    socket listening on it does not."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def check_ports_free(host: str, ports: list[int]) -> None:
@@ -452,7 +433,7 @@ def rate_usage(env: dict[str, str]) -> None:
 
 
 async def run_traffic(url: str, api_key: str, args, procs) -> int:
-    from bench.traffic import (
+    from bench.harness.traffic import (
         TrafficStats,
         demo_workload,
         paper_workload,

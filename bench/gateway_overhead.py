@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.testbed import start_cluster
+from bench.harness.testbed import start_cluster
 from pdd.dataplane import bearer_headers, env_data_token
 from pdd.tokenizer import ByteTokenizer, apply_chat_template
 

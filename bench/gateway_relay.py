@@ -14,27 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import statistics
 import time
 from pathlib import Path
 
+from bench.harness.inprocess import setup_test_database
+from bench.harness.output import publish, spread
 from pdd.vocab import HandoffMode, Pipeline
 
 LENGTHS = (16, 256, 3000)
-
-
-def _setup():
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-    import django
-
-    django.setup()
-    from django.db import connection
-    from django.test.utils import setup_test_environment
-
-    setup_test_environment()
-    connection.creation.create_test_db(verbosity=0)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -42,7 +29,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    _setup()
+    setup_test_database()
 
     from billing import services as billing
     from billing.models import Tenant
@@ -112,23 +99,6 @@ def main(argv: list[str] | None = None) -> dict:
     }
     publish(result, args.out)
     return result
-
-
-def spread(values: list[float], digits: int) -> dict[str, float]:
-    """Median, min and max of a benchmark's rounds, rounded."""
-    return {
-        "median": round(statistics.median(values), digits),
-        "min": round(min(values), digits),
-        "max": round(max(values), digits),
-    }
-
-
-def publish(result: dict, out: Path | None) -> None:
-    """Print a benchmark's result and write it to ``out`` (when given) as JSON."""
-    print(json.dumps(result, indent=2))
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

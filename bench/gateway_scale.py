@@ -741,7 +741,7 @@ class Meter:
         self.groups, self.pids = groups, pids
 
     def sample(self) -> dict[str, Any]:
-        from bench.control_path import machine_busy
+        from bench.harness.host import machine_busy
 
         members = {name: group_members(pgid) for name, pgid in self.groups.items()}
         return {
@@ -815,7 +815,7 @@ class Plane:
 
     def start(self) -> None:
         from bench.control_path import start_celery
-        from bench.pdd.fleet import start_control_plane
+        from bench.harness.control_plane import start_control_plane
 
         out = self.config.out
         extra: dict[str, str] = {}
@@ -833,7 +833,7 @@ class Plane:
 
     def start_web(self, workers: int) -> None:
         """Stop the web process(es) and start ``uvicorn --workers <workers>`` on the same port."""
-        from bench.testbed import _up
+        from bench.harness.testbed import _up
 
         cluster = self.cp.cluster
         if self.web is not None and self.web.poll() is None:
@@ -893,7 +893,7 @@ class Plane:
              "tokens_per_minute": 10_000_000_000},
         )  # fmt: skip
         self.api_key = cp.post("api-keys", {"tenant": tenant["id"], "name": "gwscale"})["key"]
-        from bench.demo import port_in_use
+        from bench.harness.host import port_in_use
 
         ports = (p for p in range(BASE_PORT, BASE_PORT + 500) if not port_in_use("127.0.0.1", p))
         plan = [("prefill", "gws-a", "gpu-a", P_GPUS, i) for i in range(config.n_prefill)] + [
@@ -917,7 +917,7 @@ class Plane:
         cp.patch_policy(POLICY)
 
     def start_agents(self) -> None:
-        from bench.emulated.fleet_scale import all_running, load_command_tokens, start_agents
+        from bench.harness.emulated import all_running, load_command_tokens, start_agents
 
         options = ("--kv-scale", str(KV_SCALE), "--max-queued", "4096", "--log-level", "ERROR")
         start_agents(self.cp, self.nodes, self.agents, options=options, parallel=4)
@@ -929,7 +929,7 @@ class Plane:
     def state(self, host: str) -> dict:
         import httpx
 
-        from bench.emulated.fleet_scale import COMMAND_TOKENS
+        from bench.harness.emulated import COMMAND_TOKENS
 
         proc = self.agents[host]
         r = httpx.get(

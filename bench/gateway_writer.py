@@ -16,7 +16,8 @@ import argparse
 import time
 from pathlib import Path
 
-from bench.gateway_relay import _setup, publish, spread
+from bench.harness.inprocess import setup_test_database
+from bench.harness.output import publish, spread
 from pdd.vocab import HandoffMode, Pipeline
 
 BATCHES = {1: 64, 32: 4}  # batch size -> batches per round
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    _setup()
+    setup_test_database()
 
     from billing import services as billing
     from billing.models import Tenant

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from bench.autopilot import report
 from bench.autopilot import run as r
-from bench.demo import port_in_use
-from bench.pdd.fleet import start_control_plane
-from bench.testbed import ROOT, stop_on_signals
+from bench.harness.control_plane import start_control_plane
+from bench.harness.host import port_in_use
+from bench.harness.testbed import ROOT, stop_on_signals
 
 HERE = Path(__file__).resolve().parent
 BASE_PORT = 24000

@@ -53,9 +53,16 @@ from typing import Any
 import httpx
 
 from agents.node.launch import AgentProcess
-from bench.emulated.fleet_scale import start_agents
-from bench.paper.run import emulated_answer, filler, stream_one, system_message, tokens_of
-from bench.pdd.fleet import ControlPlane
+from bench.harness.control_plane import ControlPlane
+from bench.harness.emulated import start_agents
+from bench.harness.prompts import (
+    PAPER_SYSTEM_HEAD,
+    emulated_answer,
+    filler,
+    stream_one,
+    system_message,
+    tokens_of,
+)
 from pdd.profiles import PAPER_GPUS
 from pdd.tokenizer import apply_chat_template
 
@@ -237,7 +244,7 @@ async def replay(cp: ControlPlane, times: list[float], prompts: list[int], answe
                  progress, tag: str = "") -> list[dict]:  # fmt: skip
     """Send every request at its time; each one's outcome (client clock). ``tag`` makes the
     prompts of another call differ from this one's."""
-    system = system_message(SHARED_TOKENS)
+    system = system_message(SHARED_TOKENS, PAPER_SYSTEM_HEAD)
     results = [{"i": i, "arrival_s": t, "prompt_tokens": prompts[i], "max_tokens": answers[i]}
                for i, t in enumerate(times)]  # fmt: skip
     limits = httpx.Limits(max_connections=500, max_keepalive_connections=100, keepalive_expiry=2.0)

@@ -18,7 +18,7 @@ import tempfile
 import time
 import uuid
 
-from bench.celery_worker import ROOT, start_worker, stop_worker
+from bench.harness.celery_worker import ROOT, start_worker, stop_worker
 
 TASK_DELAY_S = 4.0
 

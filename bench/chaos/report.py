@@ -21,10 +21,10 @@ def render(summary: dict[str, Any]) -> str:
         f"Date: {summary.get('date', '?')}, commit {summary.get('git_rev', '?')}, "
         f"wall {summary.get('duration_s', 0):.0f} s, host: {summary.get('host', '?')}.",
         "",
-        "Fleet: `bench/testbed.py` `start_cluster()` (uvicorn control plane on SQLite with the "
-        "in-process beat; agents P and RLD in dc-a, MD in dc-b over the shaped WAN, "
+        "Fleet: `bench/harness/testbed.py` `start_cluster()` (uvicorn control plane on SQLite "
+        "with the in-process beat; agents P and RLD in dc-a, MD in dc-b over the shaped WAN, "
         "1 Gbit/s / 5 ms, MD reached through the harness's fault-injecting TCP proxies "
-        "(`wan_proxy=True`, bench/chaos/proxy.py); a second P in dc-a for p-kill-two-p). "
+        "(`wan_proxy=True`, bench/harness/proxy.py); a second P in dc-a for p-kill-two-p). "
         "Requests: streamed `/v1/completions`, `temperature 0`, checked "
         "token for token against the single-engine reference (MD's `/v1/generate` on the same "
         "prompt, taken before any fault).",

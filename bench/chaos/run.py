@@ -1,4 +1,4 @@
-"""The chaos harness: faults against a real local fleet (bench/testbed.py), each trial's
+"""The chaos harness: faults against a real local fleet (bench/harness/testbed.py), each trial's
 streams checked token for token against the single-engine reference.
 
     python -m bench.chaos            # or: make chaos   (<= 15 min on 2 cores)
@@ -23,7 +23,7 @@ import httpx
 from bench.chaos import celery_trial
 from bench.chaos.accounting import count_tokens, max_gap, record_counts, summarise_fault
 from bench.chaos.report import render
-from bench.testbed import ROOT, Cluster, start_cluster, start_web
+from bench.harness.testbed import ROOT, Cluster, start_cluster, start_web
 from pdd.dataplane import bearer_headers, env_data_token
 from pdd.tokenizer import ByteTokenizer
 from pdd.vocab import Pipeline
@@ -141,7 +141,7 @@ RULE = [
     "repetition with 8 concurrent streams of each web-process fault, 3 repetitions with 8 "
     "streams of p-kill-two-p (last: its second P stays for the rest of the run).",
     "- The fleet: `start_cluster(wan_proxy=True)`: MD's HTTP API and WAN KV fabric are "
-    "advertised at fault-injecting TCP proxies on loopback (bench/chaos/proxy.py), so all "
+    "advertised at fault-injecting TCP proxies on loopback (bench/harness/proxy.py), so all "
     "dc-a <-> dc-b data-plane traffic (P and RLD to MD, the control plane's calls to MD) "
     "crosses them; in `pass` mode they only forward (one difference: a connect to a dead MD "
     "is accepted by the proxy and then reset, instead of refused).",

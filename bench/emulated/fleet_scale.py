@@ -7,7 +7,7 @@ The scenario is fixed by rule before the first run: the paper's fleet at full si
 43 GPU-A with 3 for RLD, 32 GPU-B), its link (20 Gbit/s, 20 ms, 76 connections: the planner's
 numbers), agents at --kv-scale 100 and the default 2-s heartbeat, the embedded control plane
 (one uvicorn process, SQLite, in-process beat) as `make demo` runs it; an idle phase, then a
-traffic phase of `bench.traffic.paper_workload` at --rps (default 1). It reports what the
+traffic phase of `bench.harness.traffic.paper_workload` at --rps (default 1). It reports what the
 control plane does meanwhile: bring-up time, its CPU, every agent's heartbeat round trip
 (p50/p99/max over the phase), heartbeats refused or timed out, nodes that went offline, and the
 traffic's outcome.
@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,16 +30,15 @@ from pathlib import Path
 import httpx
 
 from agents.node.launch import AgentProcess
-from bench.demo import port_in_use
-from bench.pdd.fleet import ControlPlane, start_control_plane
-from bench.pdd.run import cpu_seconds
-from bench.testbed import ROOT
-from bench.traffic import TrafficStats, paper_workload, replay, session_options
+from bench.harness.control_plane import ControlPlane, start_control_plane
+from bench.harness.emulated import COMMAND_TOKENS, all_running, load_command_tokens, start_agents
+from bench.harness.host import cpu_seconds, machine_busy, port_in_use
+from bench.harness.testbed import ROOT
+from bench.harness.traffic import TrafficStats, paper_workload, replay, session_options
 from pdd.profiles import PAPER_GPUS
 
 HERE = Path(__file__).resolve().parent
 PROFILE = "profile:paper-dsv4"
-KV_SCALE = 100
 # Per chip: the planner's GPU-A / GPU-B units divided by 8 (pdd.profiles.PAPER_GPUS).
 GPUS = {
     model: {
@@ -121,81 +119,6 @@ def declare(cp: ControlPlane) -> list[dict]:
             {"role": node["role"], "node": node["id"], "served_model": model, "gpu_count": 8},
         )
     return nodes
-
-
-def start_agents(
-    cp: ControlPlane,
-    nodes: list[dict],
-    agents: dict[str, AgentProcess],
-    options: tuple[str, ...] = ("--kv-scale", str(KV_SCALE), "--log-level", "ERROR"),
-    parallel: int = 8,
-) -> None:
-    """Start every node's agent into `agents` (the caller stops them, also on failure), each
-    with `options` besides its node, datacenter, ports, control plane and one thread; at most
-    `parallel` start at once (Python start-up is CPU)."""
-    errors: list[BaseException] = []
-    gate = threading.Semaphore(parallel)
-
-    def start(node: dict) -> None:
-        proc = AgentProcess(
-            [
-                "--node",
-                node["hostname"],
-                "--datacenter",
-                node["dc"],
-                "--listen",
-                f"127.0.0.1:{node['port']}",
-                "--kv-listen",
-                "127.0.0.1:0",
-                "--wan-port",
-                "0",
-                "--control-plane",
-                cp.url,
-                "--threads",
-                "1",
-                *options,
-            ],  # fmt: skip
-            node["hostname"],
-            agents_per_host=len(nodes),
-        )
-        agents[node["hostname"]] = proc
-        with gate:
-            try:
-                proc.start(timeout_s=300, env={"BATON_AGENT_TOKEN": node["agent_token"]})
-            except BaseException as exc:  # noqa: BLE001
-                errors.append(exc)
-
-    threads = [threading.Thread(target=start, args=(n,)) for n in nodes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-
-
-def all_running(cp: ControlPlane, expected: int) -> bool:
-    rows = cp.get_all("instances")
-    return len(rows) == expected and all(r["actual_state"] == "running" for r in rows)
-
-
-COMMAND_TOKENS: dict[str, str] = {}  # node -> the command token its agent's /state wants
-
-
-def load_command_tokens(cp: ControlPlane) -> None:
-    code = (
-        "import json; from fleet.models import Node; "
-        "print(json.dumps(dict(Node.objects.values_list('hostname', 'command_token'))))"
-    )
-    COMMAND_TOKENS.update(json.loads(cp.cluster.shell(code).strip().splitlines()[-1]))
-
-
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) jiffies of every core so far (/proc/stat)."""
-    with open("/proc/stat") as fh:
-        fields = [int(x) for x in fh.readline().split()[1:]]
-    idle = fields[3] + fields[4]
-    return sum(fields) - idle, sum(fields)
 
 
 def agent_stats(agents: dict[str, AgentProcess]) -> list[dict]:

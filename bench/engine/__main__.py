@@ -1,4 +1,4 @@
-"""This engine vs `transformers` on the same random-weight checkpoint (bench/engine/checkpoint.py,
+"""This engine vs `transformers` on the same random-weight checkpoint (bench/harness/checkpoint.py,
 Llama and Qwen2 layouts): decode tokens/s per batch, prefill tokens/s of one long prompt, the
 machine's memory-bandwidth floor and each decode step's share of it, and the handoff's
 recompute (`Engine.extend` of k tokens on a cached context). Runs are interleaved (engine,
@@ -12,12 +12,20 @@ transformers, engine, transformers, ...) round by round; figures are medians ove
 if given: int8, stream) with the default float32 engine over a fixed prompt set;
 `--fast-vs-general` interleaves engine configurations step by step (`--arms general fast`,
 `fast int8`, `fast compiled`, ...). The scenario (the defaults below) was fixed before the
-first run; `--shape large` (added later, its rule in bench/engine/checkpoint.py) is another
-scenario, fixed before its first run."""
+first run; `--shape large` (added later, its rule in bench/harness/checkpoint.py) is another
+scenario, fixed before its first run.
+
+The engine's other runs, each with its own options (`python -m bench.engine TOOL --help`):
+
+    python -m bench.engine throughput     # the engine alone on baton-tiny or --model FOLDER;
+                                          # --compare-wait-policies: the thread settings
+    python -m bench.engine handoff        # docs/pdd.md's handoff: recompute vs ship the KV
+    python -m bench.engine profile-step   # one decode step timed (--profile: by op)"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -30,9 +38,15 @@ import torch
 
 from agents.engine import Engine, EngineConfig, SamplingParams, load_model
 from agents.engine.config import parse_dtype
-from bench.engine.checkpoint import LAYOUTS, SHAPES, checkpoint_dir, make_checkpoint
+from bench.harness.checkpoint import LAYOUTS, SHAPES, checkpoint_dir, make_checkpoint
 
 BLOCK_SIZE = 16
+# The engine's other runs: `python -m bench.engine TOOL ...` runs TOOL's main.
+TOOLS = {
+    "throughput": "bench.engine.throughput",
+    "handoff": "bench.engine.handoff",
+    "profile-step": "bench.engine.profile_step",
+}
 # --fast-vs-general --arms
 ARM_KINDS = ("general", "fast", "int8", "packed", "stream", "stream-ops", "compiled")
 CKPT_DIR = Path("var/bench-engine")
@@ -479,7 +493,14 @@ def print_summary(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in TOOLS:
+        result = importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
+        return result if isinstance(result, int) else 0
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=f"other runs: python -m bench.engine {{{','.join(TOOLS)}}} --help",
+    )
     ap.add_argument("--device", default=os.environ.get("BATON_ENGINE_DEVICE", "cpu"))
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])

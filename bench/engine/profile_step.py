@@ -1,5 +1,6 @@
-"""Time (and with --profile, profile) one engine decode step at a given batch on the issue-24
-random Qwen2 checkpoint. Run with OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE."""
+"""`python -m bench.engine profile-step`: time (and with --profile, profile) one engine decode
+step at a given batch on the issue-24 random Qwen2 checkpoint. Run with OMP_NUM_THREADS=2
+OMP_WAIT_POLICY=PASSIVE."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import torch
 
 from agents.engine import Engine, EngineConfig, SamplingParams, load_model
-from bench.engine.checkpoint import checkpoint_dir, make_checkpoint
+from bench.harness.checkpoint import checkpoint_dir, make_checkpoint
 
 # Self CPU time of the profiled steps by kind of work.
 GROUPS = {
@@ -28,8 +29,8 @@ GROUPS = {
 }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.engine profile-step")
     ap.add_argument("--layout", default="qwen2")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=128)
@@ -41,7 +42,7 @@ def main() -> None:
     ap.add_argument(
         "--decode-weights", choices=["int8", "packed", "stream"], help="EngineConfig.decode_weights"
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(2)
     folder = make_checkpoint(args.layout, checkpoint_dir(Path("var/bench-engine"), args.layout))
     loaded = load_model(str(folder))
@@ -89,7 +90,4 @@ def main() -> None:
         total = sum(groups.values())
         for group, us in sorted(groups.items(), key=lambda kv: -kv[1]):
             print(f"  {group:28s} {us / 1e3:7.2f} ms/step  {100 * us / total:5.1f}%")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

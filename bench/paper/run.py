@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import platform
@@ -28,21 +27,26 @@ import sys
 import threading
 import time
 import traceback
-from array import array
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 
 from agents.node.launch import AgentProcess
-from bench.demo import port_in_use
-from bench.emulated.fleet_scale import machine_busy, start_agents
+from bench.harness.control_plane import ControlPlane, start_control_plane
+from bench.harness.emulated import command_tokens, start_agents
+from bench.harness.host import cpu_seconds, machine_busy, port_in_use
+from bench.harness.prompts import (
+    PAPER_SYSTEM_HEAD,
+    emulated_answer,
+    filler,
+    stream_one,
+    system_message,
+    tokens_of,
+)
+from bench.harness.testbed import ROOT, stop_on_signals
 from bench.paper import report, scale
-from bench.pdd.fleet import ControlPlane, start_control_plane
-from bench.pdd.run import cpu_seconds
-from bench.testbed import ROOT, stop_on_signals
 from pdd.profiles import PAPER_GPUS
 from pdd.tokenizer import apply_chat_template
 from planner.api import make_trace, run_fleet
@@ -51,11 +55,6 @@ from planner.metrics import Sla
 
 HERE = Path(__file__).resolve().parent
 BASE_PORT = 23000
-WORDS = (
-    "agent tool result file diff test build deploy cache prefix relay decode prefill token "
-    "request latency bandwidth datacenter router policy handoff batch kernel memory"
-).split()
-SYSTEM_HEAD = "You are Baton's paper-benchmark agent. "
 
 
 def say(message: str) -> None:
@@ -171,35 +170,7 @@ AGENT_OPTIONS = (
 )  # fmt: skip
 
 
-def command_tokens(cp: ControlPlane) -> dict[str, str]:
-    code = (
-        "import json; from fleet.models import Node; "
-        "print(json.dumps(dict(Node.objects.values_list('hostname', 'command_token'))))"
-    )
-    return json.loads(cp.cluster.shell(code).strip().splitlines()[-1])
-
-
 # -- the sessions -------------------------------------------------------------------------------
-
-
-def filler(rng: random.Random, n: int) -> str:
-    out, size = [], 0
-    while size < n:
-        word = rng.choice(WORDS)
-        out.append(word)
-        size += len(word) + 1
-    return " ".join(out)[:n].ljust(n, ".")
-
-
-def system_message(shared_tokens: int) -> dict:
-    frame = len(apply_chat_template([{"role": "system", "content": ""}], False))
-    rng = random.Random(12345)
-    body = SYSTEM_HEAD + filler(rng, shared_tokens - frame - len(SYSTEM_HEAD))
-    return {"role": "system", "content": body}
-
-
-def tokens_of(messages: list[dict], generation: bool) -> int:
-    return len(apply_chat_template(messages, generation).encode("utf-8"))
 
 
 USER_FRAME = len("<|user|>\n") + 1
@@ -220,69 +191,6 @@ def history_for(session: int, context: int, system: dict, tag: str) -> list[dict
 
 
 # -- one request --------------------------------------------------------------------------------
-
-
-def emulated_answer(prompt_ids: list[int], n: int) -> list[int]:
-    """The tokens an emulated engine answers greedily (a function of the context: blake2b of
-    every token so far; agents/engine/emulated.py)."""
-    from agents.engine.emulated import _token_of
-
-    digest = hashlib.blake2b(digest_size=8)
-    digest.update(array("I", prompt_ids).tobytes())
-    out = []
-    for _ in range(n):
-        token = _token_of(digest.digest(), None)
-        out.append(token)
-        digest.update(array("I", [token]).tobytes())
-    return out
-
-
-async def stream_one(http: httpx.AsyncClient, url: str, key: str, model: str,
-                     messages: list[dict], max_tokens: int, res: dict,
-                     on_first=lambda: None) -> str:  # fmt: skip
-    """Stream one chat completion; fill ``res`` (wall seconds); the answer text."""
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}, "temperature": 0}  # fmt: skip
-    t0 = time.monotonic()
-    pieces: list[str] = []
-    try:
-        async with http.stream(
-            "POST", f"{url}/v1/chat/completions", json=body,
-            headers={"Authorization": f"Bearer {key}"},
-        ) as r:  # fmt: skip
-            res["status"] = r.status_code
-            if r.status_code != 200:
-                res["error"] = (await r.aread()).decode("utf-8", "replace")[:300]
-                return ""
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                res["id"] = res.get("id") or chunk.get("id")
-                if chunk.get("usage"):
-                    res["completion_tokens"] = chunk["usage"].get("completion_tokens", 0)
-                    details = chunk["usage"].get("prompt_tokens_details") or {}
-                    res["cached_tokens"] = details.get("cached_tokens", 0)
-                for choice in chunk.get("choices") or ():
-                    text = (choice.get("delta") or {}).get("content")
-                    if text:
-                        if "ttft_wall" not in res:
-                            res["ttft_wall"] = time.monotonic() - t0
-                            on_first()
-                        pieces.append(text)
-                    if choice.get("finish_reason"):
-                        res["finish_reason"] = choice["finish_reason"]
-                    if "error" in chunk:
-                        res["error"] = str(chunk["error"])[:300]
-        res["completed"] = bool(res.get("finish_reason")) and res.get("completion_tokens", 0) > 0
-    except asyncio.CancelledError:
-        res["cut"] = True
-        raise
-    except Exception as exc:  # noqa: BLE001 - every failure is a measured outcome
-        res["error"] = f"{type(exc).__name__}: {exc}"[:300]
-    finally:
-        res["e2e_wall"] = time.monotonic() - t0
-    return "".join(pieces)
 
 
 # -- one system ---------------------------------------------------------------------------------
@@ -333,7 +241,7 @@ def run_system(cp: ControlPlane, system: scale.System, nodes: list[dict], bar: B
     inputs, cached = trace.input_tokens.tolist(), trace.cached_tokens.tolist()
     outputs = trace.output_tokens.tolist()
     prev = trace.previous_turn().tolist()
-    system_msg = system_message(shared)
+    system_msg = system_message(shared, PAPER_SYSTEM_HEAD)
     tag = system.key
 
     bar.phase = "agents"
@@ -628,10 +536,3 @@ def main(argv: list[str] | None = None) -> int:
         (HERE / "REPORT.md").write_text(text)
     say(f"done in {results['wall_s'] / 60:.1f} min; report: {out / 'REPORT.md'}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
-__all__ = ["main", "np"]

@@ -9,8 +9,6 @@ baton-tiny), so the gateway's live view of one fleet never includes another's in
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,13 +17,12 @@ from pathlib import Path
 import httpx
 
 from agents.node.launch import AgentProcess
-from bench.demo import DEMO_POLICY
+from bench.harness.control_plane import DEMO_POLICY, HEARTBEAT_S, ControlPlane
+from bench.harness.testbed import free_port
 from bench.pdd import scaling
-from bench.testbed import Cluster, _up, free_port, start_web
 from routing.policy import PolicySettings
 
 AGENT_NUM_BLOCKS = 4096  # 64K tokens of KV per engine (256 MiB): a few dozen sessions cached
-HEARTBEAT_S = 2.0  # the default (and the demo's)
 NEVER_RELAY = {"wan_time_threshold_s": 1e9, "relay_when_main_saturated": False}
 
 
@@ -96,111 +93,6 @@ SYSTEMS: dict[str, SystemSpec] = {
         dict(DEMO_POLICY),
     ),
 }
-
-
-class ApiError(RuntimeError):
-    pass
-
-
-@dataclass
-class ControlPlane:
-    cluster: Cluster
-    gpu_types: dict[str, int] = field(default_factory=dict)
-    api_key: str = ""
-
-    @property
-    def url(self) -> str:
-        return self.cluster.url
-
-    def post(self, path: str, body: dict) -> dict:
-        with self.cluster.api() as api:
-            r = api.post(f"/api/v1/{path}/", json=body)
-        if r.status_code >= 300:
-            raise ApiError(f"POST /api/v1/{path}/ -> {r.status_code}: {r.text[:500]}")
-        return r.json()
-
-    def get_all(self, path: str, **params) -> list[dict]:
-        rows: list[dict] = []
-        page = 1
-        with self.cluster.api() as api:
-            while True:
-                r = api.get(f"/api/v1/{path}/", params={**params, "page": page, "page_size": 500})
-                if r.status_code >= 300:
-                    raise ApiError(f"GET /api/v1/{path}/ -> {r.status_code}: {r.text[:300]}")
-                data = r.json()
-                rows.extend(data.get("results", []))
-                if not data.get("next"):
-                    return rows
-                page += 1
-
-    def patch_policy(self, settings: dict) -> dict:
-        with self.cluster.api() as api:
-            r = api.patch("/api/v1/routing-policy/", json={"settings": settings})
-        if r.status_code >= 300:
-            raise ApiError(f"PATCH routing-policy -> {r.status_code}: {r.text[:300]}")
-        return r.json()
-
-    def stop(self) -> None:
-        self.cluster.stop()
-
-
-def start_control_plane(log_dir: Path, extra_env: dict[str, str] | None = None) -> ControlPlane:
-    """Migrate a fresh SQLite database, make an operator, start uvicorn (embedded beat);
-    ``extra_env`` on top of the benchmark's settings."""
-    tmp = tempfile.mkdtemp(prefix="baton-bench-pdd-")
-    env = {
-        **os.environ,
-        "BATON_VAR_DIR": tmp,
-        "BATON_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_S),
-        "BATON_HEARTBEAT_MISSES": "3",
-        "BATON_RECONCILE_INTERVAL_S": "2",
-        "BATON_EMBEDDED_BEAT": "true",
-        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-        "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": "1",
-        "OMP_WAIT_POLICY": "PASSIVE",
-    }
-    for name in ("DATABASE_URL", "REDIS_URL", "BATON_DATA_TOKEN"):
-        env.pop(name, None)
-    env.update(extra_env or {})
-    port = free_port()
-    cluster = Cluster(url=f"http://127.0.0.1:{port}", env=env, setup={}, operator_token="", tmp=tmp)
-    try:
-        cluster.manage("migrate", "--noinput", timeout=600)
-        cluster.operator_token = cluster.manage("baton_user", "bench", "--role", "operator").strip()
-        cluster.processes.append(start_web(port=port, env=env, log_path=log_dir / "web.log"))
-        cluster.wait_for(lambda: _up(cluster.url), 120, "the control plane to answer")
-    except BaseException:
-        cluster.stop()
-        raise
-    cp = ControlPlane(cluster)
-    for name, spec in (
-        (
-            "gpu-a",
-            {
-                "peak_bf16_tflops": 989,
-                "memory_gib": 80,
-                "memory_bandwidth_gbps": 3350,
-                "interconnect_gbps": 400,
-            },
-        ),
-        (
-            "gpu-b",
-            {
-                "peak_bf16_tflops": 800,
-                "memory_gib": 141,
-                "memory_bandwidth_gbps": 7000,
-                "interconnect_gbps": 450,
-            },
-        ),
-    ):
-        cp.gpu_types[name] = cp.post("gpu-types", {"vendor": "bench", "model": name, **spec})["id"]
-    tenant = cp.post(
-        "tenants",
-        {"name": "bench", "requests_per_minute": 100_000, "tokens_per_minute": 1_000_000_000},
-    )
-    cp.api_key = cp.post("api-keys", {"tenant": tenant["id"], "name": "bench-pdd"})["key"]
-    return cp
 
 
 @dataclass

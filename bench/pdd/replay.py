@@ -21,34 +21,19 @@ from dataclasses import asdict, dataclass, field
 
 from openai import AsyncOpenAI
 
+from bench.harness import prompts
+from bench.harness.prompts import filler
 from bench.pdd import scaling
 from pdd.tokenizer import apply_chat_template
 from planner.workload import Trace
 
-WORDS = (
-    "agent tool result file diff test build deploy cache prefix relay decode prefill token "
-    "request latency bandwidth datacenter router policy handoff batch kernel memory"
-).split()
 SYSTEM_HEAD = "You are Baton's benchmark agent; answer tersely. "
 USER_FRAME = len("<|user|>\n") + 1  # tokens the template adds around a user message
 
 
-def filler(rng: random.Random, n: int) -> str:
-    out: list[str] = []
-    size = 0
-    while size < n:
-        word = rng.choice(WORDS)
-        out.append(word)
-        size += len(word) + 1
-    return " ".join(out)[:n].ljust(n, ".")
-
-
 def system_message() -> dict:
     """The system prompt every session shares: exactly the trace's shared prefix tokens."""
-    frame = len(apply_chat_template([{"role": "system", "content": ""}], False))
-    rng = random.Random(12345)
-    body = SYSTEM_HEAD + filler(rng, scaling.SHARED_PREFIX_TOKENS - frame - len(SYSTEM_HEAD))
-    return {"role": "system", "content": body}
+    return prompts.system_message(scaling.SHARED_PREFIX_TOKENS, SYSTEM_HEAD)
 
 
 def prompt_tokens(messages: list[dict]) -> int:

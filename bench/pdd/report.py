@@ -301,7 +301,7 @@ def render(results: Mapping[str, Any], plots: Mapping[str, str] | None = None) -
         w(
             "`planner` (planner/sim.py through planner.api.run_fleet) on the same trace, link, "
             f"prices, policies and the measured engine step times; {where}. "
-            "`.venv/bin/python bench/planner/live_check.py` regenerates these figures from "
+            "`.venv/bin/python -m bench.pdd.live_check` regenerates these figures from "
             "summary.json.\n"
         )
         extra = " dedicated P90 (s) |" if dedicated else ""

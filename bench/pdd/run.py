@@ -28,11 +28,13 @@ from typing import Any
 import httpx
 import numpy as np
 
+from bench.harness.control_plane import start_control_plane
+from bench.harness.host import cpu_seconds
+from bench.harness.testbed import ROOT
 from bench.pdd import calibrate, metrics, report, scaling
 from bench.pdd import sim as pdd_sim
-from bench.pdd.fleet import SYSTEMS, Fleet, start_control_plane
+from bench.pdd.fleet import SYSTEMS, Fleet
 from bench.pdd.replay import Progress, Result, filler, one_request, replay, system_message
-from bench.testbed import ROOT
 from planner.workload import generate
 
 HERE = Path(__file__).resolve().parent
@@ -92,16 +94,6 @@ class Bar:
         if self._tty:
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process so far (Linux /proc), None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 class Sampler:
@@ -615,7 +607,7 @@ def small_summary(results: dict) -> dict:
     return {
         "meta": results["meta"],
         "scaling": results.get("scaling"),
-        # The fitted step times (bench/planner/live_check.py re-simulates the run from them).
+        # The fitted step times (bench/pdd/live_check.py re-simulates the run from them).
         "engine": {
             part: engine[part] for part in ("prefill", "decode", "fabric") if part in engine
         },
@@ -661,7 +653,3 @@ def _git_rev() -> str:
         ).stdout.strip()
     except Exception:  # noqa: BLE001
         return ""
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,8 +21,9 @@ import math
 import os
 from typing import Any
 
+from bench.harness.control_plane import HEARTBEAT_S
 from bench.pdd import scaling
-from bench.pdd.fleet import AGENT_NUM_BLOCKS, HEARTBEAT_S, SYSTEMS
+from bench.pdd.fleet import AGENT_NUM_BLOCKS, SYSTEMS
 from planner.api import run_fleet
 from planner.fleet import fleet_from_dict
 from planner.metrics import Sla

@@ -4,7 +4,7 @@ The scenario, fixed before the first run (never retuned after seeing a result):
 
 * **Models** (real PyTorch engines, float32, on this machine's CPU): ``baton-tiny`` (random
   weights, 4 KiB of KV a token) and a Hugging Face layout checkpoint made here with random
-  weights (``bench/engine/checkpoint.py``'s Qwen2 layout, 8 layers, 2 KV heads of 64: 8 KiB a
+  weights (``bench/harness/checkpoint.py``'s Qwen2 layout, 8 layers, 2 KV heads of 64: 8 KiB a
   token), both loaded by the agents as any checkpoint is.
 * **Path:** P in datacenter A, MD in datacenter B, one fresh pair of agents per configuration
   (MD's cache starts empty, so every request's delta is its whole prompt), the link shaped to
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in wanted:
         model = EMULATED if name == "emulated" else name
         if name == "qwen2":
-            from bench.engine.checkpoint import make_checkpoint
+            from bench.harness.checkpoint import make_checkpoint
 
             model = str(make_checkpoint("qwen2", out / "ckpt-qwen2"))
         print(f"[wan-path] {name}: reference (single)", flush=True)

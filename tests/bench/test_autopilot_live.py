@@ -14,9 +14,9 @@ import pytest
 
 from agents.node.launch import AgentProcess
 from bench.autopilot import run as r
-from bench.demo import port_in_use
-from bench.emulated.fleet_scale import start_agents
-from bench.pdd.fleet import start_control_plane
+from bench.harness.control_plane import start_control_plane
+from bench.harness.emulated import start_agents
+from bench.harness.host import port_in_use
 
 pytestmark = pytest.mark.slow
 

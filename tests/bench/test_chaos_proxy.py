@@ -1,4 +1,4 @@
-"""The chaos harness's fault-injecting TCP proxy (bench/chaos/proxy.py) against a local echo
+"""The chaos harness's fault-injecting TCP proxy (bench/harness/proxy.py) against a local echo
 server: pass forwards, reset gives the client an RST, blackhole leaves its reads waiting."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from bench.chaos.proxy import FaultProxy, WanLink
+from bench.harness.proxy import FaultProxy, WanLink
 
 
 @pytest.fixture

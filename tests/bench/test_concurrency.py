@@ -148,7 +148,7 @@ def test_the_fixed_scenario_fits_the_demo_model_and_is_seeded():
 
 @pytest.mark.slow
 def test_closed_loop_at_concurrency_2_completes_exact_and_recorded_once(tmp_path):
-    from bench.testbed import start_cluster
+    from bench.harness.testbed import start_cluster
 
     cluster = start_cluster()
     try:

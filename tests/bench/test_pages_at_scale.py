@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from bench.testbed import ROOT
+from bench.harness.testbed import ROOT
 
 
 def test_it_times_both_pages_at_n_nodes():

@@ -110,7 +110,7 @@ def test_a_negative_wan_handoff_is_refused_naming_the_field() -> None:
 def test_the_policy_sees_what_the_live_gateway_sees_unless_told_otherwise() -> None:
     """By default the testbed's policy reads the WAN link's use from 2-s heartbeats and counts
     the KV on its way to MD; 0 / False give the instantaneous, landed-only rules."""
-    from bench.pdd.fleet import HEARTBEAT_S
+    from bench.harness.control_plane import HEARTBEAT_S
 
     live = fleet_from_dict(fleet_dict("pdd", ENGINE))
     assert live.links["B"].report_interval_s == HEARTBEAT_S == 2.0

@@ -13,7 +13,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing.websocket import WebsocketCommunicator
 from django.contrib.auth.models import User
 
-from bench.celery_worker import start_worker, stop_worker
+from bench.harness.celery_worker import start_worker, stop_worker
 from controlplane.asgi import application
 from fleet.consumers import FleetConsumer
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.testbed import start_cluster
+from bench.harness.testbed import start_cluster
 
 LOG_TAIL_CHARS = 4000
 

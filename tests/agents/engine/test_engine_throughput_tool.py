@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from bench import engine_throughput  # noqa: E402
-from bench.engine.checkpoint import main as write_checkpoint  # noqa: E402
+from bench.engine import throughput  # noqa: E402
+from bench.harness.checkpoint import main as write_checkpoint  # noqa: E402
 
 
 def test_a_random_checkpoint_runs_through_the_throughput_bench_in_bfloat16(tmp_path) -> None:
@@ -16,7 +16,7 @@ def test_a_random_checkpoint_runs_through_the_throughput_bench_in_bfloat16(tmp_p
     assert write_checkpoint(["--shape", "tiny", "--out", str(folder)]) == 0
     assert write_checkpoint(["--shape", "tiny", "--out", str(folder)]) == 1  # not overwritten
     assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
-    result = engine_throughput.main(
+    result = throughput.main(
         ["--model", str(folder), "--dtype", "bfloat16", "--threads", "1", "--batches", "2",
          "--prompt-len", "32", "--decode-steps", "3", "--ks", "1", "8", "--context-len", "48",
          "--repeats", "1"]
@@ -28,6 +28,6 @@ def test_a_random_checkpoint_runs_through_the_throughput_bench_in_bfloat16(tmp_p
 
 def test_a_missing_model_folder_is_a_usage_error(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
-        engine_throughput.main(["--model", str(tmp_path / "nope")])
+        throughput.main(["--model", str(tmp_path / "nope")])
     assert exc.value.code == 2
     assert "unknown model" in capsys.readouterr().err

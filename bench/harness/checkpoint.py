@@ -6,9 +6,9 @@ them from memory; `llama-1b`, Llama-3.2-1B's layout (to time the engine at a rea
 on a GPU); and `tiny` (2 layers, for tests). Every weight is drawn from N(0, 0.02) with a fixed
 seed, biases included, so each one counts; the weights are noise: speed, not quality.
 
-    .venv/bin/python -m bench.engine.checkpoint --layout llama --shape llama-1b \
+    .venv/bin/python -m bench.harness.checkpoint --layout llama --shape llama-1b \
         --dtype bfloat16 --out /tmp/llama-1b
-    BATON_ENGINE_DEVICE=cuda python bench/engine_throughput.py --model /tmp/llama-1b \
+    BATON_ENGINE_DEVICE=cuda python -m bench.engine throughput --model /tmp/llama-1b \
         --dtype bfloat16
 
 Needs `transformers` (a dev dependency)."""
@@ -82,7 +82,7 @@ def make_checkpoint(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m bench.engine.checkpoint", description=__doc__.splitlines()[0]
+        prog="python -m bench.harness.checkpoint", description=__doc__.splitlines()[0]
     )
     ap.add_argument("--layout", choices=LAYOUTS, default="llama")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="llama-1b")

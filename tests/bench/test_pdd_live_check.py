@@ -1,4 +1,4 @@
-"""bench/planner/live_check.py: the simulator's prediction of the committed live run, on a
+"""bench/pdd/live_check.py: the simulator's prediction of the committed live run, on a
 tiny slice (one system, one rate)."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.planner.live_check import (
+from bench.pdd.live_check import (
     cores_of,
     engine_from_report,
     live_extras_from_report,
     main,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = ROOT / "bench/pdd/summary.json"
 REPORT = ROOT / "bench/pdd/REPORT.md"
 
@@ -187,7 +187,7 @@ def test_the_measured_engines_arm_scales_the_fit_by_the_runs_engine_busy_time(tm
     """``measured-engines``: the prefill fit times (live P busy / simulated P busy), the decode
     fit times the same ratio for RLD and MD together, the base arm's simulated busy time the
     denominator. A run without the agents' busy time has no such arm."""
-    from bench.planner.live_check import engine_factors, scaled_engine
+    from bench.pdd.live_check import engine_factors, scaled_engine
 
     assert engine_factors(None, {"prefill": 0.1}) is None
     assert engine_factors({"prefill": 0.3, "main_decode": 0.2}, {"prefill": 0.2}) == pytest.approx(

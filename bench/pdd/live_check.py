@@ -69,9 +69,9 @@ run-to-run spread, each run's simulated P90 and error, and the median simulated 
 median live one: whether the goal holds beyond one run's noise.
 
 Usage (from the repository root):
-    .venv/bin/python bench/planner/live_check.py [--systems pdd] [--rates u50] \
+    .venv/bin/python -m bench.pdd.live_check [--systems pdd] [--rates u50] \
         [--out var/planner/live_check.json] [--publish bench/planner/live_check.json]
-    .venv/bin/python bench/planner/live_check.py --runs A/summary.json B/summary.json ...
+    .venv/bin/python -m bench.pdd.live_check --runs A/summary.json B/summary.json ...
 """
 
 from __future__ import annotations
@@ -82,14 +82,11 @@ import json
 import math
 import re
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from bench.pdd import report as pdd_report  # noqa: E402
-from bench.pdd import sim as pdd_sim  # noqa: E402
+from bench.pdd import report as pdd_report
+from bench.pdd import sim as pdd_sim
 from pdd.vocab import Pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,7 +123,7 @@ REPORTED_USE = {"host+gateway+reports", "host+gateway+in-flight", *NEEDS_BASE}
 IN_FLIGHT = {"host+gateway+in-flight", *NEEDS_BASE}
 # The KV fabric measured on idle agents (bench/pdd/calibrate.py measure_fabric / fit_fabric),
 # for a run whose summary has none (runs before 2026-12-03 measured no fabric).
-FABRIC_FILE = Path(__file__).resolve().parent / "calibration_fabric.json"
+FABRIC_FILE = ROOT / "bench/planner/calibration_fabric.json"
 PREDICTION = "host+gateway"  # the arm the headline states
 P90_GOAL = 0.15
 SHARE_GOAL_POINTS = 2.0

@@ -17,12 +17,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from bench.harness.prompts import filler
 from planner.workload import ContextGrowth, HitRateDist, LengthDist, WorkloadSpec, generate
-
-WORDS = (
-    "agent tool result file diff test build deploy cache prefix relay decode prefill token "
-    "request latency bandwidth datacenter router policy handoff batch kernel memory"
-).split()
 
 
 def demo_workload(*, rps: float, duration_s: float, seed: int) -> WorkloadSpec:
@@ -79,16 +75,6 @@ def session_options(spec: WorkloadSpec) -> dict[str, int]:
     }
 
 
-def filler(rng: random.Random, n: int) -> str:
-    out: list[str] = []
-    size = 0
-    while size < n:
-        word = rng.choice(WORDS)
-        out.append(word)
-        size += len(word) + 1
-    return " ".join(out)[:n]
-
-
 @dataclass
 class TrafficStats:
     sent: int = 0
@@ -125,7 +111,7 @@ async def replay(
     trace = generate(spec)
     rng = random.Random(spec.seed)
     limit = max_context
-    system = SYSTEM_HEAD + filler(rng, system_tokens)
+    system = SYSTEM_HEAD + filler(rng, system_tokens, pad=False)
     sessions: dict[int, list[dict]] = {}
     gate = asyncio.Semaphore(max_in_flight)
     started = time.monotonic()
@@ -138,10 +124,12 @@ async def replay(
             used = sum(len(m["content"]) + 16 for m in history)
             if used >= input_tokens or used > limit:
                 # A compaction (or the opening): a fresh context of the requested size.
-                history[:] = [{"role": "system", "content": system + filler(rng, 40)}]
+                history[:] = [{"role": "system", "content": system + filler(rng, 40, pad=False)}]
                 used = sum(len(m["content"]) + 16 for m in history)
             need = max(8, input_tokens - used - 16)
-            history.append({"role": "user", "content": f"[s{session}] " + filler(rng, need)})
+            history.append(
+                {"role": "user", "content": f"[s{session}] " + filler(rng, need, pad=False)}
+            )
             body = {
                 "model": model,
                 "messages": history,

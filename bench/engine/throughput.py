@@ -1,10 +1,11 @@
-"""Prefill / decode throughput of an engine (baton-tiny, or a checkpoint folder with --model) at
-batch 1, 8 and 32, and the time of an extend (the handoff's recompute) of k tokens on top of a
-cached context; prints JSON. The device is $BATON_ENGINE_DEVICE (default cpu).
+"""`python -m bench.engine throughput`: prefill / decode throughput of the engine alone
+(baton-tiny, or a checkpoint folder with --model) at batch 1, 8 and 32, and the time of an
+extend (the handoff's recompute) of k tokens on top of a cached context; prints JSON. The device
+is $BATON_ENGINE_DEVICE (default cpu).
 
 `--compare-wait-policies` instead runs the thread-settings comparison (bench/agents/REPORT.md,
 "Engine threads"): each arm (engine processes x torch threads, OMP_WAIT_POLICY) as fresh
-subprocesses of this script, started together when an arm has several (agents sharing the
+subprocesses of this tool, started together when an arm has several (agents sharing the
 host), the arms interleaved round by round (A, B, A, B, ...), plus the CPU an idle engine
 process burns per policy; prints medians and spreads, writes every raw run with --out."""
 
@@ -25,8 +26,10 @@ import torch
 
 from agents.engine import BATON_TINY, Engine, EngineConfig, SamplingParams, load_model
 from agents.engine.config import parse_dtype
+from bench.harness.output import publish
 
 BLOCK_SIZE = 16
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _prompt(length: int, seed: int) -> list[int]:
@@ -100,13 +103,18 @@ def bench_recompute(
         engine.release(rid)
         if rep:  # the first run warms up allocations
             times.append(1000 * elapsed)
+    return stats_ms(times)
+
+
+def stats_ms(times_ms: list[float]) -> dict[str, float]:
+    """Runs, mean, median, min, max and population std of timings in ms."""
     return {
-        "runs": repeats,
-        "mean_ms": statistics.fmean(times),
-        "median_ms": statistics.median(times),
-        "min_ms": min(times),
-        "max_ms": max(times),
-        "std_ms": statistics.pstdev(times),
+        "runs": len(times_ms),
+        "mean_ms": statistics.fmean(times_ms),
+        "median_ms": statistics.median(times_ms),
+        "min_ms": min(times_ms),
+        "max_ms": max(times_ms),
+        "std_ms": statistics.pstdev(times_ms),
     }
 
 
@@ -123,7 +131,7 @@ WAIT_POLICY_ARMS: tuple[tuple[str, int, int, str | None], ...] = (
     ("shared-3x1-passive", 3, 1, "PASSIVE"),  # what --agents-per-host 3 gives on 2 cores
 )
 # The workload of every run in the comparison (the recompute part is left out: its figures
-# come from bench/agents/handoff_bench.py).
+# come from `python -m bench.engine handoff`).
 COMPARE_WORKLOAD = ["--batches", "1", "8", "32", "--prompt-len", "128", "--decode-steps", "32",
                     "--ks"]  # fmt: skip
 IDLE_PROBE = """
@@ -150,8 +158,7 @@ def _arm_env(threads: int, policy: str | None) -> dict[str, str]:
 
 
 def run_arm(procs: int, threads: int, policy: str | None, model: str, dtype: str) -> dict:
-    """One round of one arm: `procs` fresh processes of this script started together."""
-    script = str(Path(__file__).resolve())
+    """One round of one arm: `procs` fresh processes of this tool started together."""
     with tempfile.TemporaryDirectory(prefix="baton-threads-") as tmp:
         outs = [Path(tmp) / f"run{i}.json" for i in range(procs)]
         load = os.getloadavg()[0]
@@ -160,7 +167,9 @@ def run_arm(procs: int, threads: int, policy: str | None, model: str, dtype: str
             subprocess.Popen(
                 [
                     sys.executable,
-                    script,
+                    "-m",
+                    "bench.engine",
+                    "throughput",
                     "--model",
                     model,
                     "--dtype",
@@ -172,6 +181,7 @@ def run_arm(procs: int, threads: int, policy: str | None, model: str, dtype: str
                     str(out),
                 ],  # fmt: skip
                 env=_arm_env(threads, policy),
+                cwd=ROOT,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -292,7 +302,7 @@ def print_comparison(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.engine throughput", description=__doc__)
     parser.add_argument("--model", default=BATON_TINY)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     parser.add_argument("--threads", type=int, default=2)
@@ -349,13 +359,5 @@ def main(argv: list[str] | None = None) -> dict:
             for k in args.ks
         },
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    publish(result, args.out)
     return result
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -1,42 +1,29 @@
-"""The handoff microbenchmark of docs/pdd.md on this engine: recomputing k handed-over tokens on MD
+"""`python -m bench.engine handoff`: the handoff microbenchmark of docs/pdd.md on this engine:
+recomputing k handed-over tokens on MD
 (one extend forward) versus shipping their KV over the shaped WAN fabric, for k = 1, 16, 64, 100
 (mean / max / std and the bytes of each), plus prefill and decode tokens/s at batch 1, 8, 32
-(reusing bench/engine_throughput.py). Prints JSON; a report, not a timed test."""
+(reusing `python -m bench.engine throughput`'s runs). Prints JSON; a report, not a timed test."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-# Run as a script, this folder (bench/agents) would shadow the `agents` package: use the root.
-sys.path[0] = str(Path(__file__).resolve().parents[2])
-from agents.engine import BATON_TINY, load_model  # noqa: E402
-from agents.engine.kv_pool import PagedKVPool  # noqa: E402
-from agents.transfer.fabric import FabricClient, FabricName, FabricServer, KVChunk  # noqa: E402
-from agents.transfer.frames import encode_token_ids  # noqa: E402
-from agents.transfer.records import TokenIds  # noqa: E402
-from agents.transfer.shaping import LinkSettings, LinkShaper  # noqa: E402
-from bench import engine_throughput  # noqa: E402
-
-
-def summary(times_ms: list[float]) -> dict[str, float]:
-    return {
-        "runs": len(times_ms),
-        "mean_ms": statistics.fmean(times_ms),
-        "median_ms": statistics.median(times_ms),
-        "min_ms": min(times_ms),
-        "max_ms": max(times_ms),
-        "std_ms": statistics.pstdev(times_ms),
-    }
+from agents.engine import BATON_TINY, load_model
+from agents.engine.kv_pool import PagedKVPool
+from agents.transfer.fabric import FabricClient, FabricName, FabricServer, KVChunk
+from agents.transfer.frames import encode_token_ids
+from agents.transfer.records import TokenIds
+from agents.transfer.shaping import LinkSettings, LinkShaper
+from bench.engine.throughput import bench_batch, bench_recompute, stats_ms
+from bench.harness.output import publish
 
 
 async def ship_kv(k: int, cfg, link: LinkSettings, repeats: int) -> dict:
@@ -65,7 +52,7 @@ async def ship_kv(k: int, cfg, link: LinkSettings, repeats: int) -> dict:
                 import_ms.append(1000 * (time.perf_counter() - t0))
             wire = stats.bytes_sent
     return {
-        **summary(times),
+        **stats_ms(times),
         "payload_bytes": len(payload),
         "wire_bytes": wire,
         "import_mean_ms": statistics.fmean(import_ms),
@@ -82,7 +69,7 @@ def token_id_bytes(k: int) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.engine handoff", description=__doc__)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 16, 64, 100])
     parser.add_argument("--context-len", type=int, default=512)
@@ -102,9 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
     handoff = {}
     for k in args.ks:
         handoff[str(k)] = {
-            "recompute": engine_throughput.bench_recompute(
-                loaded, k, args.context_len, args.repeats
-            ),
+            "recompute": bench_recompute(loaded, k, args.context_len, args.repeats),
             "ship_kv": asyncio.run(ship_kv(k, cfg, link, args.repeats)),
             "token_ids": token_id_bytes(k),
         }
@@ -120,17 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
         "recompute_context_len": args.context_len,
         "handoff": handoff,
         "throughput": {
-            str(b): engine_throughput.bench_batch(loaded, b, args.prompt_len, args.decode_steps)
-            for b in args.batches
+            str(b): bench_batch(loaded, b, args.prompt_len, args.decode_steps) for b in args.batches
         },
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    publish(result, args.out)
     return result
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -3,7 +3,7 @@
 agent processes that register with it: P and RLD in dc-a, MD in dc-b, joined by a shaped WAN.
 
 `start_cluster(wan_proxy=True)` (the chaos harness) puts fault-injecting TCP proxies
-(bench/chaos/proxy.py) on the dc-a <-> dc-b path: MD's HTTP API (`--advertise-url`) and its
+(bench/harness/proxy.py) on the dc-a <-> dc-b path: MD's HTTP API (`--advertise-url`) and its
 WAN KV fabric (`--advertise-wan-port`) are reached through them,
 `cluster.wan_link` switches them; off by default, so `make bench` and the tests are
 unchanged."""
@@ -26,7 +26,7 @@ import httpx
 
 from agents.node.launch import AgentProcess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _interrupt(signum, frame) -> None:
@@ -113,7 +113,7 @@ class Cluster:
     processes: list[subprocess.Popen] = field(default_factory=list)
     tmp: str = ""
     database: str = ""
-    # wan_proxy=True: the proxies in front of MD (bench.chaos.proxy.WanLink) and, per host,
+    # wan_proxy=True: the proxies in front of MD (bench.harness.proxy.WanLink) and, per host,
     # the fixed ports its agent listens on behind them (kept across restarts).
     wan_link: object | None = None
     behind_proxy: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -386,7 +386,7 @@ def start_cluster(*, wan_proxy: bool = False) -> Cluster:
 def _put_wan_proxies(cluster: Cluster, host: str) -> None:
     """The dc-a <-> dc-b data-plane path through fault proxies: `host` (MD, the only agent in
     dc-b) listens on fixed ports and is advertised at the proxies' (HTTP and WAN fabric)."""
-    from bench.chaos.proxy import FaultProxy, WanLink
+    from bench.harness.proxy import FaultProxy, WanLink
 
     http, wan = free_port(), free_port()
     http_proxy = FaultProxy(("127.0.0.1", http), name="md-http").start()
