@@ -23,6 +23,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from controlplane import gcwatch  # noqa: E402
 from controlplane.embedded_beat import start_embedded_beat  # noqa: E402
 from controlplane.limits import BodyGuard  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
@@ -31,6 +32,7 @@ from routing.caching import versions  # noqa: E402
 # The event loop gets the GIL back from computing threads within this (settings.py).
 if settings.BATON_GIL_SWITCH_INTERVAL_MS > 0:
     sys.setswitchinterval(settings.BATON_GIL_SWITCH_INTERVAL_MS / 1000.0)
+gcwatch.install(settings.BATON_GC_WARN_MS)
 
 http_app = BodyGuard(ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http)
 

@@ -351,6 +351,9 @@ BATON_HEARTBEAT_FULL_EVERY_S = float(env_str("BATON_HEARTBEAT_FULL_EVERY_S", "60
 # turns a second whenever a page rendered (bench/control_path/REPORT.md).
 # 0 keeps CPython's default.
 BATON_GIL_SWITCH_INTERVAL_MS = env_float("BATON_GIL_SWITCH_INTERVAL_MS", 0.5, minimum=0.0)
+# A garbage collection in the web process at least this long is logged (controlplane/gcwatch.py):
+# it stops the event loop for as long. 0: never.
+BATON_GC_WARN_MS = env_float("BATON_GC_WARN_MS", 50.0, minimum=0.0)
 # Requests of the agents' API that Django serves at once per web process; more wait on the
 # event loop (a burst must not hold threads and pooled connections past the pool's timeout).
 BATON_AGENT_API_CONCURRENCY = env_int("BATON_AGENT_API_CONCURRENCY", 16)
