@@ -77,6 +77,8 @@ from typing import Any
 
 import httpx
 
+from bench.harness.host import git_commit
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "var" / "bench-concurrency"
 REPORT_DIR = ROOT / "bench" / "concurrency"
@@ -857,13 +859,6 @@ def goals(levels: list[dict[str, Any]]) -> dict[str, bool]:
         ),
         "records exactly once": all(lv["records"]["ok"] for lv in levels),
     }
-
-
-def git_commit() -> str | None:
-    out = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    )
-    return out.stdout.strip() or None
 
 
 def cell(value: Any) -> str:

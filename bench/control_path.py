@@ -82,6 +82,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from bench.harness.celery_worker import start_worker_with_beat as start_celery
+from bench.harness.host import cpu_model, git_commit, machine_busy
+from bench.harness.output import pct
 from bench.harness.testbed import stop_on_signals
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,14 +123,6 @@ PAGES = {
 
 def say(message: str) -> None:
     print(f"[control-path] {message}", file=sys.stderr, flush=True)
-
-
-def pct(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of `values` (None when empty)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def ms(seconds: float | None) -> float | None:
@@ -896,14 +891,6 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
-def machine_busy() -> tuple[int, int]:
-    """(busy, total) jiffies of every core so far (/proc/stat)."""
-    with open("/proc/stat") as fh:
-        fields = [int(x) for x in fh.readline().split()[1:]]
-    idle = fields[3] + fields[4]
-    return sum(fields) - idle, sum(fields)
-
-
 # -- the control plane's side: database, Redis, Celery, REST -----------------------------------
 
 
@@ -935,30 +922,6 @@ def redis_client():
     import redis
 
     return redis.Redis.from_url(REDIS_URL, socket_timeout=5)
-
-
-def start_celery(env: dict[str, str], tmp: str, log_path: Path) -> subprocess.Popen:
-    """One worker with beat in it, in its own session (its pool and beat are its children)."""
-    with open(log_path, "w") as log:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "controlplane",
-                "worker",
-                "-B",
-                "-s",
-                str(Path(tmp) / "beat-schedule"),
-                "--loglevel=INFO",
-            ],  # fmt: skip
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
 
 
 class Rest:
@@ -1210,6 +1173,7 @@ def run_one(
     out: Path,
     production: bool = True,
     bring_up_timeout_s: float | None = None,
+    gil_switch_ms: float | None = None,
 ) -> dict:
     """One N of the scenario; `production=False` (the tests) runs it on the embedded control
     plane instead (SQLite, no Redis, no Celery: the web process's own beat)."""
@@ -1218,6 +1182,8 @@ def run_one(
 
     out.mkdir(parents=True, exist_ok=True)
     extra: dict[str, str] = {"BATON_RECONCILE_INTERVAL_S": str(RECONCILE_S)}
+    if gil_switch_ms is not None:  # else the web process's default (controlplane/settings.py)
+        extra["BATON_GIL_SWITCH_INTERVAL_MS"] = f"{gil_switch_ms:g}"
     if production:
         reset_database()
         redis_client().flushdb()
@@ -1228,7 +1194,12 @@ def run_one(
     probe: ProbeProcess | None = None
     rest: Rest | None = None
     session: httpx.Client | None = None
-    result: dict[str, Any] = {"nodes": n, "production": production, "blocks": blocks}
+    result: dict[str, Any] = {
+        "nodes": n,
+        "production": production,
+        "blocks": blocks,
+        "gil_switch_ms": gil_switch_ms,
+    }
     try:
         web = cp.cluster.processes[0]
         pgids = {"uvicorn": web.pid}
@@ -1305,24 +1276,6 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
     return {**checks, "all_met": all(checks.values())}
 
 
-def cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None
-
-
-def git_commit() -> str | None:
-    out = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    )
-    return out.stdout.strip() or None
-
-
 def small_summary(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for r in results:
@@ -1331,6 +1284,7 @@ def small_summary(results: list[dict[str, Any]], args: argparse.Namespace) -> di
         rows.append(
             {
                 "nodes": r["nodes"],
+                "gil_switch_ms": r.get("gil_switch_ms"),
                 "declare_s": r.get("declare_s"),
                 "online_s": (r.get("bring_up") or {}).get("online_s"),
                 "window_s": w.get("seconds"),
@@ -1358,7 +1312,8 @@ def small_summary(results: list[dict[str, Any]], args: argparse.Namespace) -> di
     return {
         "command": "python -m bench.control_path "
         f"--nodes {','.join(str(r['nodes']) for r in results)} "
-        f"--seconds {args.seconds:g} --blocks {args.blocks}",
+        f"--seconds {args.seconds:g} --blocks {args.blocks}"
+        + ("" if args.gil_switch_ms is None else f" --gil-switch-ms {args.gil_switch_ms:g}"),
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "cpu": cpu_model(),
@@ -1375,6 +1330,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=1000, help="KV snapshot of each MD")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--summary", default=str(SUMMARY))
+    parser.add_argument(
+        "--gil-switch-ms",
+        type=float,
+        help="the web process's BATON_GIL_SWITCH_INTERVAL_MS (default: its own, 0.5; "
+        "5 is CPython's, for an A/B)",
+    )
     parser.add_argument("--probe", help=argparse.SUPPRESS)  # the probe process's config
     args = parser.parse_args(argv)
     # run_one's cleanup then stops uvicorn, the Celery worker and the probe, and drops the
@@ -1388,16 +1349,30 @@ def main(argv: list[str] | None = None) -> int:
         ns = [int(x) for x in args.nodes.split(",") if x.strip()]
     except ValueError:
         ns = []
-    if not ns or min(ns) < 2 or args.seconds <= 0 or not 0 <= args.blocks <= MAX_BLOCKS:
+    bad_switch = args.gil_switch_ms is not None and not 0 <= args.gil_switch_ms <= 100
+    if (
+        not ns
+        or min(ns) < 2
+        or args.seconds <= 0
+        or not 0 <= args.blocks <= MAX_BLOCKS
+        or bad_switch
+    ):
         print(
-            f"--nodes: whole numbers >= 2; --seconds > 0; --blocks 0..{MAX_BLOCKS}",
+            f"--nodes: whole numbers >= 2; --seconds > 0; --blocks 0..{MAX_BLOCKS}; "
+            "--gil-switch-ms 0..100",
             file=sys.stderr,
         )
         return 2
     out = Path(args.out)
     results = []
     for n in ns:
-        result = run_one(n, seconds=args.seconds, blocks=args.blocks, out=out / f"n{n}")
+        result = run_one(
+            n,
+            seconds=args.seconds,
+            blocks=args.blocks,
+            out=out / f"n{n}",
+            gil_switch_ms=args.gil_switch_ms,
+        )
         say(f"N={n}: {json.dumps(small_summary([result], args)['results'][0])}")
         results.append(result)
     (out / "summary.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -17,9 +17,10 @@ interleaved"; never retuned after seeing results):
   of docker/Dockerfile (``--timeout-keep-alive 5 --h11-max-incomplete-event-size 16384
   --limit-concurrency 8192``) and ``--workers G`` (G = 1: one process; G > 1: uvicorn's
   supervisor and G workers sharing one listening socket); one Celery worker with beat in it
-  (``bench.control_path.start_celery``: health checks, probes, reconciles). Every other setting
-  at its default: record writer, journal, stream coalescing (``BATON_GATEWAY_COALESCE_FROM`` 64,
-  ``BATON_GATEWAY_STREAM_INTERVAL_S`` 0.02), direct streams (one hop per token).
+  (``bench.harness.celery_worker.start_worker_with_beat``: health checks, probes,
+  reconciles). Every other setting at its default: record writer, journal, stream
+  coalescing (``BATON_GATEWAY_COALESCE_FROM`` 64, ``BATON_GATEWAY_STREAM_INTERVAL_S`` 0.02),
+  direct streams (one hop per token).
 - Fleet, declared over REST: datacenters ``gws-a`` (one prefill node of 8 GPUs of the
   control plane's ``gpu-a``) and ``gws-b`` (two main-decode nodes of 1 ``gpu-b`` each), a WAN
   link of 100 Gbit/s, 1 ms, 64 connections; no relay-decode instance and the policy's
@@ -104,7 +105,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.control_path import pct
+from bench.harness.output import pct
 from pdd.vocab import Pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -814,7 +815,7 @@ class Plane:
         self.port = 0
 
     def start(self) -> None:
-        from bench.control_path import start_celery
+        from bench.harness.celery_worker import start_worker_with_beat as start_celery
         from bench.harness.control_plane import start_control_plane
 
         out = self.config.out
@@ -1371,7 +1372,7 @@ def goals(result: dict) -> dict:
 
 
 def machine() -> dict:
-    from bench.control_path import cpu_model, git_commit
+    from bench.harness.host import cpu_model, git_commit
 
     return {
         "cores": os.cpu_count(),

@@ -275,10 +275,6 @@ def test_the_pipeline_and_handoff_vocabulary_is_spelled_once():
 BENCH_HARNESS = "bench.harness"
 # Tools that are one product with another (the pages' render cost is the control path's).
 BENCH_SAME_PRODUCT = {"bench.pages_at_scale": "bench.control_path"}
-# Not yet through the harness: bench/control_path.py is being reworked beside this rule; its
-# helpers the gateway's scale run shares (pct, start_celery, cpu_model, git_commit) move to the
-# harness with that work, and this pair goes.
-BENCH_PENDING = {("bench.gateway_scale", "bench.control_path")}
 
 
 def _bench_product(module: str) -> str:
@@ -294,7 +290,6 @@ def test_bench_products_import_no_other_product_only_the_harness():
         for dst, line in sorted(edges.items())
         if _is_under(dst, "bench") and dst != "bench"
         and _bench_product(dst) not in (_bench_product(src), BENCH_HARNESS)
-        and (_bench_product(src), _bench_product(dst)) not in BENCH_PENDING
     ]  # fmt: skip
     assert not found, "\n".join(found)
 

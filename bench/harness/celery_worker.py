@@ -48,3 +48,27 @@ def stop_worker(worker: subprocess.Popen | None) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(timeout=20)
+
+
+def start_worker_with_beat(env: dict[str, str], tmp: str, log_path: Path) -> subprocess.Popen:
+    """One worker with beat in it, in its own session (its pool and beat are its children)."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "controlplane",
+                "worker",
+                "-B",
+                "-s",
+                str(Path(tmp) / "beat-schedule"),
+                "--loglevel=INFO",
+            ],  # fmt: skip
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )

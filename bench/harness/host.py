@@ -1,9 +1,14 @@
-"""The host a benchmark runs on: free ports, a process's CPU seconds, the machine's busy time."""
+"""The host a benchmark runs on: free ports, a process's CPU seconds, the machine's busy time,
+its CPU model and the commit checked out."""
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -38,3 +43,23 @@ def machine_busy() -> tuple[float, float]:
         fields = [int(x) for x in fh.readline().split()[1:]]
     idle = fields[3] + fields[4]
     return sum(fields) - idle, sum(fields)
+
+
+def cpu_model() -> str | None:
+    """The first CPU's model name (/proc/cpuinfo), None if unknown."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def git_commit() -> str | None:
+    """The short hash of the commit checked out, None outside a git checkout."""
+    out = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    )
+    return out.stdout.strip() or None
