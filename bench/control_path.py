@@ -1214,7 +1214,7 @@ def run_one(
             broker = redis_client()
             queue_length = lambda: int(broker.llen(CELERY_QUEUE))  # noqa: E731
         password = secrets.token_urlsafe(16)
-        cp.cluster.manage("baton_user", OPERATOR, "--role", "operator", "--password", password)
+        cp.cluster.manage("baton_user", OPERATOR, "--role", "operator", f"--password={password}")
         rest = Rest(cp.url, cp.cluster.operator_token)
         t0 = time.monotonic()
         nodes = declare(rest, n, cp.gpu_types[GPU])
