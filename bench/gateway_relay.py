@@ -34,11 +34,11 @@ def main(argv: list[str] | None = None) -> dict:
     from billing import services as billing
     from billing.models import Tenant
     from fleet.models import ServedModel
+    from pdd.policy import Decision
     from pdd.tokenizer import ByteTokenizer
     from routing.gateway import run as gw_run
     from routing.gateway import views
     from routing.gateway.parsing import GatewayRequest
-    from routing.policy import Decision
 
     tenant = Tenant.objects.create(name="bench")
     key, _ = billing.api_key_create(tenant=tenant)

@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     from billing import services as billing
     from billing.models import Tenant
+    from pdd.policy import Decision
     from routing.gateway import records
-    from routing.policy import Decision
 
     key, _ = billing.api_key_create(tenant=Tenant.objects.create(name="bench"))
     decision = Decision(Pipeline.P_MD, HandoffMode.ONE_SHOT, "1", None, "2", 0, 2, 0.01, "bench")

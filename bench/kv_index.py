@@ -5,7 +5,7 @@ The scenario, fixed before the first run: one MD instance whose radix cache rece
 sessions of 64K-token contexts (4,096 blocks each) until it holds 1.5M blocks; its events go
 through the agent's event log (agents/node/kv_events.py) and the batch parser of the API into
 the index, in memory and (when --redis URL is given) in Redis with a second process-like
-mirror reading the stream. Then the policy's lookup (routing.policy.prefix_hit_tokens on the
+mirror reading the stream. Then the policy's lookup (pdd.policy.prefix_hit_tokens on the
 index's view) for 64K-token prompts that hit 0%, 50% and 100% of a cached session, timed over
 2,000 lookups each (median and p99), and the bytes per block of the in-memory index.
 
@@ -35,8 +35,8 @@ django.setup()
 from agents.engine.radix_cache import RadixCache  # noqa: E402
 from agents.node.kv_events import KVEventLog  # noqa: E402
 from fleet.kv_index import PrefixIndex, parse_batch  # noqa: E402
+from pdd.policy import InstanceState, RequestInfo, prefix_hit_tokens  # noqa: E402
 from pdd.prefix import prefix_block_hashes  # noqa: E402
-from routing.policy import InstanceState, RequestInfo, prefix_hit_tokens  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 BS = 16

@@ -1,4 +1,4 @@
-"""Time ``routing.policy.decide`` per decision on a realistic PDD snapshot.
+"""Time ``pdd.policy.decide`` per decision on a realistic PDD snapshot.
 
 Snapshot: 4 P, 2 RLD and 8 MD instances (MD in datacenter B behind one 20 Gbps WAN link with a
 225 Mbit/s per-connection rate), each MD's decode-side cache holding the prefix blocks of its
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from routing.policy import (  # noqa: E402
+from pdd.policy import (  # noqa: E402
     ClusterSnapshot,
     InstanceState,
     PolicySettings,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pdd.hardware import EngineSpec
+from pdd.policy import Role
 from pdd.spec import build, integer, number
 from planner.fleet import FleetSpec, fleet_from_dict
 from planner.metrics import Sla, Tariff, revenue, summarise
@@ -27,7 +28,6 @@ from planner.scenario import case_configs, load_scenario, set_path
 from planner.sim import RunRecord, Simulator
 from planner.wan import WanLinkSpec
 from planner.workload import Trace, WorkloadSpec, generate, read_trace
-from routing.policy import Role
 
 
 @dataclass(slots=True)

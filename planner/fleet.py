@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdd.hardware import EngineSpec, GpuType, ModelSpec
+from pdd.policy import PolicySettings, Role
 from pdd.spec import build, check_bool, check_int, check_positive
 from pdd.vocab import HandoffMode, Pipeline
 from planner.host import HostSpec
 from planner.wan import WanLinkSpec
-from routing.policy import PolicySettings, Role
 
 
 class System:
@@ -24,7 +24,7 @@ class System:
 
     IDC_PD = "idc-pd"  # one datacenter, P and D in one RDMA domain
     CDC_PD = "cdc-pd"  # P in A, MD in B with a decode-side prefix cache, no relay
-    PDD = "pdd"  # P-MD / P-RLD-MD via routing.policy.decide
+    PDD = "pdd"  # P-MD / P-RLD-MD via pdd.policy.decide
     P_RLD = Pipeline.P_RLD.value  # like PDD, low-hit requests finish on RLD (the excluded design)
 
     CHOICES = (IDC_PD, CDC_PD, PDD, P_RLD)

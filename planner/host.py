@@ -24,10 +24,10 @@ from typing import Protocol
 from mypy_extensions import mypyc_attr
 
 from pdd.hardware import EngineSpec, GpuType, ModelSpec
+from pdd.policy import InstanceState
 from pdd.spec import check_positive, check_range
 from planner.events import EventLoop
 from planner.instances import DecodeInstance, PrefillInstance
-from routing.policy import InstanceState
 
 
 @mypyc_attr(native_class=False)  # checked fields (planner/native.py)

@@ -1,6 +1,6 @@
 """Simulated engine instances: a batching prefill server and a batching decode server.
 
-Each wraps a ``routing.policy.InstanceState`` that it keeps current, so the policy reads the
+Each wraps a ``pdd.policy.InstanceState`` that it keeps current, so the policy reads the
 simulated fleet exactly as the gateway reads the real one.
 """
 
@@ -16,8 +16,8 @@ from pdd.hardware import (
     ModelSpec,
     prefill_batch_time,
 )
+from pdd.policy import InstanceState
 from planner.events import EventLoop
-from routing.policy import InstanceState
 
 
 class PrefillInstance:

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 from mypy_extensions import mypyc_attr
 
+from pdd.policy import Pipeline
 from pdd.spec import check_positive, check_range
 from pdd.vocab import HandoffMode
 from planner.sim import PIPELINE_CODES, RunRecord
-from routing.policy import Pipeline
 
 
 @mypyc_attr(native_class=False)  # checked fields (planner/native.py)

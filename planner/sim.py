@@ -2,7 +2,7 @@
 
 Every request flows: arrival -> routing decision -> prefill on P -> KV transfer (intra-DC
 fabric and/or WAN) -> decode on RLD and/or MD, with the extend-decode handoff between them.
-Routing for every system goes through ``routing.policy.decide``: PDD as configured, CDC-PD with
+Routing for every system goes through ``pdd.policy.decide``: PDD as configured, CDC-PD with
 no relay pool, IDC-PD over a local "link", P-RLD by finishing P-RLD-MD decisions on RLD.
 
 Agent sessions run in a closed loop when the trace says so (a turn waits for the previous
@@ -22,14 +22,9 @@ from functools import partial
 
 import numpy as np
 
+from pdd import policy as routing_policy
 from pdd.hardware import kv_capacity_tokens
-from planner.events import EventLoop
-from planner.fleet import FleetSpec, Handoff, System, session_home
-from planner.host import Host, HostedDecode, HostedPrefill, HostWork
-from planner.instances import DecodeInstance, PrefillInstance
-from planner.wan import WanLink
-from routing import policy as routing_policy
-from routing.policy import (
+from pdd.policy import (
     ClusterSnapshot,
     HandoffMode,
     InstanceState,
@@ -39,6 +34,11 @@ from routing.policy import (
     Role,
     WanLinkState,
 )
+from planner.events import EventLoop
+from planner.fleet import FleetSpec, Handoff, System, session_home
+from planner.host import Host, HostedDecode, HostedPrefill, HostWork
+from planner.instances import DecodeInstance, PrefillInstance
+from planner.wan import WanLink
 
 PIPELINE_CODES: dict[str, int] = {p: i for i, p in enumerate(Pipeline.CHOICES)}
 NO_PIPELINE = -1
@@ -536,7 +536,7 @@ class Simulator:
         """The snapshot with only the instances that can win the policy's choice.
 
         The policy takes, per role, the first healthy candidate in (saturated, -prefix hit,
-        load, queue depth, id) order (``routing.policy._first_in_order``). Every simulated
+        load, queue depth, id) order (``pdd.policy._first_in_order``). Every simulated
         instance is healthy and every MD reachable, saturation is a threshold on the load, and
         only MDs in ``prefix_hits`` can have a hit, so the winner is among: the first P by
         (load, id) (a P's queue depth is always 0), the first RLD by (load, queue depth, id),

@@ -1,4 +1,5 @@
-"""Routing: the live request path (policy, gateway, request records and decision log).
+"""Routing: the live request path (gateway, request records and decision log).
 
-Kept free of Django imports so the planner's simulator can import ``routing.policy``.
+The gateway decides with the pure routing policy, ``pdd.policy``, which the planner's
+simulator calls too.
 """

@@ -23,8 +23,7 @@ from fleet.choices import DesiredState, InstanceRole, NodeStatus
 from fleet.choices import LinkStatus as FleetLinkStatus
 from fleet.kv_index import prefix_index
 from fleet.models import Datacenter, GPUType, Instance, Node, WANLink
-from routing.caching import TtlCache, shared_cache, versions
-from routing.policy import (
+from pdd.policy import (
     BlockSet,
     ClusterSnapshot,
     InstanceState,
@@ -32,6 +31,7 @@ from routing.policy import (
     WanLinkState,
     leading_run,
 )
+from routing.caching import TtlCache, shared_cache, versions
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ class RoutingPolicyConfig(models.Model):
 
     settings = models.JSONField(
         default=dict,
-        help_text="routing.policy.PolicySettings as a dict; missing keys take the defaults.",
+        help_text="pdd.policy.PolicySettings as a dict; missing keys take the defaults.",
     )
     version = models.PositiveIntegerField(
         default=1,

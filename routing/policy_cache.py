@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 import time
 
+from pdd.policy import PolicySettings
 from routing import services
 from routing.models import RoutingPolicyConfig
-from routing.policy import PolicySettings
 
 
 class PolicyCache:

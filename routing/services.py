@@ -7,8 +7,8 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from pdd.policy import PolicySettings
 from routing.models import RoutingPolicyConfig
-from routing.policy import PolicySettings
 
 
 def policy_current() -> RoutingPolicyConfig:

@@ -20,7 +20,7 @@ from agents.node.launch import AgentProcess
 from bench.harness.control_plane import DEMO_POLICY, HEARTBEAT_S, ControlPlane
 from bench.harness.testbed import free_port
 from bench.pdd import scaling
-from routing.policy import PolicySettings
+from pdd.policy import PolicySettings
 
 AGENT_NUM_BLOCKS = 4096  # 64K tokens of KV per engine (256 MiB): a few dozen sessions cached
 NEVER_RELAY = {"wan_time_threshold_s": 1e9, "relay_when_main_saturated": False}

@@ -9,9 +9,9 @@ from typing import Any
 
 from billing.models import ApiKey
 from fleet.models import ServedModel
+from pdd.policy import Decision, PolicySettings, RequestInfo
 from routing.gateway.parsing import GatewayRequest
 from routing.gateway.timing import Stopwatch
-from routing.policy import Decision, PolicySettings, RequestInfo
 
 
 @dataclass(eq=False)

@@ -25,6 +25,7 @@ from billing.services import is_billed, usage_record, usage_records
 from fleet.agent_client import tls_context
 from fleet.models import ServedModel
 from fleet.pinning import EndpointNotCalled, PinnedTransport, resolved_endpoints
+from pdd.policy import Decision
 from routing.gateway.caches import served_models
 from routing.gateway.errors import GatewayError
 from routing.gateway.journal import Journal, recover
@@ -32,7 +33,6 @@ from routing.gateway.prepared import Prepared
 from routing.gateway.runner import data_plane_headers
 from routing.gateway.workers import record_writer
 from routing.models import Admission, RequestRecord, RoutingDecision
-from routing.policy import Decision
 
 log = logging.getLogger(__name__)
 

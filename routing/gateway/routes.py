@@ -9,6 +9,14 @@ from typing import Any
 
 from django.conf import settings
 
+from pdd.policy import (
+    Decision,
+    NoHealthyPath,
+    Pipeline,
+    RequestInfo,
+    decide,
+    leading_run,
+)
 from pdd.prefix import prefix_block_hashes
 from routing.caching import versions
 from routing.gateway.errors import unavailable
@@ -25,14 +33,6 @@ from routing.live import (
     with_dispatched_blocks,
     with_dispatches,
     without_suspects,
-)
-from routing.policy import (
-    Decision,
-    NoHealthyPath,
-    Pipeline,
-    RequestInfo,
-    decide,
-    leading_run,
 )
 from routing.policy_cache import PolicyCache
 

@@ -28,8 +28,8 @@ from fleet.pinning import (
 )
 from pdd.dataplane import CLIENT_IDLE_S, bearer_headers
 from pdd.events import ENGINE_FULL
+from pdd.policy import Decision, Pipeline
 from routing.live import Endpoint, LiveView
-from routing.policy import Decision, Pipeline
 
 # One client per process: connection pooling to the agents.
 _client: httpx.AsyncClient | None = None

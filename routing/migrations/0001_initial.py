@@ -5,88 +5,262 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('billing', '0001_initial'),
+        ("billing", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='RoutingPolicyConfig',
+            name="RoutingPolicyConfig",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('settings', models.JSONField(default=dict, help_text='routing.policy.PolicySettings as a dict; missing keys take the defaults.')),
-                ('version', models.PositiveIntegerField(default=1, help_text='Increases on every change; gateways reload when it moves.')),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('updated_by', models.CharField(blank=True, max_length=150)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "settings",
+                    models.JSONField(
+                        default=dict,
+                        help_text="pdd.policy.PolicySettings as a dict; missing keys take the defaults.",
+                    ),
+                ),
+                (
+                    "version",
+                    models.PositiveIntegerField(
+                        default=1,
+                        help_text="Increases on every change; gateways reload when it moves.",
+                    ),
+                ),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                ("updated_by", models.CharField(blank=True, max_length=150)),
             ],
             options={
-                'verbose_name': 'routing policy',
+                "verbose_name": "routing policy",
             },
         ),
         migrations.CreateModel(
-            name='RequestRecord',
+            name="RequestRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('request_id', models.CharField(help_text='Gateway request id (also the OpenAI response id).', max_length=64, unique=True)),
-                ('model', models.CharField(help_text='Served model name.', max_length=128)),
-                ('endpoint', models.CharField(help_text='chat.completions or completions.', max_length=32)),
-                ('stream', models.BooleanField(default=False)),
-                ('status', models.CharField(choices=[('ok', 'Completed'), ('cancelled', 'Cancelled by the client'), ('error', 'Failed'), ('rejected', 'Rejected before running')], max_length=16)),
-                ('error', models.TextField(blank=True, help_text='What went wrong, if it did.')),
-                ('pipeline', models.CharField(blank=True, choices=[('p-md', 'P-MD'), ('p-rld-md', 'P-RLD-MD'), ('rld-only', 'RLD only (singular traffic or fallback)'), ('single', 'Single engine')], max_length=16)),
-                ('handoff_mode', models.CharField(blank=True, choices=[('one-shot', 'One-shot'), ('catch-up', 'Catch-up'), ('none', 'None')], max_length=16)),
-                ('handoff_at_token', models.IntegerField(blank=True, help_text='Output index MD took over at.', null=True)),
-                ('handoff_batches', models.PositiveIntegerField(default=0)),
-                ('prompt_tokens', models.PositiveIntegerField(default=0)),
-                ('cached_tokens', models.PositiveIntegerField(default=0, help_text='Prompt tokens served from cache.')),
-                ('completion_tokens', models.PositiveIntegerField(default=0)),
-                ('tokens_by_rld', models.PositiveIntegerField(default=0, help_text='Output tokens decoded by RLD.')),
-                ('tokens_by_md', models.PositiveIntegerField(default=0, help_text='Output tokens decoded by MD.')),
-                ('ttft_s', models.FloatField(blank=True, help_text='Time to first token, seconds.', null=True)),
-                ('tpot_s', models.FloatField(blank=True, help_text='Mean time per output token after the first, s.', null=True)),
-                ('e2e_s', models.FloatField(blank=True, help_text='End-to-end latency, seconds.', null=True)),
-                ('kv_bytes_intra_dc', models.BigIntegerField(default=0, help_text='KV bytes over the intra-DC fabric.')),
-                ('kv_bytes_wan', models.BigIntegerField(default=0, help_text='KV bytes over the WAN.')),
-                ('handoff_bytes', models.BigIntegerField(default=0, help_text='Bytes of token ids handed RLD -> MD.')),
-                ('prefill_instance', models.CharField(blank=True, max_length=32)),
-                ('relay_instance', models.CharField(blank=True, max_length=32)),
-                ('main_instance', models.CharField(blank=True, max_length=32)),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('tenant', models.ForeignKey(help_text='Who sent it.', on_delete=django.db.models.deletion.PROTECT, related_name='requests', to='billing.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "request_id",
+                    models.CharField(
+                        help_text="Gateway request id (also the OpenAI response id).",
+                        max_length=64,
+                        unique=True,
+                    ),
+                ),
+                ("model", models.CharField(help_text="Served model name.", max_length=128)),
+                (
+                    "endpoint",
+                    models.CharField(help_text="chat.completions or completions.", max_length=32),
+                ),
+                ("stream", models.BooleanField(default=False)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("ok", "Completed"),
+                            ("cancelled", "Cancelled by the client"),
+                            ("error", "Failed"),
+                            ("rejected", "Rejected before running"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("error", models.TextField(blank=True, help_text="What went wrong, if it did.")),
+                (
+                    "pipeline",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("p-md", "P-MD"),
+                            ("p-rld-md", "P-RLD-MD"),
+                            ("rld-only", "RLD only (singular traffic or fallback)"),
+                            ("single", "Single engine"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "handoff_mode",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("one-shot", "One-shot"),
+                            ("catch-up", "Catch-up"),
+                            ("none", "None"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "handoff_at_token",
+                    models.IntegerField(
+                        blank=True, help_text="Output index MD took over at.", null=True
+                    ),
+                ),
+                ("handoff_batches", models.PositiveIntegerField(default=0)),
+                ("prompt_tokens", models.PositiveIntegerField(default=0)),
+                (
+                    "cached_tokens",
+                    models.PositiveIntegerField(
+                        default=0, help_text="Prompt tokens served from cache."
+                    ),
+                ),
+                ("completion_tokens", models.PositiveIntegerField(default=0)),
+                (
+                    "tokens_by_rld",
+                    models.PositiveIntegerField(
+                        default=0, help_text="Output tokens decoded by RLD."
+                    ),
+                ),
+                (
+                    "tokens_by_md",
+                    models.PositiveIntegerField(
+                        default=0, help_text="Output tokens decoded by MD."
+                    ),
+                ),
+                (
+                    "ttft_s",
+                    models.FloatField(
+                        blank=True, help_text="Time to first token, seconds.", null=True
+                    ),
+                ),
+                (
+                    "tpot_s",
+                    models.FloatField(
+                        blank=True,
+                        help_text="Mean time per output token after the first, s.",
+                        null=True,
+                    ),
+                ),
+                (
+                    "e2e_s",
+                    models.FloatField(
+                        blank=True, help_text="End-to-end latency, seconds.", null=True
+                    ),
+                ),
+                (
+                    "kv_bytes_intra_dc",
+                    models.BigIntegerField(
+                        default=0, help_text="KV bytes over the intra-DC fabric."
+                    ),
+                ),
+                (
+                    "kv_bytes_wan",
+                    models.BigIntegerField(default=0, help_text="KV bytes over the WAN."),
+                ),
+                (
+                    "handoff_bytes",
+                    models.BigIntegerField(
+                        default=0, help_text="Bytes of token ids handed RLD -> MD."
+                    ),
+                ),
+                ("prefill_instance", models.CharField(blank=True, max_length=32)),
+                ("relay_instance", models.CharField(blank=True, max_length=32)),
+                ("main_instance", models.CharField(blank=True, max_length=32)),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        help_text="Who sent it.",
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="requests",
+                        to="billing.tenant",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='RoutingDecision',
+            name="RoutingDecision",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('policy_version', models.PositiveIntegerField(help_text='RoutingPolicyConfig.version used.')),
-                ('pipeline', models.CharField(choices=[('p-md', 'P-MD'), ('p-rld-md', 'P-RLD-MD'), ('rld-only', 'RLD only (singular traffic or fallback)'), ('single', 'Single engine')], max_length=16)),
-                ('handoff_mode', models.CharField(choices=[('one-shot', 'One-shot'), ('catch-up', 'Catch-up'), ('none', 'None')], max_length=16)),
-                ('cached_tokens', models.PositiveIntegerField()),
-                ('delta_tokens', models.PositiveIntegerField()),
-                ('est_wan_s', models.FloatField(blank=True, help_text='Estimated WAN time of the KV delta, s.', null=True)),
-                ('fallback', models.BooleanField(default=False)),
-                ('reason', models.TextField(help_text='Why, in words.')),
-                ('inputs', models.JSONField(default=dict, help_text='The snapshot and request facts the policy saw.')),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('request', models.OneToOneField(help_text='The request this decision routed.', on_delete=django.db.models.deletion.CASCADE, related_name='decision', to='routing.requestrecord')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "policy_version",
+                    models.PositiveIntegerField(help_text="RoutingPolicyConfig.version used."),
+                ),
+                (
+                    "pipeline",
+                    models.CharField(
+                        choices=[
+                            ("p-md", "P-MD"),
+                            ("p-rld-md", "P-RLD-MD"),
+                            ("rld-only", "RLD only (singular traffic or fallback)"),
+                            ("single", "Single engine"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "handoff_mode",
+                    models.CharField(
+                        choices=[
+                            ("one-shot", "One-shot"),
+                            ("catch-up", "Catch-up"),
+                            ("none", "None"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("cached_tokens", models.PositiveIntegerField()),
+                ("delta_tokens", models.PositiveIntegerField()),
+                (
+                    "est_wan_s",
+                    models.FloatField(
+                        blank=True, help_text="Estimated WAN time of the KV delta, s.", null=True
+                    ),
+                ),
+                ("fallback", models.BooleanField(default=False)),
+                ("reason", models.TextField(help_text="Why, in words.")),
+                (
+                    "inputs",
+                    models.JSONField(
+                        default=dict, help_text="The snapshot and request facts the policy saw."
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                (
+                    "request",
+                    models.OneToOneField(
+                        help_text="The request this decision routed.",
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="decision",
+                        to="routing.requestrecord",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.AddIndex(
-            model_name='requestrecord',
-            index=models.Index(fields=['tenant', 'created_at'], name='routing_req_tenant__30467d_idx'),
+            model_name="requestrecord",
+            index=models.Index(
+                fields=["tenant", "created_at"], name="routing_req_tenant__30467d_idx"
+            ),
         ),
         migrations.AddIndex(
-            model_name='requestrecord',
-            index=models.Index(fields=['pipeline', 'created_at'], name='routing_req_pipelin_56c4c7_idx'),
+            model_name="requestrecord",
+            index=models.Index(
+                fields=["pipeline", "created_at"], name="routing_req_pipelin_56c4c7_idx"
+            ),
         ),
     ]

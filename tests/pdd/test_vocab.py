@@ -9,7 +9,7 @@ from pdd import vocab
 
 
 def test_the_policy_uses_the_shared_enums():
-    from routing import policy
+    from pdd import policy
 
     assert policy.Pipeline is vocab.Pipeline
     assert policy.HandoffMode is vocab.HandoffMode

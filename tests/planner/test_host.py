@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pdd.hardware import EngineSpec, GpuType, ModelSpec
+from pdd.policy import InstanceState
 from planner.api import _parse_case, run_fleet
 from planner.events import EventLoop
 from planner.fleet import fleet_from_dict
@@ -18,7 +19,6 @@ from planner.instances import DecodeInstance, PrefillInstance
 from planner.metrics import Sla
 from planner.scenario import case_configs, load_scenario
 from planner.workload import ContextGrowth, HitRateDist, LengthDist, WorkloadSpec, generate
-from routing.policy import InstanceState
 
 GPU = GpuType("A", peak_tflops=1000, mem_gb=640, mem_bw_tbps=10, interconnect_gbps=400,
               unit_price=1)  # fmt: skip

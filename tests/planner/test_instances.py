@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from pdd.hardware import EngineSpec, GpuType, ModelSpec, decode_step_time, prefill_efficiency
+from pdd.policy import InstanceState
 from planner.events import EventLoop
 from planner.instances import DecodeInstance, PrefillInstance
-from routing.policy import InstanceState
 
 GPU = GpuType("A", peak_tflops=1000, mem_gb=640, mem_bw_tbps=10, interconnect_gbps=400,
               unit_price=1)  # fmt: skip

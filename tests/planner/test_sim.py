@@ -1,4 +1,4 @@
-"""Specification of the fleet simulator: it routes through routing.policy and shows the
+"""Specification of the fleet simulator: it routes through pdd.policy and shows the
 published directions on small scenarios (seconds each)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-import routing.policy
+import pdd.policy
 from planner import api
 from planner.api import make_trace, run_case, simulate
 from planner.cli import main
@@ -45,19 +45,19 @@ def small_config(system: str, **workload) -> dict:
 
 def test_pdd_routes_every_request_through_the_policy_module(monkeypatch) -> None:
     calls = []
-    real = routing.policy.decide
+    real = pdd.policy.decide
 
     def spy(request, snapshot, settings):
         decision = real(request, snapshot, settings)
         calls.append(decision.pipeline)
         return decision
 
-    monkeypatch.setattr(routing.policy, "decide", spy)
+    monkeypatch.setattr(pdd.policy, "decide", spy)
     result = run_case("pdd", small_config("pdd", duration_s=60), "fleet")
     # Every arrival (warm-up included) is decided by the policy module.
     assert len(calls) >= result.summary["requests"] > 0
-    assert routing.policy.Pipeline.P_RLD_MD in calls
-    assert routing.policy.Pipeline.P_RLD not in calls
+    assert pdd.policy.Pipeline.P_RLD_MD in calls
+    assert pdd.policy.Pipeline.P_RLD not in calls
 
 
 def test_pdd_ttft_tail_is_below_cdc_pd_on_skewed_traffic() -> None:

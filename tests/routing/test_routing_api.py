@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from billing.models import Tenant
+from pdd.policy import PolicySettings
 from routing.models import RequestRecord, RoutingDecision
-from routing.policy import PolicySettings
 from tests.conftest import api_client
 
 pytestmark = pytest.mark.django_db

@@ -16,10 +16,10 @@ import pytest
 
 from billing import services as billing
 from billing.models import Tenant, UsageEntry
+from pdd.policy import Decision
 from routing.gateway import journal as jr
 from routing.gateway import records
 from routing.models import Admission, RequestRecord
-from routing.policy import Decision
 
 from .test_exactly_once_records import _records
 

@@ -9,8 +9,7 @@ import uuid
 
 import pytest
 
-from routing.live import DispatchLedger, LiveView, with_dispatches
-from routing.policy import (
+from pdd.policy import (
     ClusterSnapshot,
     InstanceState,
     PolicySettings,
@@ -19,6 +18,7 @@ from routing.policy import (
     WanLinkState,
     decide,
 )
+from routing.live import DispatchLedger, LiveView, with_dispatches
 
 
 def view(report_at: float = 100.0) -> LiveView:

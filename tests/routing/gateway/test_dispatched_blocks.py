@@ -10,9 +10,7 @@ import uuid
 
 import pytest
 
-from pdd.prefix import prefix_block_hashes
-from routing.live import DispatchedBlocks, LiveView, with_dispatched_blocks
-from routing.policy import (
+from pdd.policy import (
     ClusterSnapshot,
     InstanceState,
     Pipeline,
@@ -22,6 +20,8 @@ from routing.policy import (
     WanLinkState,
     decide,
 )
+from pdd.prefix import prefix_block_hashes
+from routing.live import DispatchedBlocks, LiveView, with_dispatched_blocks
 
 BLOCK = 16
 TURN_1 = list(range(1, 801))  # 50 blocks

@@ -12,12 +12,12 @@ import pytest
 from billing import services as billing
 from billing.models import Tenant, UsageEntry
 from fleet.models import ServedModel
+from pdd.policy import Decision
 from pdd.tokenizer import ByteTokenizer
 from routing.gateway import run as gw_run
 from routing.gateway import views
 from routing.gateway.parsing import GatewayRequest
 from routing.models import RequestRecord
-from routing.policy import Decision
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

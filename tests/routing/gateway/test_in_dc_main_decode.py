@@ -8,8 +8,8 @@ import pytest
 from fleet import live as fleet_live
 from fleet.choices import InstanceRole, NodeStatus
 from fleet.models import Datacenter, GPUType, Instance, Node, ServedModel
+from pdd.policy import LinkStatus, PolicySettings, RequestInfo, decide
 from routing.live import IN_DC_RTT_MS, build_live_view
-from routing.policy import LinkStatus, PolicySettings, RequestInfo, decide
 
 
 @pytest.fixture

@@ -126,8 +126,8 @@ def test_with_redis_or_switched_off_the_worker_admits(fleet, settings):
 def test_a_rejected_request_is_recorded_before_its_503(fleet, settings):
     client = _client()
     assert _send(client).status_code == 200  # warm the caches
+    from pdd.policy import NoHealthyPath
     from routing.gateway import routes
-    from routing.policy import NoHealthyPath
 
     def no_path(p, view=None):
         raise NoHealthyPath("every decoder is gone")

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
+from pdd.policy import ClusterSnapshot, Decision
 from routing.gateway.runner import Sampling, build_plan
 from routing.live import Endpoint, LiveView
-from routing.policy import ClusterSnapshot, Decision
 
 
 def _view(kv_formats):

@@ -8,9 +8,9 @@ import pytest
 
 from billing import services as billing
 from billing.models import Tenant, UsageEntry
+from pdd.policy import Decision
 from routing.gateway import records
 from routing.models import Admission, RequestRecord, RoutingDecision
-from routing.policy import Decision
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

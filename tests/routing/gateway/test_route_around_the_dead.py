@@ -275,7 +275,7 @@ def test_a_decoder_that_falls_silent_mid_stream_is_migrated(two_decoders, monkey
     ],
 )  # fmt: skip
 def test_a_failure_implicates_one_decoder_not_both(message, role, pipeline, expected):
-    from routing.policy import Decision
+    from pdd.policy import Decision
 
     relay = "2" if pipeline == "p-rld-md" else None
     decision = Decision(pipeline, "one-shot", "1", relay, "3", 0, 10, 0.1, "test")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from routing.policy import InstanceState, RequestInfo, leading_run, prefix_hit_tokens
+from pdd.policy import InstanceState, RequestInfo, leading_run, prefix_hit_tokens
 
 
 def _walk(hashes, held) -> int:
@@ -46,7 +46,7 @@ def test_hit_tokens_count_whole_blocks_within_the_prompt():
 
 
 def test_prefill_goes_to_the_p_holding_the_prompts_prefix_unless_it_is_saturated():
-    from routing.policy import ClusterSnapshot, PolicySettings, WanLinkState, decide
+    from pdd.policy import ClusterSnapshot, PolicySettings, WanLinkState, decide
 
     hashes = tuple(f"{i:016x}" for i in range(1, 9))
     request = RequestInfo(
@@ -75,7 +75,7 @@ def test_a_short_shared_prefix_does_not_keep_a_new_prefill_idle():
     """Fresh prompts that share only a system prompt: the P holding it is no better than a P
     started later, so the least loaded one takes them (a hit below prefill_min_hit_share of the
     prompt does not count); a session's turn, mostly cached, still goes back to its P."""
-    from routing.policy import ClusterSnapshot, PolicySettings, WanLinkState, decide
+    from pdd.policy import ClusterSnapshot, PolicySettings, WanLinkState, decide
 
     system = tuple(f"{i:016x}" for i in range(1, 3))  # 2 blocks: 32 of 128 tokens
     fresh = RequestInfo(prompt_tokens=128, max_tokens=8, block_tokens=16,

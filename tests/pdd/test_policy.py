@@ -1,4 +1,4 @@
-"""Specification of the PDD routing policy (routing.policy.decide) and its settings."""
+"""Specification of the PDD routing policy (pdd.policy.decide) and its settings."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from routing.policy import (
+from pdd.policy import (
     ClusterSnapshot,
     Decision,
     HandoffMode,
