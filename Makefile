@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 # AVX-512 with AVX512-BF16 or AVX2 with FMA, skipped on CPUs with neither; a failed build
 # leaves the default path).
 NATIVE_STAMP := build/native/stamp.json
-$(NATIVE_STAMP): $(STAMP) $(wildcard planner/*.py routing/*.py pdd/*.py)
+$(NATIVE_STAMP): $(STAMP) $(wildcard planner/*.py pdd/*.py)
 	-BATON_PLANNER_NATIVE=0 $(PY) -m planner native build
 
 setup: $(STAMP) $(NATIVE_STAMP)
