@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -95,17 +96,31 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# `size --from-db` reads the database's fleet from the control plane's command line: the
+# planner imports no Django, so the control plane composes the fleet and prints it as JSON.
+DB_FLEET_COMMAND = "planner_fleet"
+
+
+def _manage(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``manage.py ARGS`` (the control plane's command line, with this environment)."""
+    command = [sys.executable, str(ROOT / "manage.py"), *args]
+    return subprocess.run(command, capture_output=True, text=True, check=False)
+
+
 def _db_fleet(scenario: str) -> dict[str, Any]:
-    """The fleet in the database as a planner fleet (``plans.services.planner_fleet_from_db``:
-    GPU types, prices and the WAN link from the inventory, the pools the nodes now running
-    each role). This command line is an entry point: it sets Django up and composes the two."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-    import django
-
-    django.setup()
-    from plans.services import planner_fleet_from_db
-
-    return planner_fleet_from_db(scenario)
+    """The fleet in the database as a planner fleet: ``manage.py planner_fleet SCENARIO``
+    (``plans.services.planner_fleet_from_db``: GPU types, prices and the WAN link from the
+    inventory, the pools the nodes now running each role). A refusal (no WAN link, an unknown
+    scenario) is a ValueError with its message, as any other bad input."""
+    done = _manage(DB_FLEET_COMMAND, scenario)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        last = lines[-1] if lines else f"exit status {done.returncode}"
+        if not last.startswith("CommandError: "):
+            sys.stderr.write(done.stderr)  # not a refusal: show the whole story
+        raise ValueError(last.removeprefix("CommandError: "))
+    fleet: dict[str, Any] = json.loads(done.stdout)
+    return fleet
 
 
 def _figure(value: Any) -> str:

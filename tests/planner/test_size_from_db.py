@@ -1,78 +1,45 @@
-"""`planner size --from-db`: the starting fleet is the database's (GPU types, prices, the WAN
-link from the inventory; counts = nodes holding an instance of each role)."""
+"""`planner size --from-db` without Django in the planner: the command line runs the control
+plane's `manage.py planner_fleet SCENARIO` and starts from the JSON fleet it prints
+(tests/plans/test_planner_fleet_command.py runs it against a database)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-from decimal import Decimal
+import json
+import subprocess
+import sys
 
 import pytest
-from django.utils import timezone
 
-from fleet import services
-from fleet.choices import InstanceRole
-from fleet.models import Datacenter, GPUType, ServedModel, UnitPrice, WANLink
 from planner import cli
-from planner.size import Progress, size
 
 
-@pytest.fixture
-def db_fleet(db):
-    a = Datacenter.objects.create(name="dc-a", region="city-a")
-    b = Datacenter.objects.create(name="dc-b", region="city-b")
-    gpu_a = GPUType.objects.create(vendor="generic", model="gpu-a", peak_bf16_tflops=989,
-                                   memory_gib=80, memory_bandwidth_gbps=3350,
-                                   interconnect_gbps=400)  # fmt: skip
-    gpu_b = GPUType.objects.create(vendor="generic", model="gpu-b", peak_bf16_tflops=800,
-                                   memory_gib=141, memory_bandwidth_gbps=7000,
-                                   interconnect_gbps=450)  # fmt: skip
-    model = ServedModel.objects.create(name="baton-tiny", source="baton-tiny", num_layers=4,
-                                       kv_bytes_per_token=2048)  # fmt: skip
-    WANLink.objects.create(from_datacenter=a, to_datacenter=b, bandwidth_gbps=20, rtt_ms=20)
-    for gpu, dc, amount in ((gpu_a, a, "2.00"), (gpu_b, b, "2.50")):
-        services.unit_price_save(
-            price=UnitPrice(gpu_type=gpu, datacenter=dc, price_per_gpu_hour=Decimal(amount),
-                            currency="USD",
-                            effective_from=timezone.now() - timedelta(days=30))
-        )  # fmt: skip
-    nodes = []
-    for host, dc, gpu in (("a-1", a, gpu_a), ("a-2", a, gpu_a), ("b-1", b, gpu_b)):
-        node, _ = services.node_create(hostname=host, datacenter=dc, gpu_type=gpu, gpu_count=8)
-        nodes.append(node)
-    for role, node in (
-        (InstanceRole.PREFILL, nodes[0]),
-        (InstanceRole.PREFILL, nodes[1]),
-        (InstanceRole.MAIN_DECODE, nodes[2]),
-    ):
-        services.instance_create(role=role, node=node, served_model=model, gpu_count=4)
+def _child(monkeypatch, returncode: int, stdout: str = "", stderr: str = "") -> list[list[str]]:
+    calls: list[list[str]] = []
+
+    def run(command, **kwargs):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, returncode, stdout, stderr)
+
+    monkeypatch.setattr(cli.subprocess, "run", run)
+    return calls
 
 
-def test_the_database_fleet_is_the_starting_point(db_fleet) -> None:
-    fleet = cli._db_fleet("tiny-size")
-    counts = {(p["role"], p["gpu"], p["datacenter"]): p["count"] for p in fleet["pools"]}
-    assert counts == {
-        ("prefill", "generic/gpu-a", "dc-a"): 2,
-        ("relay_decode", "generic/gpu-a", "dc-a"): 0,
-        ("main_decode", "generic/gpu-b", "dc-b"): 1,
-    }
-    assert fleet["gpu_types"]["generic/gpu-a"]["unit_price"] == pytest.approx(16.0)
-    assert fleet["links"]["dc-b"]["rtt_ms"] == 20
-    out = size("tiny-size", fleet=fleet, workers=1, bcr_scan=[], band_pct=0, constants_pct=0,
-               seeds=0, progress=Progress(enabled=False))  # fmt: skip
-    assert out["start"] == {
-        "prefill@dc-a:generic/gpu-a": 2,
-        "relay_decode@dc-a:generic/gpu-a": 0,
-        "main_decode@dc-b:generic/gpu-b": 1,
-    }
-    assert out["unit_prices"] == {"generic/gpu-a": 16.0, "generic/gpu-b": 20.0}
-    best = out["cheapest"]
-    assert best["found"] and best["at"]["met"]
+def test_the_fleet_is_read_from_the_control_planes_command(monkeypatch) -> None:
+    fleet = {"system": "pdd", "pools": [{"role": "prefill", "count": 2}]}
+    calls = _child(monkeypatch, 0, stdout=json.dumps(fleet) + "\n")
+    assert cli._db_fleet("tiny-size") == fleet
+    assert calls == [[sys.executable, str(cli.ROOT / "manage.py"), "planner_fleet", "tiny-size"]]
 
 
-def test_cli_size_from_db(db_fleet, capsys) -> None:
-    code = cli.main(["size", "tiny-size", "--from-db", "--workers", "1", "--bcr-scan", "",
-                     "--band", "0", "--constants", "0", "--seeds", "0",
-                     "--progress", "off"])  # fmt: skip
-    out = capsys.readouterr().out
-    assert code == 0, out
-    assert "unit prices: generic/gpu-a 16/h, generic/gpu-b 20/h" in out
+def test_a_refusal_is_a_value_error_with_its_message(monkeypatch) -> None:
+    _child(monkeypatch, 1, stderr="CommandError: fleet: no WAN link in the database\n")
+    with pytest.raises(ValueError, match=r"^fleet: no WAN link in the database$"):
+        cli._db_fleet("tiny-size")
+
+
+def test_any_other_failure_shows_the_childs_story(monkeypatch, capsys) -> None:
+    story = "Traceback (most recent call last):\n  ...\nOperationalError: no such table\n"
+    _child(monkeypatch, 1, stderr=story)
+    assert cli.main(["size", "tiny-size", "--from-db", "--progress", "off"]) == 2
+    err = capsys.readouterr().err
+    assert err == story + "error: OperationalError: no such table\n"
