@@ -44,44 +44,41 @@ CONTROLPLANE_BASE = (
     "controlplane.schema",
     "controlplane.tokens",
 )
-# The planner's command line sets Django up for `size --from-db` and reads the database's
-# fleet through `plans`: an entry point, above what it composes.
-PLANNER_ENTRY = ("planner.cli", "planner.__main__")
-
 # Lowest first: a module may import its own layer and the layers below it, never one above.
-#   pdd            what every part shares: no Django, no torch
+#   pdd            what every part shares (the policy, the hardware model): no Django, no torch
 #   agents         node agents and their engines: pdd only, never Django
+#   planner        simulator and capacity planner: pdd only, never Django nor a Django app
+#                  (`size --from-db` runs `manage.py planner_fleet`, which `plans` provides)
 #   controlplane base (above): Django-side helpers every app uses
 #   fleet          inventory and provisioning
 #   billing        tenants, keys, prices, usage (reads fleet's prices and GPUs)
-#   routing        the gateway and the policy (admits through billing, routes over fleet)
-#   planner        simulator and capacity planner (pure Python; the policy from routing)
+#   routing        the gateway (admits through billing, routes over fleet with pdd.policy)
 #   plans          plan runs over the database's fleet (fleet rows into the planner)
 #   frontend       the operator UI and telemetry: reads every app
 #   controlplane   the top: settings, URLs, ASGI, websocket routes, pushes
-#   planner.cli    the planner's command line (an entry point)
 #   bench          the demo, the testbed and the benchmarks: drive everything
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pdd", ("pdd",)),
     ("agents", ("agents",)),
+    ("planner", ("planner",)),
     ("controlplane base", CONTROLPLANE_BASE),
     ("fleet", ("fleet",)),
     ("billing", ("billing",)),
     ("routing", ("routing",)),
-    ("planner", ("planner",)),
     ("plans", ("plans",)),
     ("frontend", ("frontend",)),
     ("controlplane", ("controlplane",)),
-    ("planner.cli", PLANNER_ENTRY),
     ("bench", ("bench",)),
 )
 # Layers named by their modules; the others hold whole packages.
-BY_MODULE = (CONTROLPLANE_BASE, PLANNER_ENTRY)
+BY_MODULE = (CONTROLPLANE_BASE,)
 # The control plane runs without the agents' package or torch: only these import `agents`.
 AGENTS_USERS = ("agents", "bench")
 # Parts that import no Django (nor Channels, DRF or Celery, which need it).
 DJANGO = ("django", "rest_framework", "drf_spectacular", "django_filters", "channels", "celery")
 WITHOUT_DJANGO = ("pdd", "agents", "planner")
+# The Django apps and the project: what the parts without Django never import either.
+DJANGO_APPS = ("controlplane", "fleet", "billing", "routing", "plans", "frontend")
 # Parts that import no torch (the control plane's packages among them).
 TORCH_USERS = ("agents", "bench")
 
@@ -146,8 +143,8 @@ def _external(module: str) -> list[tuple[int, str]]:
 
 
 def _layer(module: str) -> int:
-    """The layer of a module: one named in CONTROLPLANE_BASE or PLANNER_ENTRY is there; any
-    other lies in the layer of its package (the longest prefix that names one)."""
+    """The layer of a module: one named in CONTROLPLANE_BASE is there; any other lies in the
+    layer of its package (the longest prefix that names one)."""
     for index, (_, members) in enumerate(LAYERS):
         if members in BY_MODULE and module in members:
             return index
@@ -219,20 +216,33 @@ def test_only_the_agents_and_the_benchmarks_import_the_agents_package():
 
 
 @pytest.mark.parametrize(
-    ("parts", "names", "allowed"),
+    ("parts", "names"),
     [
-        (WITHOUT_DJANGO, DJANGO, PLANNER_ENTRY),
-        (tuple(p for p in PACKAGES if p not in TORCH_USERS), ("torch",), ()),
+        (WITHOUT_DJANGO, DJANGO),
+        (tuple(p for p in PACKAGES if p not in TORCH_USERS), ("torch",)),
     ],
     ids=["django", "torch"],
 )
-def test_parts_that_go_without_a_framework_do_not_import_it(parts, names, allowed):
+def test_parts_that_go_without_a_framework_do_not_import_it(parts, names):
     found = [
         f"{_files()[module].relative_to(ROOT)}:{line} imports {name}"
         for module in sorted(_files())
-        if any(_is_under(module, p) for p in parts) and module not in allowed
+        if any(_is_under(module, p) for p in parts)
         for line, name in _external(module)
         if any(_is_under(name, n) for n in names)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_parts_without_django_import_no_django_app():
+    """pdd, agents and the planner import no Django app nor the project, not even an entry
+    point of theirs (the planner's `size --from-db` runs `manage.py planner_fleet` instead)."""
+    found = [
+        f"{_files()[src].relative_to(ROOT)}:{line} imports {dst}"
+        for src, edges in sorted(_graph().items())
+        if any(_is_under(src, p) for p in WITHOUT_DJANGO)
+        for dst, line in sorted(edges.items())
+        if any(_is_under(dst, app) for app in DJANGO_APPS)
     ]
     assert not found, "\n".join(found)
 
