@@ -32,6 +32,7 @@ from routing.caching import versions  # noqa: E402
 # The event loop gets the GIL back from computing threads within this (settings.py).
 if settings.BATON_GIL_SWITCH_INTERVAL_MS > 0:
     sys.setswitchinterval(settings.BATON_GIL_SWITCH_INTERVAL_MS / 1000.0)
+gcwatch.tune(settings.BATON_GC_THRESHOLDS)
 gcwatch.install(settings.BATON_GC_WARN_MS)
 
 http_app = BodyGuard(ASGIStaticFilesHandler(django_http) if settings.SERVE_STATIC else django_http)
@@ -48,6 +49,8 @@ async def lifespan(scope, receive, send):
         if message["type"] == "lifespan.startup":
             # The gateway caches' change counters, read off the request path.
             refresher = versions.start_refresher()
+            if settings.BATON_GC_FREEZE:  # start-up's objects out of every later collection
+                gcwatch.freeze()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             if refresher is not None:

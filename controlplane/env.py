@@ -61,6 +61,22 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_int_list(name: str, default: list[int], *, count: int) -> tuple[int, ...]:
+    """Up to `count` whole numbers >= 0, comma-separated; empty: none (keep the library's own);
+    unset: `default`. ImproperlyConfigured otherwise."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return tuple(default)
+    items = [item.strip() for item in raw.split(",") if item.strip()]
+    try:
+        values = tuple(int(item) for item in items)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a list of whole numbers") from None
+    if len(values) > count or any(v < 0 for v in values):
+        raise ImproperlyConfigured(f"{name}={raw!r}: at most {count} whole numbers >= 0")
+    return values
+
+
 def generated_secret_key(path: Path) -> str:
     """The key in `path`, made once (random, 0600) if the file does not exist yet. Several
     processes starting at once agree: the first to link its file into place wins."""

@@ -16,6 +16,7 @@ from controlplane.env import (
     env_bool,
     env_float,
     env_int,
+    env_int_list,
     env_list,
     env_str,
     generated_secret_key,
@@ -354,6 +355,11 @@ BATON_GIL_SWITCH_INTERVAL_MS = env_float("BATON_GIL_SWITCH_INTERVAL_MS", 0.5, mi
 # A garbage collection in the web process at least this long is logged (controlplane/gcwatch.py):
 # it stops the event loop for as long. 0: never.
 BATON_GC_WARN_MS = env_float("BATON_GC_WARN_MS", 50.0, minimum=0.0)
+# The web process's collector thresholds (gc.set_threshold: the young generation's, then the
+# older ones'), comma-separated; empty: CPython's (700,10,10). And whether it freezes what
+# start-up allocated (gc.freeze). controlplane/gcwatch.py says why.
+BATON_GC_THRESHOLDS = env_int_list("BATON_GC_THRESHOLDS", [50_000, 10, 10], count=3)
+BATON_GC_FREEZE = env_bool("BATON_GC_FREEZE", True)
 # Requests of the agents' API that Django serves at once per web process; more wait on the
 # event loop (a burst must not hold threads and pooled connections past the pool's timeout).
 BATON_AGENT_API_CONCURRENCY = env_int("BATON_AGENT_API_CONCURRENCY", 16)
