@@ -176,6 +176,20 @@ def full_beat_current(node_id: int, digest: bytes | None) -> bool:
     return last is not None and last.digest == digest and time.monotonic() <= last.until
 
 
+def validated_before(node_id: int, digest: bytes | None) -> bool:
+    """Whether this node's last full heartbeat in this process said the same (its heartbeat
+    stats aside), so the document was validated then: validation is a function of the
+    document, and the stats it leaves out are not validated. A node's periodic full beat
+    (every BATON_HEARTBEAT_FULL_EVERY_S) repeats its document: validating it again through
+    DRF built ~300 objects held in reference cycles per beat, 20 beats a second at 1,000
+    nodes, which only the garbage collector frees (bench/control_path/REPORT.md)."""
+    if digest is None:
+        return False
+    with _full_beats_lock:
+        last = _full_beats.get(node_id)
+    return last is not None and last.digest == digest
+
+
 def forget_full_beat(node_id: int) -> None:
     """The next heartbeat of this node is taken whole (its instances changed here)."""
     with _full_beats_lock:

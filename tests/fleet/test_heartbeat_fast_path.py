@@ -193,3 +193,35 @@ def test_bad_documents_are_still_400_after_a_fast_beat(agent, instance, body):
     assert r.status_code == 400, r.content
     instance.refresh_from_db()
     assert instance.actual_state == ActualState.RUNNING
+
+
+def test_a_periodic_full_beat_is_not_validated_again(agent, instance, settings, monkeypatch):
+    """A full beat that repeats the document validated at the node's last one is taken whole
+    (compared with the instances) without building the serializer again; a changed document
+    is validated, and a bad one is still a 400."""
+    from fleet.api import agent as agent_api
+
+    settings.BATON_HEARTBEAT_FULL_EVERY_S = 0.0  # every beat is a full one
+    built: list[int] = []
+    real = agent_api.StateDocumentSerializer
+
+    class Counting(real):
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(agent_api, "StateDocumentSerializer", Counting)
+    _register(agent, instance)
+    assert beat(agent, doc(instance, 1)).status_code == 200
+    assert len(built) == 1
+    queries: list[str] = []
+    assert beat(agent, doc(instance, 2), queries).status_code == 200  # same document
+    assert any("fleet_instance" in q for q in queries)  # taken whole
+    assert len(built) == 1  # not validated again
+    assert beat(agent, doc(instance, 3, running=2)).status_code == 200  # changed: validated
+    assert len(built) == 2
+    bad = doc(instance, 4)
+    bad["instances"][0]["load"] = "lots"
+    assert beat(agent, bad).status_code == 400
+    instance.refresh_from_db()
+    assert instance.last_report["load"]["running"] == 2
