@@ -21,7 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import ApiKey
-from billing.services import is_billed, usage_record, usage_records
+from billing.services import usage_line, usage_record, usage_records
 from fleet.agent_client import tls_context
 from fleet.models import ServedModel
 from fleet.pinning import EndpointNotCalled, PinnedTransport, resolved_endpoints
@@ -142,19 +142,17 @@ def _decision_row(
 
 
 def _usage_line(write: dict[str, Any]) -> dict[str, Any] | None:
-    """The usage line's fields for a record write; None when nothing is billed."""
+    """The usage line of a record write, as billing rules it (``billing.services.usage_line``)."""
     outcome: Outcome = write["outcome"]
-    if not is_billed(outcome.status, outcome.prompt_tokens):
-        return None
-    return {
-        "request_id": write["request_id"],
-        "tenant": write["api_key"].tenant,
-        "api_key": write["api_key"],
-        "model": write["model"],
-        "prompt_tokens": outcome.prompt_tokens,
-        "cached_tokens": outcome.cached_tokens,
-        "completion_tokens": outcome.completion_tokens,
-    }
+    return usage_line(
+        request_id=write["request_id"],
+        api_key=write["api_key"],
+        model=write["model"],
+        status=outcome.status,
+        prompt_tokens=outcome.prompt_tokens,
+        cached_tokens=outcome.cached_tokens,
+        completion_tokens=outcome.completion_tokens,
+    )
 
 
 def _notify(record: RequestRecord) -> None:
