@@ -27,9 +27,7 @@ from fleet.models import ServedModel
 from fleet.pinning import EndpointNotCalled, PinnedTransport, resolved_endpoints
 from pdd.policy import Decision
 from routing.gateway.caches import served_models
-from routing.gateway.errors import GatewayError
 from routing.gateway.journal import Journal, recover
-from routing.gateway.prepared import Prepared
 from routing.gateway.runner import data_plane_headers
 from routing.gateway.workers import record_writer
 from routing.models import Admission, RequestRecord, RoutingDecision
@@ -204,33 +202,6 @@ def record_request(
     return record
 
 
-def submit_record(p: Prepared, outcome: Outcome, decision: Decision | None) -> Future:
-    """The request's record (``record_request``) handed to the record writer; the future
-    resolves when it is written."""
-    return record_writer.submit(
-        record_request,
-        request_id=p.request_id,
-        api_key=p.key,
-        model=p.model.name,
-        endpoint=p.kind,
-        stream=p.greq.stream,
-        decision=decision,
-        policy_version=p.version,
-        decision_inputs=p.inputs,
-        outcome=outcome,
-        client_request_id=p.client_request_id,
-    )
-
-
-def reject_recorded(p: Prepared, error: GatewayError, reason: str) -> GatewayError:
-    """``error`` for a request refused before any agent was called (no healthy path, the
-    tenant's rate limit), with its ``rejected`` record submitted to the record writer; the
-    view waits for the write before it answers (``GatewayError.pending_write``)."""
-    outcome = Outcome(status="rejected", error=reason, prompt_tokens=len(p.prompt_ids))
-    error.pending_write = submit_record(p, outcome, None)
-    return error
-
-
 def record_requests(writes: list[dict[str, Any]]) -> list[RequestRecord]:
     """``record_request`` for a batch (the record writer's): each item its keyword arguments,
     the same rows as calling it for each in turn, in a few statements for the whole batch
@@ -319,8 +290,8 @@ record_writer.batched(record_request, record_requests)
 
 
 def admission_open(**fields: Any) -> None:
-    """The durable trace of an accepted request as a row, committed now (the journal's
-    ``admission_journaled`` is what the gateway's request path uses)."""
+    """The durable trace of an accepted request as a row, committed now (the request path
+    journals it instead: ``admission_journaled``, through ``recorder.admitted``)."""
     _admission_row(_admission_entry(**fields), this_process())
 
 

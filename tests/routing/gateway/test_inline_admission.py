@@ -1,6 +1,7 @@
-"""Admission and routing on the event loop (routing/gateway/views.py `_prepare_inline`): with
-warm caches and no Redis, a request takes no worker hop; a cold read falls back to a worker
-without counting the request twice; with Redis, or switched off, the worker does it."""
+"""Admission and routing on the event loop (routing/gateway/workers.py `in_order`, as
+views.py `_admit` runs steps 1-3): with warm caches and no Redis, a request takes no worker
+hop; a cold read moves the rest to a worker without counting the request twice; with Redis,
+or switched off, the worker does it."""
 
 from __future__ import annotations
 
