@@ -40,7 +40,7 @@ def _request(p: Prepared) -> dict[str, Any]:
 def admitted(p: Prepared) -> Future:
     """The durable admission of a routed request, before any agent is called: a line in this
     process's journal now, its row in the record writer's next batch (the future). If this
-    process dies, a later one records the request (``records.finish_interrupted``)."""
+    process dies, a later one records the request (``interrupted.finish_interrupted``)."""
     if p.decision is None:
         raise RuntimeError("admitted() of a request that was never routed")
     return records.admission_journaled(
@@ -92,7 +92,7 @@ def rejected(p: Prepared, reason: str) -> Future:
 
 def _record(p: Prepared, decision: Decision | None, outcome: Outcome) -> Future:
     """The one place a live request's record is written (a dead process's admissions are
-    recorded by ``records.finish_interrupted``)."""
+    recorded by ``interrupted.finish_interrupted``)."""
     return record_writer.submit(
         records.record_request, **_request(p), decision=decision, outcome=outcome
     )

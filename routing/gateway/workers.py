@@ -92,7 +92,7 @@ class BatchWriter:
 
     The queue needs no disk of its own to keep the exactly-once guarantee: every request has
     its durable admission row before any agent runs, so a write lost with a killed process is
-    finished by the next one as ``interrupted`` (records.finish_interrupted), and
+    finished by the next one as ``interrupted`` (interrupted.finish_interrupted), and
     ``record_request`` writes a request id at most once. Each write's future resolves after
     its batch committed (or failed), so a caller that awaits it reads its own write."""
 
