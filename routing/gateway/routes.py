@@ -22,22 +22,20 @@ from pdd.policy import (
 )
 from pdd.prefix import prefix_block_hashes
 from routing.caching import versions
+from routing.dispatches import (
+    DispatchedBlocks,
+    DispatchLedger,
+    with_dispatched_blocks,
+    with_dispatches,
+)
 from routing.gateway.errors import unavailable
 from routing.gateway.overload import overload
 from routing.gateway.prepared import Prepared, Refused
 from routing.gateway.runner import AgentBusy, AgentRunError, Sampling, build_plan
 from routing.gateway.workers import in_worker
-from routing.live import (
-    DispatchedBlocks,
-    DispatchLedger,
-    LiveView,
-    LiveViewCache,
-    suspect_ledger,
-    with_dispatched_blocks,
-    with_dispatches,
-    without_suspects,
-)
+from routing.live import LiveView, LiveViewCache
 from routing.policy_cache import PolicyCache
+from routing.suspects import suspect_ledger, without_suspects
 
 log = logging.getLogger(__name__)
 

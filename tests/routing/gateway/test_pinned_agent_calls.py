@@ -18,9 +18,9 @@ from fleet.choices import InstanceRole
 from fleet.models import Node
 from fleet.pinning import AsyncPinnedTransport, resolved_endpoints
 from routing.gateway import interrupted, routes, runner
-from routing.live import suspect_ledger
 from routing.models import Admission, RequestRecord
 from routing.probes import DEAD, OK, probe_agents
+from routing.suspects import suspect_ledger
 from tests.fleet.test_pinning import FakeDNS, two_agents  # noqa: F401 (fixture)
 from tests.routing.gateway.test_route_around_the_dead import (
     _one_dc_fleet,
