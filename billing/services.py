@@ -48,6 +48,32 @@ def is_billed(status: str, prompt_tokens: int) -> bool:
     return status in BILLED_STATUSES and prompt_tokens > 0
 
 
+def usage_line(
+    *,
+    request_id: str,
+    api_key: ApiKey,
+    model: str,
+    status: str,
+    prompt_tokens: int,
+    cached_tokens: int,
+    completion_tokens: int,
+) -> dict | None:
+    """What a finished request is billed: ``usage_record``'s keyword arguments for its line
+    (the key's tenant, the model, the tokens), or None when it is not billed (``is_billed``).
+    The gateway's records call this for every request they record (routing/gateway/records.py)."""
+    if not is_billed(status, prompt_tokens):
+        return None
+    return {
+        "request_id": request_id,
+        "tenant": api_key.tenant,
+        "api_key": api_key,
+        "model": model,
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": cached_tokens,
+        "completion_tokens": completion_tokens,
+    }
+
+
 def usage_record(
     *,
     request_id: str,

@@ -30,7 +30,7 @@ from django.conf import settings
 from fleet import live as fleet_live
 from fleet.agent_client import tls_context
 from fleet.pinning import PinnedTransport, resolved_endpoints
-from routing.live import suspect_ledger
+from routing.suspects import suspect_ledger
 
 log = logging.getLogger(__name__)
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from routing.gateway import records
+from routing.gateway import interrupted
 from routing.probes import probe_agents as probe
 
 
 @shared_task(name="routing.finish_interrupted")
 def finish_interrupted() -> list[str]:
     """Record the requests a dead gateway process left behind as ``interrupted``."""
-    return records.finish_interrupted()
+    return interrupted.finish_interrupted()
 
 
 @shared_task(name="routing.probe_agents")

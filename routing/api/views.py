@@ -15,8 +15,9 @@ from rest_framework.views import APIView
 from controlplane.filters import BoundedFilterSet
 from routing import analysis, services
 from routing.api import serializers as s
-from routing.live import instance_reports, suspect_ledger
+from routing.live import instance_reports
 from routing.models import RequestRecord, RoutingDecision
+from routing.suspects import suspect_ledger
 
 
 class RequestFilterSet(BoundedFilterSet):

@@ -17,8 +17,7 @@ from fleet.models import ServedModel
 from routing.gateway import parsing
 from routing.gateway.caches import api_keys, secret_key, served_models
 from routing.gateway.errors import GatewayError, bad_request, rate_limited, unauthorized
-from routing.gateway.prepared import Prepared
-from routing.gateway.records import reject_recorded
+from routing.gateway.prepared import Prepared, Refused
 from routing.gateway.request_ids import gateway_request_id, mark
 from routing.gateway.timing import Stopwatch
 from routing.gateway.tokenizers import apply_chat_template, tokenizer_for
@@ -55,7 +54,9 @@ def served_model(name: str) -> ServedModel:
 
 
 def admit(request: HttpRequest, kind: str, watch: Stopwatch) -> Prepared:
-    """Authenticate, parse, tokenize, check the context and the tenant's limits."""
+    """Authenticate, parse, tokenize, check the context (reads only: ``identify``), then count
+    the request against the tenant's limits (``check_limits``), the one side effect, last: a
+    read that needs the database on the event loop raises before anything was counted."""
     p = identify(request, kind, watch)
     check_limits(p)
     return p
@@ -104,7 +105,8 @@ def identify(request: HttpRequest, kind: str, watch: Stopwatch) -> Prepared:
 
 
 def check_limits(p: Prepared) -> None:
-    """The tenant's requests and tokens per minute: this request counts against them."""
+    """The tenant's requests and tokens per minute: this request counts against them. Over
+    either: Refused (the composer records the refusal)."""
     tenant = p.key.tenant
     verdict = limiter().check(
         tenant=tenant.name,
@@ -114,7 +116,7 @@ def check_limits(p: Prepared) -> None:
     )
     if not verdict.allowed:
         per_minute = "requests" if verdict.limit == "requests" else "tokens"
-        raise reject_recorded(
+        raise Refused(
             p,
             rate_limited(verdict.limit, verdict.retry_after_s),
             f"rate limited: the tenant's {per_minute} per minute",

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future
-from typing import Any
 
 from django.http import JsonResponse
 
@@ -28,12 +26,6 @@ def notify_error(status: int, code: str | None, tenant: str = "", model: str = "
 
 class GatewayError(OpenAIError):
     """An OpenAI-shaped refusal (``pdd.openai_errors``) the gateway answers as a JSON response."""
-
-    def __init__(self, status: int, message: str, **kwargs: Any) -> None:
-        super().__init__(status, message, **kwargs)
-        # A write the answer must wait for (a rejected request's record, written by the
-        # record writer): the view awaits it before answering.
-        self.pending_write: Future | None = None
 
     def response(self) -> JsonResponse:
         response = JsonResponse(self.body(), status=self.status)

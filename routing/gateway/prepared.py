@@ -10,6 +10,7 @@ from typing import Any
 from billing.models import ApiKey
 from fleet.models import ServedModel
 from pdd.policy import Decision, PolicySettings, RequestInfo
+from routing.gateway.errors import GatewayError
 from routing.gateway.parsing import GatewayRequest
 from routing.gateway.timing import Stopwatch
 
@@ -49,3 +50,13 @@ class Prepared:
     # Overload: when an engine first had no room for this request, and how often since.
     busy_since: float | None = None
     busy_tries: int = 0
+
+
+class Refused(Exception):
+    """A request refused after admission read it and before any agent was called (the tenant's
+    rate limit, no healthy path): the answer (``error``) and why, for the ``rejected`` record
+    the composer has written before it answers (views.py, ``recorder.rejected``)."""
+
+    def __init__(self, p: Prepared, error: GatewayError, reason: str) -> None:
+        super().__init__(reason)
+        self.p, self.error, self.reason = p, error, reason

@@ -10,27 +10,20 @@ import os
 import socket
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpx
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from billing.models import ApiKey
-from billing.services import is_billed, usage_record, usage_records
-from fleet.agent_client import tls_context
+from billing.services import usage_line, usage_record, usage_records
 from fleet.models import ServedModel
-from fleet.pinning import EndpointNotCalled, PinnedTransport, resolved_endpoints
 from pdd.policy import Decision
 from routing.gateway.caches import served_models
-from routing.gateway.errors import GatewayError
-from routing.gateway.journal import Journal, recover
-from routing.gateway.prepared import Prepared
-from routing.gateway.runner import data_plane_headers
+from routing.gateway.journal import Journal
 from routing.gateway.workers import record_writer
 from routing.models import Admission, RequestRecord, RoutingDecision
 
@@ -142,19 +135,17 @@ def _decision_row(
 
 
 def _usage_line(write: dict[str, Any]) -> dict[str, Any] | None:
-    """The usage line's fields for a record write; None when nothing is billed."""
+    """The usage line of a record write, as billing rules it (``billing.services.usage_line``)."""
     outcome: Outcome = write["outcome"]
-    if not is_billed(outcome.status, outcome.prompt_tokens):
-        return None
-    return {
-        "request_id": write["request_id"],
-        "tenant": write["api_key"].tenant,
-        "api_key": write["api_key"],
-        "model": write["model"],
-        "prompt_tokens": outcome.prompt_tokens,
-        "cached_tokens": outcome.cached_tokens,
-        "completion_tokens": outcome.completion_tokens,
-    }
+    return usage_line(
+        request_id=write["request_id"],
+        api_key=write["api_key"],
+        model=write["model"],
+        status=outcome.status,
+        prompt_tokens=outcome.prompt_tokens,
+        cached_tokens=outcome.cached_tokens,
+        completion_tokens=outcome.completion_tokens,
+    )
 
 
 def _notify(record: RequestRecord) -> None:
@@ -204,33 +195,6 @@ def record_request(
             usage_record(**line)
         transaction.on_commit(partial(_notify, record))
     return record
-
-
-def submit_record(p: Prepared, outcome: Outcome, decision: Decision | None) -> Future:
-    """The request's record (``record_request``) handed to the record writer; the future
-    resolves when it is written."""
-    return record_writer.submit(
-        record_request,
-        request_id=p.request_id,
-        api_key=p.key,
-        model=p.model.name,
-        endpoint=p.kind,
-        stream=p.greq.stream,
-        decision=decision,
-        policy_version=p.version,
-        decision_inputs=p.inputs,
-        outcome=outcome,
-        client_request_id=p.client_request_id,
-    )
-
-
-def reject_recorded(p: Prepared, error: GatewayError, reason: str) -> GatewayError:
-    """``error`` for a request refused before any agent was called (no healthy path, the
-    tenant's rate limit), with its ``rejected`` record submitted to the record writer; the
-    view waits for the write before it answers (``GatewayError.pending_write``)."""
-    outcome = Outcome(status="rejected", error=reason, prompt_tokens=len(p.prompt_ids))
-    error.pending_write = submit_record(p, outcome, None)
-    return error
 
 
 def record_requests(writes: list[dict[str, Any]]) -> list[RequestRecord]:
@@ -321,8 +285,8 @@ record_writer.batched(record_request, record_requests)
 
 
 def admission_open(**fields: Any) -> None:
-    """The durable trace of an accepted request as a row, committed now (the journal's
-    ``admission_journaled`` is what the gateway's request path uses)."""
+    """The durable trace of an accepted request as a row, committed now (the request path
+    journals it instead: ``admission_journaled``, through ``recorder.admitted``)."""
     _admission_row(_admission_entry(**fields), this_process())
 
 
@@ -350,39 +314,6 @@ def admission_journal() -> Journal:
     return _journals[directory]
 
 
-def _restore_admissions(owner: str, entries: list[dict[str, Any]]) -> int:
-    """Rows for a dead process's journaled admissions that have neither a row nor a record."""
-    ids = [e["request_id"] for e in entries]
-    done = set(Admission.objects.filter(request_id__in=ids).values_list("request_id", flat=True))
-    done |= set(
-        RequestRecord.objects.filter(request_id__in=ids).values_list("request_id", flat=True)
-    )
-    fields = {f.name for f in Admission._meta.concrete_fields} | {"tenant_id", "api_key_id"}
-    restored = 0
-    with transaction.atomic():
-        for entry in entries:
-            if entry["request_id"] in done:
-                continue
-            entry = {k: v for k, v in entry.items() if k in fields}
-            if (
-                entry.get("api_key_id") is not None
-                and not ApiKey.objects.filter(pk=entry["api_key_id"]).exists()
-            ):
-                entry["api_key_id"] = None  # the key was deleted meanwhile
-            _admission_row(entry, owner)
-            done.add(entry["request_id"])
-            restored += 1
-    if restored:
-        log.warning("restored %d admissions from %s's journal", restored, owner)
-    return restored
-
-
-def recover_journals() -> int:
-    """Admission rows for what dead gateway processes on this host journaled but had not
-    committed; ``finish_interrupted`` records them."""
-    return recover(Path(settings.BATON_JOURNAL_DIR), _restore_admissions)
-
-
 def admission_progress(request_id: str, delivered_tokens: int) -> None:
     Admission.objects.filter(request_id=request_id).update(
         delivered_tokens=delivered_tokens, updated_at=timezone.now()
@@ -402,97 +333,3 @@ def admission_attempt(
         token_offset=token_offset,
         updated_at=timezone.now(),
     )
-
-
-def agent_reported_tokens(admission: Admission, timeout_s: float = 2.0) -> int | None:
-    """How many tokens the prefill agent says it streamed for the admission's attempt
-    (``GET /v1/pdd/requests/{id}``, agents/PROTOCOL.md); None when it cannot say (gone,
-    unknown request, not an allowed agent endpoint)."""
-    if not admission.prefill_url or not admission.attempt_request_id:
-        return None
-    try:
-        base = resolved_endpoints.lookup(admission.prefill_url).url
-    except EndpointNotCalled as exc:
-        log.warning("admission %s: %r is not an allowed agent endpoint now: %s",
-                    admission.request_id, admission.prefill_url, exc)  # fmt: skip
-        return None
-    url = f"{base}/v1/pdd/requests/{admission.attempt_request_id}"
-    # Pinned to the address just checked, as the data-plane calls are (fleet.pinning).
-    transport = PinnedTransport(httpx.HTTPTransport(verify=tls_context()), resolved_endpoints)
-    try:
-        with httpx.Client(transport=transport, timeout=timeout_s, trust_env=False) as client:
-            response = client.get(url, headers=data_plane_headers())
-        if response.status_code != 200:
-            return None
-        tokens = response.json().get("tokens")
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-        return None
-    return tokens
-
-
-def _owner_dead(owner: str, updated_at, now, stale_after_s: float) -> bool:
-    host, _, pid = owner.rpartition(":")
-    if host == socket.gethostname() and pid.isdigit():
-        if int(pid) == os.getpid():
-            return False
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            pass  # alive, another user's
-        # Alive, or its pid reused: fall back on staleness.
-    return now - updated_at > timedelta(seconds=stale_after_s)
-
-
-def finish_interrupted(*, stale_after_s: float = 120.0, now=None) -> list[str]:
-    """Record every admission whose gateway process is gone (dead pid on this host, or no
-    progress for `stale_after_s` from elsewhere) as ``interrupted``, billing the tokens the
-    prefill agent reports it streamed (or, when it cannot be asked, the count the process last
-    saved). Idempotent: record_request writes each request once."""
-    now = now or timezone.now()
-    recover_journals()
-    finished: list[str] = []
-    for admission in Admission.objects.select_related("api_key__tenant", "tenant"):
-        if not _owner_dead(admission.owner, admission.updated_at, now, stale_after_s):
-            continue
-        if admission.api_key is None:  # the key was deleted: nothing to bill it to
-            Admission.objects.filter(pk=admission.pk).delete()
-            continue
-        try:
-            decision = Decision(**admission.decision) if admission.decision else None
-        except TypeError:
-            decision = None
-        delivered = admission.delivered_tokens
-        reported = agent_reported_tokens(admission)
-        if reported is not None:
-            delivered = max(delivered, admission.token_offset + reported)
-        record_request(
-            request_id=admission.request_id,
-            api_key=admission.api_key,
-            model=admission.model,
-            endpoint=admission.endpoint,
-            stream=admission.stream,
-            decision=decision,
-            policy_version=admission.policy_version,
-            decision_inputs=admission.decision_inputs,
-            client_request_id=admission.client_request_id,
-            outcome=Outcome(
-                status="interrupted",
-                error=f"the gateway process {admission.owner} ended while the request ran"
-                + (
-                    f"; the prefill agent had streamed {reported} tokens of its attempt"
-                    if reported is not None
-                    else "; the prefill agent could not be asked how many tokens it streamed"
-                ),
-                prompt_tokens=admission.prompt_tokens,
-                completion_tokens=delivered,
-            ),
-        )
-        Admission.objects.filter(pk=admission.pk).delete()
-        finished.append(admission.request_id)
-    if finished:
-        log.warning("recorded %d interrupted requests: %s", len(finished), finished[:10])
-    return finished

@@ -1,10 +1,13 @@
 """Step 2 of a request's path: routing. The live view of the fleet (with this gateway's own
 dispatches and the instances seen failing), the policy's decision and the plan for P; on a
-failure, a retry before the first token or a migration after it (docs/faults.md)."""
+failure, a retry before the first token or a migration after it (docs/faults.md), through
+the ``recovery`` the composer hands the run. Routing writes no record: a refusal is raised as
+``Refused``, a new attempt is noted by the run (``recorder``)."""
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from django.conf import settings
@@ -19,22 +22,20 @@ from pdd.policy import (
 )
 from pdd.prefix import prefix_block_hashes
 from routing.caching import versions
-from routing.gateway.errors import unavailable
-from routing.gateway.prepared import Prepared
-from routing.gateway.records import admission_attempt, reject_recorded
-from routing.gateway.runner import AgentRunError, Sampling, build_plan
-from routing.gateway.workers import record_writer
-from routing.live import (
+from routing.dispatches import (
     DispatchedBlocks,
     DispatchLedger,
-    LiveView,
-    LiveViewCache,
-    suspect_ledger,
     with_dispatched_blocks,
     with_dispatches,
-    without_suspects,
 )
+from routing.gateway.errors import unavailable
+from routing.gateway.overload import overload
+from routing.gateway.prepared import Prepared, Refused
+from routing.gateway.runner import AgentBusy, AgentRunError, Sampling, build_plan
+from routing.gateway.workers import in_worker
+from routing.live import LiveView, LiveViewCache
 from routing.policy_cache import PolicyCache
+from routing.suspects import suspect_ledger, without_suspects
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +88,16 @@ def request_info(p: Prepared, ids: list[int], max_tokens: int, view: LiveView) -
 
 
 def route_first(p: Prepared, view: LiveView | None = None) -> None:
-    """The first decision for an admitted request, on ``view`` (``route_inputs``'s; read now
-    when not given). No healthy path: the request's ``rejected`` record goes to the record
-    writer and the caller gets a 503 that waits for it (``GatewayError.pending_write``)."""
+    """The first decision for an admitted request: its inputs read first (``route_inputs``;
+    ``view`` when given), then the decision, which counts the dispatch. No healthy path:
+    Refused, a 503 (the composer records the refusal)."""
     if view is None:
         view = route_inputs(p)
     try:
         route(p, view)
     except NoHealthyPath as exc:
         error = unavailable(f"No healthy path for model '{p.model.name}': {exc}")
-        raise reject_recorded(p, error, f"no healthy path: {exc}") from exc
+        raise Refused(p, error, f"no healthy path: {exc}") from exc
 
 
 def route(p: Prepared, view: LiveView | None = None) -> None:
@@ -209,7 +210,7 @@ def reroute(
     """Mark the instances `exc` implicates suspect (unless ``blame`` is False: an engine that
     was full is not failing), note the attempt (`record` added to its entry in the decision
     inputs) and route `p` again. Returns the implicated ids and, when no path is left, why
-    (else "")."""
+    (else ""). The run notes the new attempt on the admission (``recorder.attempt``)."""
     d = p.decision
     if d is None:
         raise RuntimeError("reroute() of a request that was never routed")
@@ -224,16 +225,6 @@ def reroute(
         route(p)
     except NoHealthyPath as no_path:
         return blamed, str(no_path) or "no healthy path"
-    # Where the new attempt streams from, for a process that finishes this one's admissions.
-    offset = len(p.continue_ids or p.prompt_ids) - len(p.prompt_ids)
-    # In the record writer's queue, after the admission's row (which may not be committed yet).
-    record_writer.submit(
-        admission_attempt,
-        request_id=p.request_id,
-        attempt_request_id=p.plan["request_id"],
-        prefill_url=p.prefill_http,
-        token_offset=offset,
-    )
     return blamed, ""
 
 
@@ -286,3 +277,23 @@ def retry_elsewhere(p: Prepared, exc: AgentRunError) -> bool:
         p.request_id, implicated, exc, _pipeline(p),
     )  # fmt: skip
     return True
+
+
+def recovery(p: Prepared):
+    """What the run calls when an attempt of ``p`` fails (``run.Recover``): route it again, a
+    retry before the first token, a migration after it; an engine with no room first waits in
+    the overload queue. The routing runs on a worker thread. True when a new attempt is ready."""
+
+    async def recover(exc: AgentRunError, delivered: list[int], remaining: int) -> bool:
+        if isinstance(exc, AgentBusy) and not delivered:
+            # Capacity, not a fault: wait in the overload queue, then route again.
+            if p.busy_since is None:
+                p.busy_since = time.monotonic()
+            await overload.wait(p.key.tenant.name, p.busy_since, p.busy_tries)
+            p.busy_tries += 1
+            return await in_worker(retry_when_room)(p, exc)
+        if not delivered:
+            return await in_worker(retry_elsewhere)(p, exc)
+        return await in_worker(migrate)(p, exc, delivered, remaining)
+
+    return recover

@@ -1,8 +1,9 @@
 """Step 4 of a request's path: the run. One streaming call to P per attempt, whose token events
 become text pieces in order; the stall limit and the first-token timeout turn a silent agent
-into a failure, which the caller's `recover` (views.py, through `routes`) answers with a retry
-or a migration. At the end the record and usage are written once (`records.record_request`),
-as a task no disconnect can cancel."""
+into a failure, which the `recover` the composer hands it (`routes.recovery`) answers with a
+retry or a migration. Where the stream comes from, the tokens delivered and, at the end, the
+record and usage are written through `recorder` (the end once, as a task no disconnect can
+cancel)."""
 
 from __future__ import annotations
 
@@ -25,15 +26,11 @@ from pdd.events import (
     parse_event,
 )
 from pdd.stats import DoneStats
+from routing.gateway import recorder
 from routing.gateway.openai_shapes import LogprobsCollector
 from routing.gateway.overload import overload
 from routing.gateway.prepared import Prepared
-from routing.gateway.records import (
-    Outcome,
-    admission_attempt,
-    admission_progress,
-    submit_record,
-)
+from routing.gateway.recorder import Outcome
 from routing.gateway.runner import (
     AgentBusy,
     AgentRunError,
@@ -42,7 +39,7 @@ from routing.gateway.runner import (
     run_events,
 )
 from routing.gateway.stream import TextAssembler
-from routing.gateway.workers import pending_records, record_writer
+from routing.gateway.workers import pending_records
 
 log = logging.getLogger(__name__)
 # recover(exc, delivered token ids, tokens still to make) -> whether a new attempt is routed.
@@ -131,6 +128,7 @@ class Run:
                     return
                 if not await recover(exc, list(self.token_ids), remaining):
                     raise
+                recorder.attempt(self.p)  # where the new attempt streams from
                 self.offset = self.token_count
 
     def _stall_limit_s(self) -> float | None:
@@ -217,12 +215,8 @@ class Run:
         self.following = event.role
         # Every token delivered so far (P's own, when it went out early) is before the
         # decoder's stream, whose ledger counts the rest (agents/node/served.py).
-        record_writer.submit(
-            _quietly(admission_attempt),
-            request_id=self.p.request_id,
-            attempt_request_id=str(self.p.plan.get("request_id") or self.p.request_id),
-            prefill_url=event.url.split("/v1/pdd/", 1)[0],
-            token_offset=self.token_count,
+        recorder.attempt(
+            self.p, prefill_url=event.url.split("/v1/pdd/", 1)[0], token_offset=self.token_count
         )
         body = dict(event.body)
         if not from_relay:  # P leaves the prompt out of the decoder's call (the attempt's own)
@@ -455,11 +449,7 @@ class Run:
     def _save_progress(self) -> None:
         """Save the delivered-token count on the admission, off the stream's path (the record
         writer's queue: after the admission's row, before the record)."""
-        record_writer.submit(
-            _quietly(admission_progress),
-            request_id=self.p.request_id,
-            delivered_tokens=self.token_count,
-        )
+        recorder.progress(self.p, self.token_count)
 
     async def record(self) -> None:
         """Write the record and usage once, whatever the client does meanwhile: the write runs
@@ -483,7 +473,7 @@ class Run:
 
         async def write() -> None:
             try:
-                await asyncio.wrap_future(submit_record(p, outcome, p.decision))
+                await asyncio.wrap_future(recorder.finished(p, outcome))
             except Exception:
                 log.exception("could not record request %s", p.request_id)
 
@@ -492,14 +482,3 @@ class Run:
         task.add_done_callback(pending_records.discard)
         self.write_task = task
         return task
-
-
-def _quietly(fn):
-    def run(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except Exception:  # progress is best effort: the final record is what counts
-            log.warning("could not save progress", exc_info=True)
-            return None
-
-    return run

@@ -1,15 +1,20 @@
 """The OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions, /v1/models.
 
-A request's path, one module per step, each called once and never calling back into an
-earlier one (routing/gateway/README.md):
+A completion request's path is a line: ``_handle`` calls each step once, in this order, and
+no step calls back into another or into this module (routing/gateway/README.md):
 
-1. ``admission.admit``: API key, parsed request, token ids, context and rate limits.
-2. ``routes.route_first``: live view, decision, plan for P (``routes`` also retries and
-   migrates when the run fails).
-3. ``records.admission_journaled``: the durable admission (a journal line, its row in the
-   record writer's next batch), before any agent is called.
-4. ``run.Run``: the agent stream, its stall limits, the record and usage at the end.
+1. ``admission.admit``: API key, parsed request, token ids, context, the tenant's limits.
+2. ``routes.route_first``: live view, decision, plan for P.
+3. ``recorder.admitted``: the durable admission (a journal line, its row in the record
+   writer's next batch), before any agent is called.
+4. ``run.Run``: the agent stream and its stall limits, a failed attempt handed to
+   ``routes.recovery``, the record and usage at the end (``recorder.finished``).
 5. here: the answer framed in OpenAI's shapes (``openai_shapes``), streamed or whole.
+
+Steps 1-3 run through ``workers.in_order``: on the event loop while their reads are in
+memory, else (from the first read that needs the database) in one hop onto a worker thread.
+A request refused in step 1 or 2 (``Refused``) gets its ``rejected`` record
+(``recorder.rejected``) before its answer goes out.
 """
 
 from __future__ import annotations
@@ -20,22 +25,19 @@ import time
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.core.exceptions import SynchronousOnlyOperation
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from fleet.models import ServedModel
-from routing.gateway import admission, coalesce, openai_shapes, routes
+from routing.gateway import admission, coalesce, openai_shapes, recorder, routes
 from routing.gateway.errors import GatewayError, notify_error
-from routing.gateway.overload import overload
-from routing.gateway.prepared import Prepared
-from routing.gateway.records import admission_journaled
+from routing.gateway.prepared import Prepared, Refused
 from routing.gateway.request_ids import with_request_id
 from routing.gateway.run import Run
-from routing.gateway.runner import AgentBusy, AgentRunError
+from routing.gateway.runner import AgentRunError
 from routing.gateway.timing import RECEIVED, Stopwatch
-from routing.gateway.workers import drain_pending_records, in_worker, pending_records
+from routing.gateway.workers import drain_pending_records, in_order, pending_records
 
 __all__ = [
     "Prepared",
@@ -47,75 +49,36 @@ __all__ = [
 ]
 
 
-def _prepare(request: HttpRequest, kind: str, watch: Stopwatch | None = None) -> Prepared:
-    """Steps 1-3, in one hop onto a worker thread."""
-    watch = watch or Stopwatch()
-    p = admission.admit(request, kind, watch)
-    routes.route_first(p)
-    watch.lap("route")
-    _admitted(p)
-    watch.lap("admit")
-    return p
-
-
-def _prepare_inline(request: HttpRequest, kind: str, watch: Stopwatch) -> Prepared:
-    """Steps 1-3 on the event loop, without the hop, for a process whose whole hot path is
-    in memory (no Redis: the limiter, the dispatch ledgers and the agents' reports are this
-    process's). Every read comes first and has no side effect; one that needs the database
-    (a cache miss, the counters or the policy due for a check) raises
-    SynchronousOnlyOperation, Django's refusal of the ORM on the event loop, and the caller
-    runs ``_prepare`` on a worker instead, from the start: nothing was counted yet."""
-    p = admission.identify(request, kind, watch)
-    view = routes.route_inputs(p)
-    watch.lap("route")
-    admission.check_limits(p)
-    routes.route_first(p, view)
-    watch.lap("route")
-    _admitted(p)
-    watch.lap("admit")
-    return p
-
-
 def _inline_ok() -> bool:
+    """Whether steps 1-3 may run on the event loop: a process whose hot path is in memory (no
+    Redis: the limiter, the dispatch ledgers and the agents' reports are this process's)."""
     return not settings.REDIS_URL and settings.BATON_GATEWAY_INLINE
 
 
-def _admitted(p: Prepared) -> None:
-    # Durable before any agent is called (a journal line; the row follows in the record
-    # writer's next batch): if this process dies, a later one records it.
-    admission_journaled(
-        request_id=p.request_id,
-        api_key=p.key,
-        model=p.model.name,
-        endpoint=p.kind,
-        stream=p.greq.stream,
-        prompt_tokens=len(p.prompt_ids),
-        decision=p.decision,
-        policy_version=p.version,
-        decision_inputs=p.inputs,
-        attempt_request_id=p.plan["request_id"],
-        prefill_url=p.prefill_http,
-        client_request_id=p.client_request_id,
-    )
+async def _admit(request: HttpRequest, kind: str, watch: Stopwatch) -> Prepared:
+    """Steps 1-3, each once, in order. Each reads before it changes anything, so one whose read
+    needs the database on the event loop moves, with the rest, to a worker having counted
+    nothing (``workers.in_order``). A refusal's record is written before it is raised."""
+    admitted: list[Prepared] = []
 
+    def admit() -> None:
+        admitted.append(admission.admit(request, kind, watch))
 
-def _recoverer(p: Prepared):
-    """What the run calls when an attempt fails: route again (``routes``), a retry before the
-    first token, a migration after it. True when a new attempt is ready."""
+    def route() -> None:
+        routes.route_first(admitted[0])
+        watch.lap("route")
 
-    async def recover(exc: AgentRunError, delivered: list[int], remaining: int) -> bool:
-        if isinstance(exc, AgentBusy) and not delivered:
-            # Capacity, not a fault: wait in the overload queue, then route again.
-            if p.busy_since is None:
-                p.busy_since = time.monotonic()
-            await overload.wait(p.key.tenant.name, p.busy_since, p.busy_tries)
-            p.busy_tries += 1
-            return await in_worker(routes.retry_when_room)(p, exc)
-        if not delivered:
-            return await in_worker(routes.retry_elsewhere)(p, exc)
-        return await in_worker(routes.migrate)(p, exc, delivered, remaining)
+    def journal() -> None:
+        recorder.admitted(admitted[0])
+        watch.lap("admit")
 
-    return recover
+    try:
+        await in_order((admit, route, journal), inline=_inline_ok(), watch=watch)
+    except Refused as refused:
+        with contextlib.suppress(Exception):
+            await asyncio.wrap_future(recorder.rejected(refused.p, refused.reason))
+        raise refused.error from refused
+    return admitted[0]
 
 
 def _usage(p: Prepared, run: Run) -> dict:
@@ -143,7 +106,7 @@ async def _open_stream(p: Prepared):
     request that cannot run (no room past the overload queue's limits, or a failure the
     retries could not get around) is answered with a status code, not an error inside a 200."""
     run = Run(p)
-    deltas = run.deltas(_recoverer(p))
+    deltas = run.deltas(routes.recovery(p))
     first: list | None
     try:
         first = await deltas.__anext__()
@@ -226,7 +189,7 @@ async def _complete(p: Prepared) -> JsonResponse:
     created = int(time.time())
     pieces: list[str] = []
     try:
-        async for batch in run.deltas(_recoverer(p)):
+        async for batch in run.deltas(routes.recovery(p)):
             pieces.extend(piece for piece, _ in batch)
     except BaseException as exc:
         answer = await _ended_unanswered(run, exc)
@@ -261,15 +224,7 @@ async def _handle(request: HttpRequest, kind: str):
         watch = Stopwatch(scope.get(RECEIVED))
         if RECEIVED in scope:
             watch.lap("django")
-        p = None
-        if _inline_ok():
-            try:
-                p = _prepare_inline(request, kind, watch)
-            except SynchronousOnlyOperation:
-                watch.lap("inline")  # a read needed the database: the worker does it all
-        if p is None:
-            p = await in_worker(_prepare)(request, kind, watch)
-            watch.lap("resume")  # back on the event loop
+        p = await _admit(request, kind, watch)
         if p.greq.stream:
             response = StreamingHttpResponse(
                 await _open_stream(p), content_type="text/event-stream"
@@ -282,9 +237,6 @@ async def _handle(request: HttpRequest, kind: str):
         whole["Server-Timing"] = watch.header()
         return whole
     except GatewayError as exc:
-        if exc.pending_write is not None:  # the rejected request's record, first
-            with contextlib.suppress(Exception):
-                await asyncio.wrap_future(exc.pending_write)
         notify_error(
             exc.status,
             exc.code,

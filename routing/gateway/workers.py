@@ -1,6 +1,6 @@
-"""Where the gateway's blocking work runs (a thread pool, with Django's connection upkeep), the
-batched record writer, and the record writes in flight that a shutting-down process waits
-for."""
+"""Where the gateway's blocking work runs (on the event loop while its reads are in memory,
+else a thread pool with Django's connection upkeep), the batched record writer, and the record
+writes in flight that a shutting-down process waits for."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from asgiref.sync import sync_to_async
+from django.core.exceptions import SynchronousOnlyOperation
 from django.db import (
     InterfaceError,
     OperationalError,
@@ -43,6 +44,32 @@ def in_worker(fn):
     return sync_to_async(run, thread_sensitive=False)
 
 
+async def in_order(steps: Sequence[Callable[[], object]], *, inline: bool, watch) -> None:
+    """Call ``steps`` in order, each once. With ``inline`` (a process whose hot path is in
+    memory), on the event loop, until a step's read needs the database: Django refuses the ORM
+    there (SynchronousOnlyOperation), which a step raises before it changed anything, as each
+    one reads first; that step and the rest then run in one hop onto a worker thread. Without
+    ``inline``, every step runs in that one hop. ``watch`` (a timing.Stopwatch) gets the laps
+    ``inline`` (the time on the loop before the hop) and ``resume`` (back on the loop)."""
+    rest = list(steps)
+    while inline and rest:
+        try:
+            rest[0]()
+        except SynchronousOnlyOperation:
+            watch.lap("inline")  # a read needed the database: a worker does the rest
+            break
+        rest.pop(0)
+    if not rest:
+        return
+
+    def run_rest() -> None:
+        for step in rest:
+            step()
+
+    await in_worker(run_rest)()
+    watch.lap("resume")  # back on the event loop
+
+
 # Record writes in flight (each its own task, so a client's disconnect cannot cancel one);
 # a shutting-down process waits for them (drain_pending_records).
 pending_records: set[asyncio.Future] = set()
@@ -65,7 +92,7 @@ class BatchWriter:
 
     The queue needs no disk of its own to keep the exactly-once guarantee: every request has
     its durable admission row before any agent runs, so a write lost with a killed process is
-    finished by the next one as ``interrupted`` (records.finish_interrupted), and
+    finished by the next one as ``interrupted`` (interrupted.finish_interrupted), and
     ``record_request`` writes a request id at most once. Each write's future resolves after
     its batch committed (or failed), so a caller that awaits it reads its own write."""
 

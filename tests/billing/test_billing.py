@@ -189,3 +189,17 @@ def test_what_is_billed_is_billings_rule(status, prompt, billed):
     from billing.services import is_billed
 
     assert is_billed(status, prompt) is billed
+
+
+@pytest.mark.django_db
+def test_a_billed_request_s_line_is_its_key_s_tenant_s_and_an_unbilled_one_has_none():
+    from billing.services import api_key_create, usage_line
+
+    tenant = Tenant.objects.create(name="lines")
+    key, _ = api_key_create(tenant=tenant)
+    fields = {"request_id": "r1", "api_key": key, "model": "m", "prompt_tokens": 5,
+              "cached_tokens": 2, "completion_tokens": 3}  # fmt: skip
+    line = usage_line(status="cancelled", **fields)
+    assert line is not None and line["tenant"] == tenant and line["api_key"] == key
+    assert (line["prompt_tokens"], line["cached_tokens"], line["completion_tokens"]) == (5, 2, 3)
+    assert usage_line(status="error", **fields) is None

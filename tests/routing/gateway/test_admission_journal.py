@@ -17,8 +17,8 @@ import pytest
 from billing import services as billing
 from billing.models import Tenant, UsageEntry
 from pdd.policy import Decision
+from routing.gateway import interrupted, records
 from routing.gateway import journal as jr
-from routing.gateway import records
 from routing.models import Admission, RequestRecord
 
 from .test_exactly_once_records import _records
@@ -110,8 +110,8 @@ def test_a_cut_short_last_line_is_skipped(tmp_path):
 def test_a_gateway_killed_before_the_row_commit_leaves_one_interrupted_record(key, folder):
     pid = _killed_writer(folder, [_entry("cmpl-journaled", key)])
     assert not Admission.objects.exists()  # the row never made it
-    assert records.finish_interrupted() == ["cmpl-journaled"]
-    assert records.finish_interrupted() == []
+    assert interrupted.finish_interrupted() == ["cmpl-journaled"]
+    assert interrupted.finish_interrupted() == []
     assert _records("cmpl-journaled") == (1, 1, "interrupted")
     record = RequestRecord.objects.get(request_id="cmpl-journaled")
     assert f"{socket.gethostname()}:{pid}" in record.error
@@ -138,12 +138,12 @@ def test_recovery_skips_admissions_that_have_a_row_or_a_record(key, folder):
         request_id="cmpl-has-record", tenant=key.tenant, model="baton-tiny", status="ok"
     )
     _killed_writer(folder, [row, recorded, _entry("cmpl-only-journal", key)])
-    assert records.recover_journals() == 1
+    assert interrupted.recover_journals() == 1
     assert set(Admission.objects.values_list("request_id", flat=True)) == {
         "cmpl-has-row",
         "cmpl-only-journal",
     }
-    assert records.recover_journals() == 0
+    assert interrupted.recover_journals() == 0
 
 
 def test_a_served_request_journals_then_writes_its_row_in_a_batch(key, folder):

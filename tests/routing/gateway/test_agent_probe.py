@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from fleet import live as fleet_live
-from routing.live import suspect_ledger
 from routing.probes import DEAD, OK, SILENT, probe_agents
+from routing.suspects import suspect_ledger
 
 
 class _Health(BaseHTTPRequestHandler):

@@ -10,6 +10,7 @@ import pytest
 
 from fleet import live as fleet_live
 from fleet.choices import InstanceRole
+from routing.gateway import records
 from routing.gateway import run as gw_run
 from routing.gateway.runner import AgentRunError
 from routing.models import RequestRecord
@@ -84,7 +85,7 @@ def fleet(transactional_db, settings, monkeypatch):
         attempts.append(kwargs)
 
     monkeypatch.setattr(gw_run, "run_events", events)
-    monkeypatch.setattr(gw_run, "admission_attempt", noted)
+    monkeypatch.setattr(records, "admission_attempt", noted)
     script["cancelled"] = []
     monkeypatch.setattr(gw_run, "cancel_on_path", lambda plan: script["cancelled"].append(plan))
     yield _tenant_client(), made, calls, attempts, script

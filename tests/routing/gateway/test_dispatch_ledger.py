@@ -18,7 +18,8 @@ from pdd.policy import (
     WanLinkState,
     decide,
 )
-from routing.live import DispatchLedger, LiveView, with_dispatches
+from routing.dispatches import DispatchLedger, with_dispatches
+from routing.live import LiveView
 
 
 def view(report_at: float = 100.0) -> LiveView:

@@ -21,7 +21,8 @@ from pdd.policy import (
     decide,
 )
 from pdd.prefix import prefix_block_hashes
-from routing.live import DispatchedBlocks, LiveView, with_dispatched_blocks
+from routing.dispatches import DispatchedBlocks, with_dispatched_blocks
+from routing.live import LiveView
 
 BLOCK = 16
 TURN_1 = list(range(1, 801))  # 50 blocks

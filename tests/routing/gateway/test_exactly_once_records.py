@@ -166,7 +166,8 @@ def test_a_finished_request_removes_its_admission(prepared):
 def test_a_request_left_by_a_killed_gateway_is_recorded_interrupted_once(prepared):
     import socket
 
-    from routing.gateway.records import admission_progress, finish_interrupted
+    from routing.gateway.interrupted import finish_interrupted
+    from routing.gateway.records import admission_progress
     from routing.models import Admission
 
     p = prepared("cmpl-killed")
@@ -192,7 +193,7 @@ def test_an_admission_from_another_host_is_finished_only_when_stale(prepared):
 
     from django.utils import timezone
 
-    from routing.gateway.records import finish_interrupted
+    from routing.gateway.interrupted import finish_interrupted
     from routing.models import Admission
 
     p = prepared("cmpl-elsewhere", stream=False)
@@ -233,7 +234,8 @@ def test_an_interrupted_request_bills_the_tokens_the_prefill_agent_streamed(prep
     attempt, which began after 4: the record says 13, and usage bills 13."""
     import socket
 
-    from routing.gateway.records import admission_attempt, admission_progress, finish_interrupted
+    from routing.gateway.interrupted import finish_interrupted
+    from routing.gateway.records import admission_attempt, admission_progress
     from routing.models import Admission
 
     answers = {"cmpl-sigkill-r1": {"request_id": "cmpl-sigkill-r1", "tokens": 9}}
@@ -257,7 +259,8 @@ def test_an_interrupted_request_bills_the_tokens_the_prefill_agent_streamed(prep
 def test_an_interrupted_request_whose_prefill_agent_is_gone_bills_the_saved_count(prepared):
     import socket
 
-    from routing.gateway.records import admission_attempt, admission_progress, finish_interrupted
+    from routing.gateway.interrupted import finish_interrupted
+    from routing.gateway.records import admission_attempt, admission_progress
     from routing.models import Admission
 
     server = _stand_in_prefill_agent({})

@@ -242,7 +242,7 @@ def test_a_pool_thread_does_not_keep_a_dead_or_expired_connection():
 
     from django.db import connections
 
-    from routing.gateway.views import in_worker
+    from routing.gateway.workers import in_worker
 
     def query():
         connection = connections["default"]  # this pool thread's own wrapper, not the proxy

@@ -1,6 +1,7 @@
-"""Admission and routing on the event loop (routing/gateway/views.py `_prepare_inline`): with
-warm caches and no Redis, a request takes no worker hop; a cold read falls back to a worker
-without counting the request twice; with Redis, or switched off, the worker does it."""
+"""Admission and routing on the event loop (routing/gateway/workers.py `in_order`, as
+views.py `_admit` runs steps 1-3): with warm caches and no Redis, a request takes no worker
+hop; a cold read moves the rest to a worker without counting the request twice; with Redis,
+or switched off, the worker does it."""
 
 from __future__ import annotations
 
@@ -138,3 +139,20 @@ def test_a_rejected_request_is_recorded_before_its_503(fleet, settings):
         response = _send(client)
     assert response.status_code == 503
     assert RequestRecord.objects.filter(status="rejected").count() == 1
+
+
+def test_a_cold_read_in_routing_moves_only_routing_on_to_the_worker(fleet):
+    from routing.gateway import routes
+
+    client = _client(rpm=2)
+    assert _send(client).status_code == 200  # cold: all of it on a worker
+    routes.policies.clear()  # the key and the model stay cached; the routing policy does not
+    second = _send(client)
+    assert second.status_code == 200, second.content
+    stages = _stages(second)
+    assert "inline" in stages and "resume" in stages
+    # Admission counted the request on the loop; routing's read moved the rest to a worker.
+    assert fleet == ["worker", "loop"]
+    assert _send(client).status_code == 429  # two requests counted, not three
+    assert RequestRecord.objects.filter(status="ok").count() == 2
+    assert not Admission.objects.exists()

@@ -43,7 +43,7 @@ def fleet(transactional_db, settings, monkeypatch):
     settings.REDIS_URL = ""
     settings.BATON_GATEWAY_QUEUE_TIMEOUT_S = 30.0
     monkeypatch.setattr(overload_module, "overload", OverloadQueue())
-    monkeypatch.setattr("routing.gateway.views.overload", overload_module.overload)
+    monkeypatch.setattr("routing.gateway.routes.overload", overload_module.overload)
     monkeypatch.setattr("routing.gateway.run.overload", overload_module.overload)
     monkeypatch.setattr(overload_module, "FIRST_WAIT_S", 0.01)
     tenant = Tenant.objects.create(name="acme", requests_per_minute=100, tokens_per_minute=10**6)

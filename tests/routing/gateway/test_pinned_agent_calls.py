@@ -17,10 +17,10 @@ from fleet import live as fleet_live
 from fleet.choices import InstanceRole
 from fleet.models import Node
 from fleet.pinning import AsyncPinnedTransport, resolved_endpoints
-from routing.gateway import records, routes, runner
-from routing.live import suspect_ledger
+from routing.gateway import interrupted, routes, runner
 from routing.models import Admission, RequestRecord
 from routing.probes import DEAD, OK, probe_agents
+from routing.suspects import suspect_ledger
 from tests.fleet.test_pinning import FakeDNS, two_agents  # noqa: F401 (fixture)
 from tests.routing.gateway.test_route_around_the_dead import (
     _one_dc_fleet,
@@ -202,10 +202,10 @@ def test_the_probe_calls_only_the_checked_address_and_a_refused_one_is_dead(rebi
 def test_the_recovery_asks_only_the_checked_address(rebinding, caplog):
     endpoint, allowed, forbidden, rebind = rebinding
     admission = Admission(request_id="r-1", attempt_request_id="r-1.0", prefill_url=endpoint)
-    assert records.agent_reported_tokens(admission) == 7
+    assert interrupted.agent_reported_tokens(admission) == 7
     rebind()
     with caplog.at_level("WARNING", logger="routing.gateway.records"):
-        assert records.agent_reported_tokens(admission) is None
+        assert interrupted.agent_reported_tokens(admission) is None
     assert "not an allowed agent endpoint now" in caplog.text
     assert allowed.seen == [("127.0.0.1", endpoint.removeprefix("http://"))]
     assert forbidden.seen == []

@@ -13,7 +13,7 @@ from billing.models import Tenant
 from fleet import live as fleet_live
 from fleet.choices import InstanceRole, NodeStatus
 from fleet.models import Datacenter, GPUType, Instance, Node, ServedModel
-from routing.gateway import routes
+from routing.gateway import records, routes
 from routing.gateway import run as gw_run
 from routing.gateway.runner import AgentRunError
 from routing.models import RequestRecord
@@ -333,8 +333,13 @@ def test_a_migration_notes_the_new_attempt_on_the_admission(two_decoders, monkey
     right attempt, and adds the tokens delivered before it."""
     client, made, plans = two_decoders
     noted = []
-    real = routes.admission_attempt
-    monkeypatch.setattr(routes, "admission_attempt", lambda **kw: (noted.append(kw), real(**kw))[1])
+    real = records.admission_attempt
+
+    def note(**kw):
+        noted.append(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(records, "admission_attempt", note)
     response = client.post(
         "/v1/completions",
         {"model": "baton-tiny", "prompt": "hello", "max_tokens": 8},
