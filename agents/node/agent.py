@@ -64,6 +64,12 @@ class Agent:
         if settings.data_token:
             self.set_data_token(settings.data_token)
 
+    def keep(self, task: asyncio.Task) -> None:
+        """Hold a task that outlives its request (a cancel sent to a peer, a KV send still
+        under way) until it ends."""
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
     def set_data_token(self, token: str) -> None:
         """Require `token` on the data endpoints and the KV fabrics, and send it on every call
         and transfer to a peer."""

@@ -142,9 +142,7 @@ async def keep_alive(task: asyncio.Future, every_s: float, waiting_for: str) -> 
 
 
 def fire_and_forget(agent: Agent, coro) -> None:
-    task = asyncio.create_task(coro)
-    agent.background.add(task)
-    task.add_done_callback(agent.background.discard)
+    agent.keep(asyncio.create_task(coro))
 
 
 async def settle(tasks: list[asyncio.Task], grace_s: float) -> None:

@@ -247,15 +247,5 @@ def wire_format(agent: Agent, inst: Instance, main: Peer, stored: str | None) ->
     return send_format(link_format, own, stored)
 
 
-def keep_in_background(agent: Agent, sends: list[asyncio.Task]) -> None:
-    """Let KV sends still under way finish after the request's stream has ended (the agent
-    holds them); `sends` is emptied, so the stream's cleanup does not cancel them."""
-    for task in sends:
-        if not task.done():
-            agent.background.add(task)
-            task.add_done_callback(agent.background.discard)
-    sends.clear()
-
-
 async def release_prefill(agent: Agent, inst: Instance, request_id: str) -> None:
     await quiet(inst.running_worker.call(lambda e: e.release(request_id)))

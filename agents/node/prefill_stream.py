@@ -30,7 +30,6 @@ from agents.node.pipeline_common import (
 from agents.node.prefill import (
     PddRequest,
     Prefilled,
-    keep_in_background,
     main_delta_start,
     release_prefill,
     wire_format,
@@ -410,3 +409,12 @@ class PrefilledStream:
         timeout."""
         log.warning("%s: KV send over %s to %s failed: %r", self.rid, fabric, peer.http, exc)
         fire_and_forget(self.agent, cancel_remote(self.agent, peer, self.rid))
+
+
+def keep_in_background(agent: Agent, sends: list[asyncio.Task]) -> None:
+    """Let KV sends still under way finish after the request's stream has ended (the agent
+    holds them); `sends` is emptied, so the stream's cleanup does not cancel them."""
+    for task in sends:
+        if not task.done():
+            agent.keep(task)
+    sends.clear()

@@ -136,6 +136,10 @@ class FakeAgent:
         self.links = FakeLinks(ack_s)
         self.client = self.links.client
 
+    def keep(self, task) -> None:
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
 
 MAIN = SimpleNamespace(
     http="http://md", instance="9", datacenter="dc-b", kv_address=lambda wan: ("md", 1)
