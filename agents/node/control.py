@@ -3,7 +3,7 @@ control plane"). The agent keeps serving while the control plane is down, and re
 after a 401 / 404 or once the control plane is reachable again.
 
 Heartbeats keep their period whatever the engines are doing: the report reads copies the engine
-threads keep (Agent.report never waits for an engine), beats are sent on a fixed schedule (a
+threads keep (Reporting.report never waits for an engine), beats are sent on a fixed schedule (a
 slow answer does not push the next beat back by its own duration), and a beat that times out
 is only logged: the agent stays registered and the next one goes out on time.
 
@@ -96,7 +96,7 @@ class ControlPlaneLink:
         self.headers = {"Authorization": f"AgentToken {agent.settings.token}"}
         self.registrations = 0
         self.heartbeats = 0
-        self.stats = agent.heartbeat_stats = HeartbeatStats()
+        self.stats = agent.reporting.heartbeat_stats = HeartbeatStats()
         # 400 / 413 answers in a row (registrations and heartbeats): the back-off's exponent.
         self.refusals = 0
         # After a 413: at most this many hashes in each block list of a report (halved at each
@@ -105,7 +105,7 @@ class ControlPlaneLink:
 
     async def report(self) -> dict[str, Any]:
         """The state document, its block lists cut to `block_cap` after a 413."""
-        return shortened(await self.agent.report(), self.block_cap)
+        return shortened(await self.agent.reporting.report(), self.block_cap)
 
     async def register(self, http: httpx.AsyncClient) -> bool:
         body = {**(await self.report()), "endpoint": self.endpoint}
@@ -188,7 +188,7 @@ class ControlPlaneLink:
             self.interval_s = float(interval)
         for peer, body in (answer.get("links") or {}).items():
             try:
-                self.agent.set_link(peer, link_from_json(body))
+                self.agent.links.set(peer, link_from_json(body))
             except ValueError as exc:
                 log.warning("ignoring link to %s from the control plane: %s", peer, exc)
 

@@ -25,7 +25,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import httpx
@@ -184,7 +184,9 @@ class _Agent(Protocol):
     """What the publisher reads of agents.node.agent.Agent."""
 
     registered: bool
-    instances: dict[str, Any]
+
+    @property
+    def instances(self) -> Mapping[str, Any]: ...
 
 
 class KVEventPublisher:

@@ -112,9 +112,9 @@ class StreamedDelta:
             self._piece,
         )
         client = (
-            self.agent.wan_client(self.main.datacenter)
+            self.agent.links.wan_client(self.main.datacenter)
             if self.fabric == "wan"
-            else self.agent.intra_client
+            else self.agent.links.intra_client
         )
         host, port = self.main.kv_address(self.fabric == "wan")
         self.send = asyncio.create_task(

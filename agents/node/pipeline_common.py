@@ -14,7 +14,10 @@ from typing import Any
 import httpx
 
 from agents.engine.kv_codec import join_payloads
-from agents.node.agent import SEP, Agent, AgentError, Instance
+from agents.node.agent import Agent
+from agents.node.errors import AgentError
+from agents.node.inbox import transfer_id
+from agents.node.instances import Instance
 from agents.node.wire import Peer, error_event, sampling_json, token_event
 from agents.transfer.records import Transfer
 from pdd.events import QueuedEvent
@@ -51,10 +54,6 @@ OnClose = Callable[[], Any]
 
 class PeerFailed(Exception):
     """A peer agent answered with an error, or its stream broke."""
-
-
-def transfer_id(request_id: str, instance_id: str, what: str) -> str:
-    return SEP.join((request_id, instance_id, what))
 
 
 def kv_payload(transfer: Transfer) -> bytes:
@@ -143,9 +142,7 @@ async def keep_alive(task: asyncio.Future, every_s: float, waiting_for: str) -> 
 
 
 def fire_and_forget(agent: Agent, coro) -> None:
-    task = asyncio.create_task(coro)
-    agent.background.add(task)
-    task.add_done_callback(agent.background.discard)
+    agent.keep(asyncio.create_task(coro))
 
 
 async def settle(tasks: list[asyncio.Task], grace_s: float) -> None:
@@ -187,8 +184,8 @@ async def release_remote(agent: Agent, peer: Peer, request_id: str, start_token:
 async def cancel_local(agent: Agent, request_id: str) -> bool:
     """Abort request_id on every instance of this agent and wake whoever waits for it, now
     or later (a decode call that raced the cancel finds it in its inbox)."""
-    agent.cancel_inbox(request_id)
-    await agent.unreserve(request_id)
+    agent.inbox.cancel(request_id)
+    await agent.kv_flight.unreserve(request_id)
     found = False
     for inst in list(agent.instances.values()):
         if inst.worker is not None:

@@ -1,15 +1,18 @@
 """The PDD pipelines across agents, one module per role (this module re-exports them, so
 `from agents.node.pipelines import ...` keeps working):
 
-- `agents.node.prefill` (P): `run_prefill`: prefill, pin MD's cached prefix (DRC), ship the
-  delta over the WAN to MD and, for p-rld-md, the full KV over the intra-DC fabric to RLD at
-  the same time, and relay the token stream of RLD (or MD) to the caller.
-- `agents.node.relay` (RLD): `run_relay`, a `RelaySession` state machine: decode at once,
-  stream tokens, hand off to MD by token ids (one-shot or catch-up), relay MD's continuation;
-  if MD or the WAN fails first, finish the request itself.
+- `agents.node.prefill` (P): `admit_prefill`: prefill while MD pins its cached prefix (DRC);
+  `agents.node.prefill_stream`: `run_prefill`, P's stream: ship the delta over the WAN to MD
+  and, for p-rld-md, the full KV over the intra-DC fabric to RLD at the same time, and relay
+  the token stream of RLD (or MD) to the caller (`PrefilledStream`, in named steps).
+- `agents.node.relay` (RLD): `run_relay`, a `RelaySession` state machine (its phases and
+  items in `agents.node.relay_phases`): decode at once, stream tokens, hand off to MD by token
+  ids (one-shot or catch-up), relay MD's continuation; if MD or the WAN fails first, finish
+  the request itself.
 - `agents.node.decode` (MD): `run_main`: import the delta on top of the cached prefix (after
-  the KV it counted on as in flight to it has landed, see `reserve_prefix`), then decode (p-md)
-  or wait held for the handoff batches and continue from the final one (p-rld-md).
+  the KV it counted on as in flight to it has landed, see `reserve_prefix` in
+  `agents.node.decode_kv`), then decode (p-md) or wait held for the handoff batches and
+  continue from the final one (p-rld-md).
 - `agents.node.single`: `run_single`, the whole request on one engine (the baseline).
 - `agents.node.pipeline_common`: what they share (events, KV payloads, stream pump, cancels).
 
@@ -21,14 +24,16 @@ from agents.node.decode import (
     SLOT_POLL_S,
     DecodeRequest,
     _cache_late_kv,
-    _Claim,
     _wait_for_decode_slot,
-    claim_reservation,
-    import_kv,
     main_stream_closed,
     release_main,
-    reserve_prefix,
     run_main,
+)
+from agents.node.decode_kv import (
+    _Claim,
+    claim_reservation,
+    import_kv,
+    reserve_prefix,
     start_import,
 )
 from agents.node.pipeline_common import (
@@ -56,16 +61,10 @@ from agents.node.prefill import (
     admit_prefill,
     release_prefill,
     reserve_remote,
-    run_prefill,
 )
-from agents.node.relay import (
-    HANDOFF_SEND_GRACE_S,
-    Phase,
-    RelayRequest,
-    RelaySession,
-    _Handoff,
-    run_relay,
-)
+from agents.node.prefill_stream import run_prefill
+from agents.node.relay import HANDOFF_SEND_GRACE_S, RelaySession, run_relay
+from agents.node.relay_phases import Phase, RelayRequest, _Handoff
 from agents.node.single import admit_single, run_single
 
 __all__ = [

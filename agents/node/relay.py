@@ -23,19 +23,16 @@ bug, logged and ended with an error event, never a silent overwrite.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
-from agents.engine import EngineFull, PrefixMissing, SamplingParams, TokenOutput
-from agents.node.agent import Agent, Instance
+from agents.engine import EngineFull, PrefixMissing, TokenOutput
+from agents.node.agent import Agent
+from agents.node.instances import Instance
 from agents.node.pipeline_common import (
     Events,
     cancel_remote,
-    error_event,
     fire_and_forget,
     get_within,
     kv_payload,
@@ -47,8 +44,24 @@ from agents.node.pipeline_common import (
     token_event,
     transfer_id,
 )
-from agents.node.wire import HandoffPlan, Peer, output_logprob, relayed_token
-from agents.transfer.records import TokenIds, Transfer, TransferStats
+from agents.node.relay_phases import (
+    Cancelled,
+    KvArrived,
+    MdClosed,
+    MdEvent,
+    MdFailed,
+    Phase,
+    PhaseMachine,
+    RelayItem,
+    RelayRequest,
+    RldFailed,
+    RldOutput,
+    Unexpected,
+    _Handoff,
+    as_item,
+)
+from agents.node.wire import output_logprob, relayed_token
+from agents.transfer.records import TokenIds, TransferStats
 from pdd.events import ENGINE_FULL, ReadyEvent
 from pdd.vocab import HandoffMode
 
@@ -61,177 +74,27 @@ HANDOFF_SEND_GRACE_S = 5.0
 HANDOFF_BYTES_WAIT_S = 0.5
 
 
-@dataclass(slots=True)
-class RelayRequest:
-    request_id: str
-    prompt: list[int]
-    first_token: int
-    sampling: SamplingParams
-    main: Peer | None
-    main_start_token: int
-    plan: HandoffPlan
-    # The caller reads the decoding role's stream itself (one hop per token): after the
-    # handoff this stream ends with a `continue` naming MD's attach, instead of relaying MD.
-    direct: bool = False
-
-
-@dataclass
-class _Handoff:
-    mode: str
-    at_token: int | None = None  # index of the first token MD produced
-    batches: int = 0
-    completed: bool = False
-    failed: str | None = None
-    bytes: int = 0
-    tokens_handed: int = 0
-    batch_tokens: list[int] = field(default_factory=list)  # ids per batch sent, final last
-    inflight: bool = False
-    md_ready: bool = False
-    slot_wait_s: float = 0.0  # how long MD waited for a decode slot before it was ready
-    sent: list[asyncio.Task] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "at_token": self.at_token,
-            "batches": self.batches,
-            "completed": self.completed,
-            "failed": self.failed,
-            "tokens_handed": self.tokens_handed,
-            "batch_tokens": list(self.batch_tokens),
-            "slot_wait_s": self.slot_wait_s,
-        }
-
-
-# -- phases ------------------------------------------------------------------------------------
-
-
-class Phase(enum.StrEnum):
-    WAIT_KV = "wait_kv"  # MD's stream opened; waiting for P's full KV (other items kept)
-    RELAY = "relay"  # RLD decodes and streams; MD gets ready, catch-up batches may fly
-    FINAL = "final"  # final batch sent (cut at c): RLD's tokens buffered until MD's token c
-    MAIN = "main"  # handoff acknowledged: RLD's request released, MD's tokens relayed (or
-    # the stream ends with `continue` to MD's, for a direct caller)
-    SOLO = "solo"  # handoff abandoned (MD or the WAN failed): RLD finishes the request
-    DONE = "done"  # the last event (done or error) is out
-
-
-TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.WAIT_KV: frozenset({Phase.RELAY, Phase.DONE}),
-    Phase.RELAY: frozenset({Phase.FINAL, Phase.SOLO, Phase.DONE}),
-    Phase.FINAL: frozenset({Phase.MAIN, Phase.SOLO, Phase.DONE}),
-    Phase.MAIN: frozenset({Phase.DONE}),
-    Phase.SOLO: frozenset({Phase.DONE}),
-    Phase.DONE: frozenset(),
-}
-
-
-# -- queue items -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class KvArrived:
-    """P's full KV landed in the inbox (transfer `<rid>|<instance>|kv`)."""
-
-    transfer: Transfer
-
-
-@dataclass(frozen=True, slots=True)
-class Cancelled:
-    """A failure the agent put in the inbox: the request's cancel, a failed send (fail_inbox)
-    or a transfer cut mid-way."""
-
-    error: BaseException
-
-
-@dataclass(frozen=True, slots=True)
-class RldOutput:
-    """One engine step's output for the request on RLD."""
-
-    out: TokenOutput
-
-
-@dataclass(frozen=True, slots=True)
-class RldFailed:
-    """RLD's engine failed the request (a failed step, the instance stopping)."""
-
-    error: BaseException
-
-
-@dataclass(frozen=True, slots=True)
-class MdEvent:
-    """One NDJSON event of MD's held decode stream (ready, extended, token, done, error)."""
-
-    event: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class MdClosed:
-    """MD's stream ended: None when it closed cleanly, else the failure (unreachable, HTTP
-    error, broken stream)."""
-
-    error: BaseException | None
-
-
-@dataclass(frozen=True, slots=True)
-class MdFailed:
-    """The handoff failed on RLD's side: a batch's send failed, or no acknowledgement."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Unexpected:
-    """Any other inbox item (a transfer RLD does not take): ignored."""
-
-    what: Any
-    value: Any = None
-
-
-RelayItem = (
-    KvArrived | Cancelled | RldOutput | RldFailed | MdEvent | MdClosed | MdFailed | Unexpected
-)
-_ITEM_TYPES = (KvArrived, Cancelled, RldOutput, RldFailed, MdEvent, MdClosed, MdFailed, Unexpected)
-
-
-def as_item(raw: Any) -> RelayItem:
-    """What the agent puts in an inbox (`(what, transfer)` tuples, exceptions) as a typed item;
-    the session's own items pass through."""
-    if isinstance(raw, _ITEM_TYPES):
-        return raw
-    if isinstance(raw, BaseException):
-        return Cancelled(raw)
-    if isinstance(raw, tuple) and len(raw) == 2:
-        what, value = raw
-        if what == "kv":
-            return KvArrived(value)
-        return Unexpected(what, value)
-    return Unexpected(raw)
-
-
 # -- the session -------------------------------------------------------------------------------
 
 
-class RelaySession:
+class RelaySession(PhaseMachine):
     """One relayed request on RLD: its state, one method per kind of item, and the outbox of
-    events for the caller. `events()` drives it; tests drive `dispatch` directly."""
+    events for the caller (PhaseMachine). `events()` drives it; tests drive `dispatch`."""
 
     def __init__(self, agent: Agent, inst: Instance, req: RelayRequest) -> None:
+        super().__init__(req.request_id)
         self.agent, self.inst, self.req = agent, inst, req
-        self.rid = req.request_id
         self.worker = inst.running_worker
         self.main = req.main
         self.plan = req.plan
         self.length = len(req.prompt)
-        self.queue: asyncio.Queue = agent.inbox(self.rid, inst.instance_id)
-        self.phase = Phase.WAIT_KV
+        self.queue: asyncio.Queue = agent.inbox.queue(self.rid, inst.instance_id)
         self.handoff = _Handoff(req.plan.mode if req.main is not None else "none")
         self.rld_tokens: list[int] = []  # every token RLD's engine produced
         self.buffered: list[TokenOutput] = []  # RLD's outputs held back in FINAL
         self.counts = {"rld": 0, "md": 0}
         self.next_index = 1  # index 0 is P's first token
         self.early: list[RelayItem] = []  # items that came before the KV, replayed after it
-        self.outbox: deque[dict[str, Any]] = deque()
         self.md_task: asyncio.Task | None = None
         self.deadline: asyncio.TimerHandle | None = None
         self.engine_live = False  # RLD's engine holds the request: abort it at the end
@@ -239,36 +102,6 @@ class RelaySession:
         # RLD finished the request itself: MD is not cancelled, only its stream closed, so it
         # still caches the KV P sent it (MD's prefix cache must not fall behind P's).
         self.finished_here = False
-
-    # -- phase changes and events ----------------------------------------------------------
-
-    def to(self, phase: Phase) -> bool:
-        """Move to `phase` if TRANSITIONS allows it. An illegal move is a bug: it is logged,
-        the request ends with an error event, and False says the caller must stop."""
-        if phase in TRANSITIONS[self.phase]:
-            self.phase = phase
-            return True
-        message = f"{self.rid}: relay bug: illegal transition {self.phase} -> {phase}"
-        log.error(message)
-        if self.phase is not Phase.DONE:
-            self.outbox.append(error_event(message))
-            self.phase = Phase.DONE
-        return False
-
-    def emit(self, event: dict[str, Any]) -> None:
-        if self.phase is Phase.DONE:
-            log.error("%s: relay bug: event after the end dropped: %r", self.rid, event)
-            return
-        self.outbox.append(event)
-
-    def finish(self, event: dict[str, Any]) -> None:
-        """Emit the last event (done or error) and end."""
-        self.emit(event)
-        self.to(Phase.DONE)
-
-    def fail(self, message: str, code: str = "", role: str = "") -> None:
-        """End with an error; ``role`` "md" when MD is what failed (the gateway blames it)."""
-        self.finish(error_event(f"{self.rid}: {message}", code, role))
 
     def done_event(self, reason: str | None) -> dict[str, Any]:
         return {
@@ -285,7 +118,7 @@ class RelaySession:
         """Stream one RLD output; True when it finished the request (done is out)."""
         for j, tok in enumerate(out.token_ids):
             self.counts["rld"] += 1
-            self.agent.count_tokens(self.inst)
+            self.agent.instances.count_tokens(self.inst)
             self.emit(token_event(self.next_index, tok, "rld", output_logprob(out, j)))
             self.next_index += 1
         if out.finished:
@@ -469,7 +302,7 @@ class RelaySession:
             return
         handoff.at_token = n + 1
         self.send_batch(pending, final=True)
-        ack_timeout_s = self.agent.handoff_ack_timeout_s(self.main.datacenter)
+        ack_timeout_s = self.agent.links.handoff_ack_timeout_s(self.main.datacenter)
         self.deadline = asyncio.get_running_loop().call_later(
             ack_timeout_s,
             self.queue.put_nowait,
@@ -484,7 +317,7 @@ class RelaySession:
         handoff.batches += 1
         handoff.tokens_handed += len(ids)
         handoff.batch_tokens.append(len(ids))
-        client = self.agent.wan_client(main.datacenter)
+        client = self.agent.links.wan_client(main.datacenter)
         host, port = main.kv_address(True)
         tid = transfer_id(self.rid, main.instance, name)
 
@@ -627,7 +460,7 @@ class RelaySession:
             # drops them once the request is over there.
             fire_and_forget(self.agent, settle(unsent, HANDOFF_SEND_GRACE_S))
         self.worker.remove_sink(self.rid)
-        self.agent.drop_inbox(self.rid, self.inst.instance_id)
+        self.agent.inbox.drop(self.rid, self.inst.instance_id)
         if self.engine_live:
             await quiet(self.worker.call(lambda e: e.abort(self.rid)))
         if self.main is None or self.md_done:

@@ -75,7 +75,7 @@ async def serve(settings: AgentSettings) -> int:
         settings.threads = plan.torch_threads
         log.warning(settings.thread_plan.line())
     # torch loads (and takes the plan's thread count) with the first real engine:
-    # Agent._make_engine. An agent of emulated instances only never loads it.
+    # Instances._make_engine. An agent of emulated instances only never loads it.
     agent = Agent(settings)
     await agent.start()
     host, port = split_host_port(settings.listen)
@@ -93,12 +93,10 @@ async def serve(settings: AgentSettings) -> int:
     while not server.started and not serve_task.done():
         await asyncio.sleep(0.02)
     endpoint = advertised_url(settings, bound_port)
-    assert agent.intra_server is not None and agent.wan_server is not None  # started above
+    intra, wan = agent.links.intra_server, agent.links.wan_server
+    assert intra is not None and wan is not None  # started above
     # One line the launcher (tests, loopback) reads: where everything listens.
-    print(
-        f"AGENT READY http={endpoint} kv={agent.intra_server.port} wan={agent.wan_server.port}",
-        flush=True,
-    )
+    print(f"AGENT READY http={endpoint} kv={intra.port} wan={wan.port}", flush=True)
     control = kv_events = None
     if settings.control_plane:
         link = ControlPlaneLink(agent, endpoint)
@@ -110,9 +108,12 @@ async def serve(settings: AgentSettings) -> int:
     clean = True
     if stopping.is_set():
         log.warning("signal received: draining (grace %.0f s)", settings.drain_grace_s)
-        clean = await agent.drain(settings.drain_grace_s)
+        clean = await agent.instances.drain(settings.drain_grace_s)
         if not clean:
-            log.warning("%d requests still in flight after the grace period", agent.active_requests)
+            log.warning(
+                "%d requests still in flight after the grace period",
+                agent.instances.active_requests,
+            )
     server.should_exit = True
     with contextlib.suppress(Exception):
         await serve_task

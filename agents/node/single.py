@@ -6,7 +6,8 @@ import asyncio
 import time
 
 from agents.engine import SamplingParams
-from agents.node.agent import Agent, Instance
+from agents.node.agent import Agent
+from agents.node.instances import Instance
 from agents.node.pipeline_common import Events, error_event, quiet, token_event
 from agents.node.wire import ROLE_SHORT, output_logprob
 from pdd.vocab import Role
@@ -16,13 +17,13 @@ async def admit_single(
     agent: Agent, inst: Instance, request_id: str, prompt: list[int], sampling: SamplingParams
 ) -> asyncio.Queue:
     """Queue the request on the engine (EngineFull / ValueError surface before streaming)."""
-    queue = agent.inbox(request_id, inst.instance_id)
+    queue = agent.inbox.queue(request_id, inst.instance_id)
     inst.running_worker.add_sink(request_id, lambda out: queue.put_nowait(("tok", out)))
     try:
         await inst.running_worker.call(lambda e: e.add_request(request_id, prompt, sampling))
     except BaseException:
         inst.running_worker.remove_sink(request_id)
-        agent.drop_inbox(request_id, inst.instance_id)
+        agent.inbox.drop(request_id, inst.instance_id)
         raise
     return queue
 
@@ -42,7 +43,7 @@ async def run_single(
             _, out = item
             for j, tok in enumerate(out.token_ids):
                 ttft = ttft if ttft is not None else time.monotonic() - started
-                agent.count_tokens(inst)
+                agent.instances.count_tokens(inst)
                 yield token_event(index, tok, role, output_logprob(out, j))
                 index += 1
             if out.finished:
@@ -60,6 +61,6 @@ async def run_single(
                 return
     finally:
         inst.running_worker.remove_sink(request_id)
-        agent.drop_inbox(request_id, inst.instance_id)
+        agent.inbox.drop(request_id, inst.instance_id)
         if not finished:
             await quiet(inst.running_worker.call(lambda e: e.abort(request_id)))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.engine import SamplingParams, TokenLogprob, TokenOutput
-from agents.node.agent import AgentError
+from agents.node.errors import AgentError
 from pdd.events import ErrorEvent, TokenEvent
 from pdd.hardware import GpuType, unit_from_json
 from pdd.vocab import AGENT_HANDOFF_MODES, AGENT_PIPELINES, ROLE_TOKENS, HandoffMode

@@ -198,12 +198,12 @@ def test_slow_motion_slows_the_wan_link_as_it_slows_the_engines():
     async def main():
         agent = Agent(AgentSettings(kv_scale=100, speedup=0.125))
         try:
-            declared = agent.set_link("dc-b", LinkSettings(2.5, 20.0, 10))
-            shaped = agent.links["dc-b"].settings
+            declared = agent.links.set("dc-b", LinkSettings(2.5, 20.0, 10))
+            shaped = agent.links.shaper("dc-b").settings
             assert shaped.bandwidth_gbps == pytest.approx(2.5 * 0.125 / 100)
             assert shaped.rtt_ms == pytest.approx(160.0)
             assert (declared.bandwidth_gbps, declared.rtt_ms) == pytest.approx((2.5, 20.0))
-            doc = agent.state()["links"]["dc-b"]
+            doc = agent.reporting.state()["links"]["dc-b"]
             assert doc["speedup"] == 0.125 and doc["bandwidth_gbps"] == pytest.approx(2.5)
         finally:
             await agent.close()

@@ -22,7 +22,7 @@ def _start(settings: AgentSettings):
     async def main():
         agent = Agent(settings)
         try:
-            inst = await agent.put_instance("0", "relay_decode", "baton-tiny", "baton-tiny", 120)
+            inst = await agent.instances.put("0", "relay_decode", "baton-tiny", "baton-tiny", 120)
             await asyncio.wait_for(inst.ready.wait(), 120)
             assert inst.worker is not None, inst.error
             engine = inst.worker.engine
@@ -33,7 +33,7 @@ def _start(settings: AgentSettings):
             async with httpx.AsyncClient(transport=transport, base_url="http://agent") as http:
                 health = (await http.get("/health")).json()
                 metrics = (await http.get("/metrics")).text
-            return engine, tokens, agent.state(), health, metrics
+            return engine, tokens, agent.reporting.state(), health, metrics
         finally:
             await agent.close()
 

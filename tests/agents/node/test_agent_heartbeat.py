@@ -28,7 +28,7 @@ def run(coro_fn, **settings):
     async def main():
         agent = Agent(AgentSettings(block_size=BS, num_blocks=128, **settings))
         try:
-            inst = await agent.put_instance("0", "main_decode", "baton-tiny", "baton-tiny", 120)
+            inst = await agent.instances.put("0", "main_decode", "baton-tiny", "baton-tiny", 120)
             await asyncio.wait_for(inst.ready.wait(), 120)
             assert inst.worker is not None, inst.error
             return await coro_fn(agent, inst)
@@ -82,9 +82,9 @@ def test_an_idle_engines_kv_events_are_complete():
     async def scenario(agent, inst):
         await inst.worker.call(lambda e: e.generate(PROMPT, SamplingParams(max_tokens=1)))
         assert set(prefix_block_hashes(PROMPT, BS)) <= logged_blocks(inst)
-        summary = (await agent.report())["instances"][0]["kv_events"]
+        summary = (await agent.reporting.report())["instances"][0]["kv_events"]
         assert summary["digest"]["blocks"] == inst.worker.stats.cached_blocks
-        assert "cached_prefix_blocks" not in (await agent.report())["instances"][0]
+        assert "cached_prefix_blocks" not in (await agent.reporting.report())["instances"][0]
 
     run(scenario)
 
@@ -97,7 +97,7 @@ def test_the_heartbeat_report_and_get_state_answer_while_the_engine_thread_is_bl
         calls = CountingCalls(inst.worker)
         try:
             # Both would wait for `release` if they queued on the engine thread.
-            report = await asyncio.wait_for(agent.report(), HANG_S / 2)
+            report = await asyncio.wait_for(agent.reporting.report(), HANG_S / 2)
             transport = httpx.ASGITransport(app=build_app(agent))
             async with httpx.AsyncClient(transport=transport, base_url="http://agent") as http:
                 response = await asyncio.wait_for(http.get("/state"), HANG_S / 2)
@@ -140,11 +140,11 @@ def test_a_prefill_instance_publishes_its_cache_too():
     async def main():
         agent = Agent(AgentSettings(block_size=BS, num_blocks=64))
         try:
-            inst = await agent.put_instance("0", "prefill", "baton-tiny", "baton-tiny", 120)
+            inst = await agent.instances.put("0", "prefill", "baton-tiny", "baton-tiny", 120)
             await asyncio.wait_for(inst.ready.wait(), 120)
             await inst.worker.call(lambda e: e.generate(PROMPT, SamplingParams(max_tokens=1)))
             assert set(prefix_block_hashes(PROMPT, BS)) <= logged_blocks(inst)
-            assert "kv_events" in (await agent.report())["instances"][0]
+            assert "kv_events" in (await agent.reporting.report())["instances"][0]
         finally:
             await agent.close()
 
@@ -210,7 +210,7 @@ def test_a_slow_control_plane_keeps_the_agent_registered(monkeypatch):
     assert link.registrations == 1
     assert seen.count("/api/v1/agent/register") == 1
     # The state document counts how the beats fared (the first timed out).
-    stats = link.agent.state()["control_plane"]
+    stats = link.agent.reporting.state()["control_plane"]
     assert stats["heartbeat_timeouts"] == 1
     assert stats["heartbeats_answered"] == link.heartbeats
     assert stats["window"] == link.heartbeats and stats["rtt_p50_s"] >= 0
@@ -243,7 +243,7 @@ def test_the_engine_threads_busy_time_counts_its_commands_and_steps():
         before = worker.busy_s
         await worker.call(lambda e: e.generate(PROMPT, SamplingParams(max_tokens=2)))
         assert worker.busy_s > before
-        doc = await agent.report()
+        doc = await agent.reporting.report()
         assert doc["instances"][0]["engine"]["busy_s"] == round(worker.busy_s, 6)
 
     run(scenario)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from agents.node import agent as agent_module
+from agents.node import inbox as inbox_module
 from agents.node.agent import Agent
 from agents.node.settings import AgentSettings
 from agents.transfer import PartialTransferError
@@ -40,14 +40,14 @@ def run(coro_fn):
 
 def test_a_failure_for_a_live_or_unclaimed_request_is_queued_and_warned(caplog) -> None:
     async def scenario(agent: Agent):
-        queue = agent.inbox("r1", "3")
+        queue = agent.inbox.queue("r1", "3")
         cut = PartialTransferError("connection closed after 1 frames, before END")
-        with caplog.at_level(logging.INFO, logger=agent_module.__name__):
-            await agent._on_transfer_error("r1|3|h0", cut)
+        with caplog.at_level(logging.INFO, logger=inbox_module.__name__):
+            await agent.inbox.on_transfer_error("r1|3|h0", cut)
             # Not claimed yet (KV may land before MD's consumer starts): kept for it.
-            await agent._on_transfer_error("r2|3|kv", cut)
+            await agent.inbox.on_transfer_error("r2|3|kv", cut)
         assert queue.get_nowait() is cut
-        assert agent.inbox("r2", "3").get_nowait() is cut
+        assert agent.inbox.queue("r2", "3").get_nowait() is cut
         assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.WARNING]
 
     run(scenario)
@@ -55,29 +55,29 @@ def test_a_failure_for_a_live_or_unclaimed_request_is_queued_and_warned(caplog) 
 
 def test_after_the_request_ended_here_late_transfers_and_cuts_are_dropped(caplog) -> None:
     async def scenario(agent: Agent):
-        agent.inbox("r1", "3")
-        agent.drop_inbox("r1", "3")
+        agent.inbox.queue("r1", "3")
+        agent.inbox.drop("r1", "3")
         cut = PartialTransferError("connection closed after 1 frames, before END")
-        with caplog.at_level(logging.DEBUG, logger=agent_module.__name__):
-            await agent._on_transfer_error("r1|3|h0", cut)
-            await agent._on_transfer(transfer("r1|3|h1.final"))
-        assert ("r1", "3") not in agent._inbox  # no orphan entry for the sweeper
+        with caplog.at_level(logging.DEBUG, logger=inbox_module.__name__):
+            await agent.inbox.on_transfer_error("r1|3|h0", cut)
+            await agent.inbox.on_transfer(transfer("r1|3|h1.final"))
+        assert ("r1", "3") not in agent.inbox._entries  # no orphan entry for the sweeper
         assert all(r.levelno < logging.WARNING for r in caplog.records)
         assert "ended here" in caplog.records[0].getMessage()
         # Another instance of the same request is unaffected.
-        await agent._on_transfer(transfer("r1|4|kv"))
-        assert agent.inbox("r1", "4").qsize() == 1
+        await agent.inbox.on_transfer(transfer("r1|4|kv"))
+        assert agent.inbox.queue("r1", "4").qsize() == 1
 
     run(scenario)
 
 
 def test_the_memory_of_ended_requests_is_bounded(monkeypatch) -> None:
-    monkeypatch.setattr(agent_module, "ENDED_REMEMBERED", 3)
+    monkeypatch.setattr(inbox_module, "ENDED_REMEMBERED", 3)
 
     async def scenario(agent: Agent):
         for i in range(5):
-            agent.drop_inbox(f"r{i}", "0")
-        assert list(agent._ended) == [("r2", "0"), ("r3", "0"), ("r4", "0")]
+            agent.inbox.drop(f"r{i}", "0")
+        assert list(agent.inbox._ended) == [("r2", "0"), ("r3", "0"), ("r4", "0")]
 
     run(scenario)
 
@@ -101,19 +101,19 @@ def test_a_consumer_that_arrives_after_its_cancel_finds_the_cancel_waiting() -> 
     race): it must give up at once, not wait for KV whose sender is gone."""
 
     async def scenario(agent: Agent):
-        live = agent.inbox("r1", "3")
-        agent.cancel_inbox("r1")
+        live = agent.inbox.queue("r1", "3")
+        agent.inbox.cancel("r1")
         assert str(live.get_nowait()) == "cancelled"  # a consumer already waiting is woken
-        late = agent.inbox("r1", "4")  # another instance's consumer, after the cancel
+        late = agent.inbox.queue("r1", "4")  # another instance's consumer, after the cancel
         assert str(late.get_nowait()) == "cancelled"
         # a transfer for it that lands first leaves the cancel ahead of it in the inbox
-        await agent._on_transfer(transfer("r1|5|kv"))
-        queue = agent.inbox("r1", "5")
+        await agent.inbox.on_transfer(transfer("r1|5|kv"))
+        queue = agent.inbox.queue("r1", "5")
         assert str(queue.get_nowait()) == "cancelled"
         assert queue.get_nowait()[0] == "kv"
-        assert agent.inbox("r2", "3").empty()  # other requests are not affected
-        agent.fail_inbox("r3", "send failed")  # a failed send is not a cancel: not remembered
-        assert agent.inbox("r3", "3").empty()
+        assert agent.inbox.queue("r2", "3").empty()  # other requests are not affected
+        agent.inbox.fail("r3", "send failed")  # a failed send is not a cancel: not remembered
+        assert agent.inbox.queue("r3", "3").empty()
 
     run(scenario)
 
@@ -138,10 +138,10 @@ def test_a_decode_stream_closed_before_it_started_still_caches_the_kv(monkeypatc
 
     async def scenario(agent: Agent):
         await pipelines.main_stream_closed(agent, inst, req("never-started"))
-        agent.inbox("started", "0")  # run_main claims its inbox first thing
+        agent.inbox.queue("started", "0")  # run_main claims its inbox first thing
         await pipelines.main_stream_closed(agent, inst, req("started"))
-        agent.inbox("ended", "0")
-        agent.drop_inbox("ended", "0")
+        agent.inbox.queue("ended", "0")
+        agent.inbox.drop("ended", "0")
         await pipelines.main_stream_closed(agent, inst, req("ended"))
         await asyncio.sleep(0)  # let the scheduled task run
         assert cached == ["never-started"]

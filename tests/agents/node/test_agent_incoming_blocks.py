@@ -22,7 +22,7 @@ def run(coro_fn):
     async def main():
         agent = Agent(AgentSettings(block_size=BS, num_blocks=256))
         try:
-            inst = await agent.put_instance("0", "main_decode", "baton-tiny", "baton-tiny", 120)
+            inst = await agent.instances.put("0", "main_decode", "baton-tiny", "baton-tiny", 120)
             await asyncio.wait_for(inst.ready.wait(), 120)
             assert inst.worker is not None, inst.error
             return await asyncio.wait_for(coro_fn(agent, inst), 120)
@@ -37,36 +37,44 @@ def _md_item(doc: dict) -> dict:
     return item
 
 
+async def _incoming(agent: Agent) -> list[str]:
+    return _md_item(await agent.reporting.report(link_use=False))["incoming_prefix_blocks"]
+
+
 def test_the_heartbeat_carries_the_blocks_of_the_kv_in_flight_to_md():
     p1 = make_prompt(70, 1)  # 4 whole blocks
     p2 = p1 + make_prompt(40, 2)  # shares them, 6 whole blocks
     other = make_prompt(33, 3)  # 2 whole blocks
 
     async def scenario(agent: Agent, inst):
-        assert _md_item(await agent.report(link_use=False))["incoming_prefix_blocks"] == []
+        assert (
+            _md_item(await agent.reporting.report(link_use=False))["incoming_prefix_blocks"] == []
+        )
         await reserve_prefix(agent, inst, "t1", p1)
-        item = _md_item(await agent.report(link_use=False))
+        item = _md_item(await agent.reporting.report(link_use=False))
         # The same chain hashes the gateway computes for the prompt (pdd/prefix.py).
         assert item["incoming_prefix_blocks"] == list(prefix_block_hashes(p1, BS))
         assert item["kv_events"]["digest"]["blocks"] == 0  # nothing has landed yet
         await reserve_prefix(agent, inst, "t2", p2)
         await reserve_prefix(agent, inst, "o", other)
-        blocks = _md_item(await agent.report(link_use=False))["incoming_prefix_blocks"]
+        blocks = await _incoming(agent)
         # Newest request first; a block shared by two prompts is listed once.
         assert blocks == [*prefix_block_hashes(other, BS), *prefix_block_hashes(p2, BS)]
         # Bounded: at most `limit` hashes.
-        assert agent.incoming_block_hashes("0", limit=3) == blocks[:3]
-        assert agent.incoming_block_hashes("no-such-instance") == []
+        assert agent.kv_flight.incoming_block_hashes("0", limit=3) == blocks[:3]
+        assert agent.kv_flight.incoming_block_hashes("no-such-instance") == []
         # A reservation dropped (cancelled, expired, imported) leaves the report and the memo.
         for rid in ("t2", "o"):
-            await agent.unreserve(rid)
-        assert _md_item(await agent.report(link_use=False))["incoming_prefix_blocks"] == list(
-            prefix_block_hashes(p1, BS)
+            await agent.kv_flight.unreserve(rid)
+        assert _md_item(await agent.reporting.report(link_use=False))[
+            "incoming_prefix_blocks"
+        ] == list(prefix_block_hashes(p1, BS))
+        assert set(agent.kv_flight._incoming_blocks) == {"t1"}
+        await agent.kv_flight.unreserve("t1")
+        assert (
+            _md_item(await agent.reporting.report(link_use=False))["incoming_prefix_blocks"] == []
         )
-        assert set(agent._incoming_blocks) == {"t1"}
-        await agent.unreserve("t1")
-        assert _md_item(await agent.report(link_use=False))["incoming_prefix_blocks"] == []
-        assert agent._incoming_blocks == {}
+        assert agent.kv_flight._incoming_blocks == {}
 
     run(scenario)
 
@@ -75,9 +83,9 @@ def test_only_main_decode_instances_report_incoming_blocks():
     async def main():
         agent = Agent(AgentSettings(block_size=BS, num_blocks=256))
         try:
-            inst = await agent.put_instance("r", "relay_decode", "baton-tiny", "baton-tiny", 120)
+            inst = await agent.instances.put("r", "relay_decode", "baton-tiny", "baton-tiny", 120)
             await asyncio.wait_for(inst.ready.wait(), 120)
-            (item,) = (await agent.report(link_use=False))["instances"]
+            (item,) = (await agent.reporting.report(link_use=False))["instances"]
             return item
         finally:
             await agent.close()

@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from agents.engine import SamplingParams
-from agents.node.agent import Agent, AgentError, Instance
+from agents.node.agent import Agent
+from agents.node.errors import AgentError
 from agents.node.http_api import build_app
+from agents.node.instances import Instance
 from agents.node.settings import AgentSettings
 
 PROMPT = [32 + (i * 5) % 90 for i in range(20)]
@@ -73,7 +75,7 @@ def test_a_put_dtype_builds_the_engine_and_the_cache_keeps_the_dtypes_apart():
     assert e32.pool.k_cache.dtype == torch.float32
     assert e16.model is not e32.model
     assert e32b.model is e32.model
-    assert set(agent._models) == {("baton-tiny", "float32"), ("baton-tiny", "bfloat16")}
+    assert set(agent.instances._models) == {("baton-tiny", "float32"), ("baton-tiny", "bfloat16")}
     assert all(len(t) == 3 for t in tokens)
     assert tokens[0] == tokens[2]  # the same weights, the same greedy tokens
     dtypes = {item["instance_id"]: item["dtype"] for item in state["instances"]}
@@ -126,7 +128,7 @@ def test_a_bad_dtype_is_a_400_naming_the_field(dtype):
 def test_an_in_process_put_checks_the_dtype_too():
     async def scenario(agent: Agent, http: httpx.AsyncClient):
         with pytest.raises(AgentError) as caught:
-            await agent.put_instance("9", "prefill", "baton-tiny", "baton-tiny", dtype="half")
+            await agent.instances.put("9", "prefill", "baton-tiny", "baton-tiny", dtype="half")
         return caught.value
 
     exc = _run(AgentSettings(num_blocks=64), scenario)

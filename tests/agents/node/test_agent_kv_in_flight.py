@@ -116,7 +116,7 @@ def run(coro_fn, **settings):
     async def main():
         agent = Agent(AgentSettings(block_size=BS, num_blocks=256, **settings))
         try:
-            inst = await agent.put_instance("0", "main_decode", "baton-tiny", "baton-tiny", 120)
+            inst = await agent.instances.put("0", "main_decode", "baton-tiny", "baton-tiny", 120)
             await asyncio.wait_for(inst.ready.wait(), 120)
             assert inst.worker is not None, inst.error
             return await asyncio.wait_for(coro_fn(agent, inst), 120)
@@ -144,8 +144,8 @@ def late(rid: str, prompt: list[int], start: int) -> DecodeRequest:
 
 
 def assert_clean(agent: Agent) -> None:
-    assert agent.incoming == {}
-    assert agent.reservations == {}
+    assert agent.kv_flight.incoming == {}
+    assert agent.kv_flight.reservations == {}
 
 
 def test_reserve_counts_kv_in_flight_and_pins_it_once_it_lands(prefill_engine):
@@ -154,23 +154,23 @@ def test_reserve_counts_kv_in_flight_and_pins_it_once_it_lands(prefill_engine):
 
     async def scenario(agent: Agent, inst):
         assert await reserve_prefix(agent, inst, "t1", p1) == 0
-        assert "t1" in agent.incoming
+        assert "t1" in agent.kv_flight.incoming
         assert await reserve_prefix(agent, inst, "t2", p2) == 64  # 70 in flight -> 4 blocks
         assert await reserve_prefix(agent, inst, "t2", p2) == 64  # the same reservation
-        assert agent.reservations["t2"].depends_on.request_id == "t1"
-        assert agent.in_flight_prefix_hits == 1
+        assert agent.kv_flight.reservations["t2"].depends_on.request_id == "t1"
+        assert agent.kv_flight.prefix_hits == 1
         # t1's KV lands first (RLD finished it alone): its import pins t2's 4 blocks.
         await _cache_late_kv(
             agent, inst, late("t1", p1, 0), asyncio.Queue(), kv_of(prefill_engine, "t1", p1, 0)
         )
-        assert "t1" not in agent.incoming and "t1" not in agent.reservations
-        assert len(agent.reservations["t2"].nodes) == 2
+        assert "t1" not in agent.kv_flight.incoming and "t1" not in agent.kv_flight.reservations
+        assert len(agent.kv_flight.reservations["t2"].nodes) == 2
         state = await cache_state(inst, p2)
         assert state["cached_prefix"] == 64 and state["pinned_blocks"] == 4
         # Then t2's delta: imported on top, and every pin released exactly once.
         payload = kv_of(prefill_engine, "t2", p2, 64)
         await _cache_late_kv(agent, inst, late("t2", p2, 64), asyncio.Queue(), payload)
-        assert agent.late_kv_cached == 2
+        assert agent.kv_flight.late_kv_cached == 2
         assert_clean(agent)
         state = await cache_state(inst, p2)
         assert state == {"root_locks": 1, "pinned_blocks": 0, "cached_prefix": 80, "requests": 0}
@@ -187,7 +187,7 @@ def test_import_waits_for_the_kv_it_counted_on(prefill_engine):
         assert await reserve_prefix(agent, inst, "a", p1) == 0
         assert await reserve_prefix(agent, inst, "b", p2) == 96
         assert await reserve_prefix(agent, inst, "c", p3) == 128  # a chain: c counts on b
-        assert agent.reservations["c"].depends_on.request_id == "b"
+        assert agent.kv_flight.reservations["c"].depends_on.request_id == "b"
         # The deltas of b and c arrive before a's KV: they wait for it, bounded.
         waiting_c = asyncio.create_task(
             _cache_late_kv(
@@ -198,7 +198,7 @@ def test_import_waits_for_the_kv_it_counted_on(prefill_engine):
                 kv_of(prefill_engine, "c", p3, 128),
             )
         )
-        queue = agent.inbox("b", "0")
+        queue = agent.inbox.queue("b", "0")
         queue.put_nowait(("kv", transfer_of("b", kv_of(prefill_engine, "b", p2, 96), len(p2), 96)))
         req = DecodeRequest("b", p2, 65, SamplingParams(max_tokens=3, ignore_eos=True), 96, False)
         events = []
@@ -217,7 +217,7 @@ def test_import_waits_for_the_kv_it_counted_on(prefill_engine):
         await asyncio.wait_for(waiting_b, 60)
         await asyncio.wait_for(waiting_c, 60)
         assert [e["type"] for e in events] == ["token", "token", "done"], events
-        assert agent.late_kv_cached == 2
+        assert agent.kv_flight.late_kv_cached == 2
         assert_clean(agent)
         state = await cache_state(inst, p3)
         assert state == {"root_locks": 1, "pinned_blocks": 0, "cached_prefix": 128, "requests": 0}
@@ -238,7 +238,7 @@ def test_a_prompt_wholly_in_flight_imports_an_empty_delta(prefill_engine):
             asyncio.Queue(),
             kv_of(prefill_engine, "first", p1, 0),
         )
-        queue = agent.inbox("again", "0")
+        queue = agent.inbox.queue("again", "0")
         queue.put_nowait(
             ("kv", transfer_of("again", kv_of(prefill_engine, "again", p1, 64), 64, 64))
         )
@@ -254,7 +254,7 @@ def test_a_prompt_wholly_in_flight_imports_an_empty_delta(prefill_engine):
 
 
 def _dependent_decode(agent, inst, prefill_engine, rid, p2, start):
-    queue = agent.inbox(rid, "0")
+    queue = agent.inbox.queue(rid, "0")
     queue.put_nowait(
         ("kv", transfer_of(rid, kv_of(prefill_engine, rid, p2, start), len(p2), start))
     )
@@ -281,7 +281,7 @@ def test_cancelled_kv_in_flight_is_recomputed_for_the_dependent(prefill_engine):
         await cancel_local(agent, "ghost")  # its KV will never land: MD computes it itself
         await asyncio.wait_for(task, 30)
         assert [e["type"] for e in events] == ["token", "token", "done"], events
-        assert (agent.recomputed_imports, agent.recomputed_tokens) == (1, 80)
+        assert (agent.kv_flight.recomputed_imports, agent.kv_flight.recomputed_tokens) == (1, 80)
         assert_clean(agent)
         state = await cache_state(inst, p2)
         assert state == {"root_locks": 1, "pinned_blocks": 0, "cached_prefix": 80, "requests": 0}
@@ -299,8 +299,8 @@ def test_kv_in_flight_that_never_lands_is_recomputed_after_the_timeout(prefill_e
         task, events = _dependent_decode(agent, inst, prefill_engine, "dep", p2, 48)
         await asyncio.wait_for(task, 30)
         assert [e["type"] for e in events] == ["token", "token", "done"], events
-        assert (agent.recomputed_imports, agent.recomputed_tokens) == (1, 48)
-        assert set(agent.incoming) == {"stuck"}  # the stuck one is still reserved ...
+        assert (agent.kv_flight.recomputed_imports, agent.kv_flight.recomputed_tokens) == (1, 48)
+        assert set(agent.kv_flight.incoming) == {"stuck"}  # the stuck one is still reserved ...
         await cancel_local(agent, "stuck")  # ... until cancelled (or expired)
         assert_clean(agent)
         assert (await cache_state(inst, p2))["pinned_blocks"] == 0
@@ -320,7 +320,9 @@ def test_a_dependent_cancelled_while_waiting_ends_at_once(prefill_engine):
         await cancel_local(agent, "dep")
         await asyncio.wait_for(task, 30)
         assert events[-1]["type"] == "error" and "reservation dropped" in events[-1]["message"]
-        assert set(agent.incoming) == {"slow"} and set(agent.reservations) == {"slow"}
+        assert set(agent.kv_flight.incoming) == {"slow"} and set(agent.kv_flight.reservations) == {
+            "slow"
+        }
         # The KV it counted on still lands; its pin for the dropped dependent is not taken.
         await _cache_late_kv(
             agent, inst, late("slow", p1, 0), asyncio.Queue(), kv_of(prefill_engine, "slow", p1, 0)
@@ -363,10 +365,10 @@ def test_a_dependent_waiting_for_kv_in_flight_says_so_and_then_decodes(prefill_e
 async def late_kv_cached(agent: Agent, n: int) -> None:
     """Wait (at most 10 s) until n late imports ran in the background, then check there were n."""
     for _ in range(200):
-        if agent.late_kv_cached >= n:
+        if agent.kv_flight.late_kv_cached >= n:
             break
         await asyncio.sleep(0.05)
-    assert agent.late_kv_cached == n
+    assert agent.kv_flight.late_kv_cached == n
 
 
 def test_a_held_decode_cancelled_as_its_kv_lands_stops_and_caches_the_kv(prefill_engine):
@@ -378,7 +380,7 @@ def test_a_held_decode_cancelled_as_its_kv_lands_stops_and_caches_the_kv(prefill
 
     async def scenario(agent: Agent, inst):
         assert await reserve_prefix(agent, inst, "left", prompt) == 0
-        queue = agent.inbox("left", "0")
+        queue = agent.inbox.queue("left", "0")
         events: list[dict] = []
 
         async def decode():
@@ -413,7 +415,7 @@ def test_a_release_caches_the_kv_when_the_decode_call_never_came(prefill_engine)
         assert await reserve_prefix(agent, inst, "solo", prompt) == 0
         assert release_main(agent, inst, "solo", 0) is True
         assert release_main(agent, inst, "solo", 0) is False  # already released
-        await agent._on_transfer(
+        await agent.inbox.on_transfer(
             transfer_of("solo", kv_of(prefill_engine, "solo", prompt, 0), 50, 0)
         )
         await late_kv_cached(agent, 1)
@@ -425,7 +427,7 @@ def test_a_release_caches_the_kv_when_the_decode_call_never_came(prefill_engine)
         # Nothing reserved for it, or a decode call already has it: nothing to do.
         assert release_main(agent, inst, "unknown", 0) is False
         assert await reserve_prefix(agent, inst, "decoding", prompt) == 48
-        agent.inbox("decoding", "0")  # run_main claims its inbox first thing
+        agent.inbox.queue("decoding", "0")  # run_main claims its inbox first thing
         assert release_main(agent, inst, "decoding", 0) is False
         with pytest.raises(ValueError, match="beyond the reserved prompt"):
             release_main(agent, inst, "decoding", 64)

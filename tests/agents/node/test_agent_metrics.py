@@ -25,7 +25,7 @@ def test_metrics_serve_the_instances_figures_as_the_state_document_has_them():
     async def main():
         agent = Agent(AgentSettings(block_size=16, num_blocks=128, node="n-1", datacenter="dc-a"))
         try:
-            inst = await agent.put_instance("7", "main_decode", "baton-tiny", "baton-tiny", 120)
+            inst = await agent.instances.put("7", "main_decode", "baton-tiny", "baton-tiny", 120)
             await asyncio.wait_for(inst.ready.wait(), 120)
             assert inst.worker is not None, inst.error
             for _ in range(2):  # the second finds the first's prefix in the cache
@@ -34,7 +34,7 @@ def test_metrics_serve_the_instances_figures_as_the_state_document_has_them():
             transport = httpx.ASGITransport(app=build_app(agent))
             async with httpx.AsyncClient(transport=transport, base_url="http://agent") as http:
                 response = await http.get("/metrics")  # no token: open, like /health
-            return response, agent.state()
+            return response, agent.reporting.state()
         finally:
             await agent.close()
 

@@ -98,7 +98,7 @@ def run_link(monkeypatch, cp: MockControlPlane, until, report=None) -> ControlPl
             async def fixed_report():
                 return json.loads(json.dumps(report))
 
-            agent.report = fixed_report
+            agent.reporting.report = fixed_report
         link = ControlPlaneLink(agent, "http://127.0.0.1:1")
         task = asyncio.create_task(link.run())
         try:
@@ -125,7 +125,7 @@ def test_a_refused_heartbeat_backs_off_says_why_and_recovers(monkeypatch, caplog
     # After the k-th refusal in a row the next try waited at least interval x 2^k.
     for k in range(1, refusals + 1):
         assert times[k] - times[k - 1] >= INTERVAL_S * 2**k * 0.95, (k, times)
-    stats = link.agent.state()["control_plane"]
+    stats = link.agent.reporting.state()["control_plane"]
     assert stats["heartbeats_refused"] == refusals
     assert stats["heartbeats_refused_by_status"] == {"400": refusals}
     assert stats["last_refusal"]["status"] == 400
@@ -170,7 +170,7 @@ def test_a_413_halves_the_block_lists_until_the_report_fits(monkeypatch, caplog)
     sent = [len(body["instances"][0]["incoming_prefix_blocks"]) for _, body in cp.beats]
     assert sent[:5] == [64, 32, 16, 8, 8]
     assert cp.beats[-1][1]["instances"][0]["incoming_prefix_blocks"] == hashes[:8]
-    stats = link.agent.state()["control_plane"]
+    stats = link.agent.reporting.state()["control_plane"]
     assert stats["heartbeats_refused_by_status"] == {"413": 3}
     assert stats["report_block_cap"] == 8 and link.block_cap == 8
     refused = [r.getMessage() for r in caplog.records if "refused the heartbeat" in r.getMessage()]
@@ -197,6 +197,6 @@ def test_a_refused_registration_backs_off_too(monkeypatch, status):
     tries = cp.registrations
     for k in range(1, 4):
         assert tries[k] - tries[k - 1] >= INTERVAL_S * 2**k * 0.95, (k, tries)
-    stats = link.agent.state()["control_plane"]
+    stats = link.agent.reporting.state()["control_plane"]
     assert stats["registrations_refused"] == 3
     assert stats["last_refusal"]["status"] == status

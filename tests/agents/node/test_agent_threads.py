@@ -217,11 +217,11 @@ def test_the_state_document_carries_threads():
     from agents.node.agent import Agent
 
     agent = Agent(AgentSettings())
-    threads = agent.state()["threads"]
+    threads = agent.reporting.state()["threads"]
     assert set(threads) >= {"torch_threads", "omp_wait_policy", "source"}
     assert threads["torch_threads"] >= 1
     settings = AgentSettings(thread_plan=plan({"agents_per_host": 3}))
-    threads = Agent(settings).state()["threads"]
+    threads = Agent(settings).reporting.state()["threads"]
     assert threads["torch_threads"] == 1 and threads["omp_wait_policy"] == "passive"
     assert threads["source"] == "auto: 3 agents share 2 cores"
 
@@ -234,11 +234,11 @@ def test_the_advertised_wan_port_is_what_peers_are_told():
     from agents.node.settings import AgentSettings
 
     agent = Agent(AgentSettings(advertise_wan_port=7001))
-    agent.intra_server = SimpleNamespace(host="127.0.0.1", port=6000)
-    agent.wan_server = SimpleNamespace(host="127.0.0.1", port=6001)
-    assert agent.kv_endpoint() == {"host": "127.0.0.1", "port": 6000, "wan_port": 7001}
+    agent.links.intra_server = SimpleNamespace(host="127.0.0.1", port=6000)
+    agent.links.wan_server = SimpleNamespace(host="127.0.0.1", port=6001)
+    assert agent.links.kv_endpoint() == {"host": "127.0.0.1", "port": 6000, "wan_port": 7001}
     agent.settings.advertise_wan_port = None
-    assert agent.kv_endpoint()["wan_port"] == 6001
+    assert agent.links.kv_endpoint()["wan_port"] == 6001
     for bad in (0, 70000, True, "7001"):
         with pytest.raises(ValueError, match="advertise_wan_port"):
             AgentSettings(advertise_wan_port=bad)

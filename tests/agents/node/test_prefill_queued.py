@@ -12,7 +12,8 @@ import pytest
 
 from agents.engine import SamplingParams
 from agents.engine.errors import EngineFull
-from agents.node.prefill import PddRequest, admit_prefill, run_prefill
+from agents.node.prefill import PddRequest, admit_prefill
+from agents.node.prefill_stream import run_prefill
 from agents.node.wire import HandoffPlan
 from pdd.events import PREFILL_FAILED, ErrorEvent, QueuedEvent, parse_event
 from pdd.vocab import Pipeline

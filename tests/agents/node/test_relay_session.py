@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from agents.engine import EngineFull, SamplingParams, TokenOutput
-from agents.node.relay import (
+from agents.node.relay import RelaySession, run_relay
+from agents.node.relay_phases import (
     TRANSITIONS,
     Cancelled,
     KvArrived,
@@ -21,12 +22,10 @@ from agents.node.relay import (
     MdFailed,
     Phase,
     RelayRequest,
-    RelaySession,
     RldFailed,
     RldOutput,
     Unexpected,
     as_item,
-    run_relay,
 )
 from agents.node.wire import HandoffPlan
 
@@ -95,31 +94,51 @@ class FakeHttp:
         self.posts.append((url, json))
 
 
-class FakeAgent:
-    def __init__(self, ack_s: float = 30.0, kv_timeout_s: float = 5.0) -> None:
-        self.settings = SimpleNamespace(kv_timeout_s=kv_timeout_s)
-        self.background: set = set()
-        self.http = FakeHttp()
-        self.client = FakeClient()
-        self.ack_s = ack_s
+class FakeInbox:
+    def __init__(self) -> None:
         self.queues: dict = {}
         self.dropped: list = []
-        self.counted = 0
 
-    def inbox(self, rid, iid) -> asyncio.Queue:
+    def queue(self, rid, iid) -> asyncio.Queue:
         return self.queues.setdefault((rid, iid), asyncio.Queue())
 
-    def drop_inbox(self, rid, iid) -> None:
+    def drop(self, rid, iid) -> None:
         self.dropped.append((rid, iid))
+
+
+class FakeInstances:
+    def __init__(self) -> None:
+        self.counted = 0
 
     def count_tokens(self, inst) -> None:
         self.counted += 1
+
+
+class FakeLinks:
+    def __init__(self, ack_s: float) -> None:
+        self.client = FakeClient()
+        self.ack_s = ack_s
 
     def handoff_ack_timeout_s(self, dc) -> float:
         return self.ack_s
 
     def wan_client(self, dc) -> FakeClient:
         return self.client
+
+
+class FakeAgent:
+    def __init__(self, ack_s: float = 30.0, kv_timeout_s: float = 5.0) -> None:
+        self.settings = SimpleNamespace(kv_timeout_s=kv_timeout_s)
+        self.background: set = set()
+        self.http = FakeHttp()
+        self.inbox = FakeInbox()
+        self.instances = FakeInstances()
+        self.links = FakeLinks(ack_s)
+        self.client = self.links.client
+
+    def keep(self, task) -> None:
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
 
 MAIN = SimpleNamespace(
@@ -358,7 +377,7 @@ def test_relay_streams_rld_tokens_and_finishes_alone() -> None:
             ("http://md/v1/pdd/release", {"request_id": RID, "instance": "9", "start_token": 0})
         ]
         assert ("abort", RID) not in worker.engine.calls
-        assert agent.counted == 2
+        assert agent.instances.counted == 2
 
     run(scenario)
 
@@ -693,13 +712,13 @@ def test_run_relay_streams_and_cleans_up_when_the_caller_leaves() -> None:
         inst = SimpleNamespace(instance_id="0", worker=worker, running_worker=worker)
         req = RelayRequest(RID, PROMPT, 4, SamplingParams(), None, 0, HandoffPlan())
         stream = run_relay(agent, inst, req)
-        queue = agent.inbox(RID, "0")
+        queue = agent.inbox.queue(RID, "0")
         queue.put_nowait(("kv", SimpleNamespace(chunks=())))
         queue.put_nowait(out(11))
         first = await stream.__anext__()
         assert first == {"type": "token", "index": 1, "token_id": 11, "role": "rld"}
         await stream.aclose()  # the caller left: RLD's engine lets the request go at once
         assert ("abort", RID) in worker.engine.calls
-        assert agent.dropped == [(RID, "0")]
+        assert agent.inbox.dropped == [(RID, "0")]
 
     run(scenario)
