@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import time
 
 log = logging.getLogger("baton.gc")
@@ -37,6 +38,8 @@ def _on_gc(phase: str, info: dict) -> None:
     stats["max_s"] = max(stats["max_s"], took)
     if took >= _warn_s:
         stats["long"] += 1
+        if sys.is_finalizing():  # the collections at exit: the log's streams may be closed
+            return
         log.warning(
             "gc: generation %d took %.0f ms (%d objects collected, %d uncollectable)",
             info.get("generation", -1),
