@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 # Django-backed tests that run a second time against real PostgreSQL and Redis when
 # DATABASE_URL / REDIS_URL are set (the first run always uses the embedded defaults).
-SERVICE_TESTS ?= tests/controlplane tests/fleet tests/plans tests/billing tests/routing \
+SERVICE_TESTS ?= tests/base tests/controlplane tests/fleet tests/plans tests/billing tests/routing \
 	tests/frontend tests/e2e
 # Browser tests need no database server; they run once, in the embedded pass.
 SERVICE_MARKS ?= not browser

@@ -7,8 +7,8 @@ from decimal import Decimal
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from base.tokens import HashedToken, digest_field, prefix_field
 from billing.amounts import component
-from controlplane.tokens import HashedToken, digest_field, prefix_field
 from fleet.models.pricing import EffectivePeriodQuerySet, PeriodPrice
 from fleet.validators import slug_name
 
@@ -55,7 +55,7 @@ KEY_SCHEME = "sk-baton"
 
 class ApiKey(HashedToken):
     """A tenant's key for the OpenAI-compatible API: ``sk-baton-<8 hex>-<secret>``, kept as
-    its prefix and digest (controlplane/tokens.py)."""
+    its prefix and digest (base/tokens.py)."""
 
     scheme = KEY_SCHEME
     separator = "-"

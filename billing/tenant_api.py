@@ -24,6 +24,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from base.filters import INT64_MAX
 from billing import statements
 from billing.api.serializers import (
     StatementSerializer,
@@ -32,7 +33,6 @@ from billing.api.serializers import (
 )
 from billing.models import ApiKey, Statement, StatementStatus, UsageEntry
 from billing.services import api_key_authenticate
-from controlplane.filters import INT64_MAX
 from pdd.openai_errors import OpenAIError, bad_request, unauthorized
 
 DAY = timedelta(days=1)

@@ -19,7 +19,7 @@ from django.db import IntegrityError, models, transaction
 from django.db.models.signals import post_save
 from django.utils import timezone
 
-from controlplane.tokens import HashedToken, digest_field, prefix_field
+from base.tokens import HashedToken, digest_field, prefix_field
 
 KEY_SCHEME = "bat"
 # Length of the public prefix: "bat_" and 8 random characters for issued keys.

@@ -6,7 +6,7 @@ from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
-from controlplane import jsonsafety
+from base import jsonsafety
 
 
 class SafeJSONParser(JSONParser):

@@ -12,7 +12,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.env import (
+from base.env import (
     env_bool,
     env_float,
     env_int,
@@ -255,9 +255,9 @@ REST_FRAMEWORK = {
         "controlplane.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["controlplane.permissions.IsOperatorOrReadOnly"],
+    "DEFAULT_PERMISSION_CLASSES": ["base.permissions.IsOperatorOrReadOnly"],
     "DEFAULT_FILTER_BACKENDS": [
-        "controlplane.filters.BoundedFilterBackend",
+        "base.filters.BoundedFilterBackend",
         "rest_framework.filters.OrderingFilter",
         "rest_framework.filters.SearchFilter",
     ],
@@ -268,7 +268,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PAGINATION_CLASS": "controlplane.pagination.StandardPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "controlplane.schema.BatonAutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "base.schema.BatonAutoSchema",
     "EXCEPTION_HANDLER": "controlplane.exceptions.api_exception_handler",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
@@ -292,7 +292,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    # One tag per app (controlplane/schema.py tags the operations), in the docs' order.
+    # One tag per app (base/schema.py tags the operations), in the docs' order.
     "TAGS": [
         {"name": "openai", "description": "The OpenAI-compatible gateway (/v1), for tenants."},
         {

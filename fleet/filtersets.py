@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import django_filters
 
-from controlplane.filters import BoundedFilterSet, IdFilter
+from base.filters import BoundedFilterSet, IdFilter
 from fleet.models import (
     Datacenter,
     FleetEvent,

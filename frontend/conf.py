@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from controlplane.env import env_bool, env_int, env_str
+from base.env import env_bool, env_int, env_str
 
 
 def _setting(name: str, fallback):

@@ -21,7 +21,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse, reverse_lazy
 from django.views import View
 
-from controlplane.permissions import user_is_operator
+from base.permissions import user_is_operator
 from fleet.api import serializers as s
 from fleet.models import Datacenter, GPUType, Instance, Node, UnitPrice, WANLink
 

@@ -19,7 +19,7 @@ from django.shortcuts import redirect
 from django.urls import reverse, reverse_lazy
 from django.views import View
 
-from controlplane.permissions import user_is_operator
+from base.permissions import user_is_operator
 from fleet.choices import PlanRunStatus
 from plans import sizing
 from plans.models import SizingRun

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.views import View
 from django.views.generic import TemplateView
 
-from controlplane.permissions import user_is_operator
+from base.permissions import user_is_operator
 from fleet.choices import PlanRunStatus
 from fleet.models import FleetEvent, Instance, ServedModel, WANLink
 from frontend.fleet_groups import (

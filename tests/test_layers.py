@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = (
     "pdd",
     "agents",
+    "base",
     "controlplane",
     "fleet",
     "billing",
@@ -29,39 +30,27 @@ PACKAGES = (
     "bench",
 )
 
-# The control plane's shared base, which the apps build on: env-driven settings helpers, the
-# bounded filters, JSON safety, roles, the schema's error shapes, the abstract hashed-token
-# model (controlplane.tokens: operators' tokens, tenants' keys, agents' tokens); the package
-# itself and the Celery app its __init__ loads. The rest of `controlplane` is the top: it
-# composes the apps (settings, URLs, ASGI, websocket routes, pushes, middleware).
-CONTROLPLANE_BASE = (
-    "controlplane",
-    "controlplane.celery",
-    "controlplane.env",
-    "controlplane.filters",
-    "controlplane.jsonsafety",
-    "controlplane.permissions",
-    "controlplane.schema",
-    "controlplane.tokens",
-)
 # Lowest first: a module may import its own layer and the layers below it, never one above.
 #   pdd            what every part shares (the policy, the hardware model): no Django, no torch
 #   agents         node agents and their engines: pdd only, never Django
 #   planner        simulator and capacity planner: pdd only, never Django nor a Django app
 #                  (`size --from-db` runs `manage.py planner_fleet`, which `plans` provides)
-#   controlplane base (above): Django-side helpers every app uses
+#   base           the Django-side helpers every app builds on: env-driven settings helpers,
+#                  the bounded filters, JSON safety, roles, the schema's error shapes, the
+#                  abstract hashed-token model (operators' tokens, tenants' keys, agents' tokens)
 #   fleet          inventory and provisioning
 #   billing        tenants, keys, prices, usage (reads fleet's prices and GPUs)
 #   routing        the gateway (admits through billing, routes over fleet with pdd.policy)
 #   plans          plan runs over the database's fleet (fleet rows into the planner)
 #   frontend       the operator UI and telemetry: reads every app
-#   controlplane   the top: settings, URLs, ASGI, websocket routes, pushes
+#   controlplane   the project, the top: settings, URLs, ASGI, websocket routes, pushes,
+#                  middleware, the Celery app; nothing below imports it
 #   bench          the demo, the testbed and the benchmarks: drive everything
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pdd", ("pdd",)),
     ("agents", ("agents",)),
     ("planner", ("planner",)),
-    ("controlplane base", CONTROLPLANE_BASE),
+    ("base", ("base",)),
     ("fleet", ("fleet",)),
     ("billing", ("billing",)),
     ("routing", ("routing",)),
@@ -70,15 +59,17 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("controlplane", ("controlplane",)),
     ("bench", ("bench",)),
 )
-# Layers named by their modules; the others hold whole packages.
-BY_MODULE = (CONTROLPLANE_BASE,)
 # The control plane runs without the agents' package or torch: only these import `agents`.
 AGENTS_USERS = ("agents", "bench")
 # Parts that import no Django (nor Channels, DRF or Celery, which need it).
 DJANGO = ("django", "rest_framework", "drf_spectacular", "django_filters", "channels", "celery")
 WITHOUT_DJANGO = ("pdd", "agents", "planner")
-# The Django apps and the project: what the parts without Django never import either.
-DJANGO_APPS = ("controlplane", "fleet", "billing", "routing", "plans", "frontend")
+# The Django apps, the project and the apps' base: what the parts without Django never import.
+DJANGO_APPS = ("base", "controlplane", "fleet", "billing", "routing", "plans", "frontend")
+# The project package, which composes the apps; the apps and the base never import it (an app's
+# Celery tasks are `celery.shared_task`s, bound to the project's Celery app at start-up).
+PROJECT = "controlplane"
+PROJECT_USERS = ("controlplane", "bench")
 # Parts that import no torch (the control plane's packages among them).
 TORCH_USERS = ("agents", "bench")
 
@@ -143,15 +134,9 @@ def _external(module: str) -> list[tuple[int, str]]:
 
 
 def _layer(module: str) -> int:
-    """The layer of a module: one named in CONTROLPLANE_BASE is there; any other lies in the
-    layer of its package (the longest prefix that names one)."""
-    for index, (_, members) in enumerate(LAYERS):
-        if members in BY_MODULE and module in members:
-            return index
+    """The layer of a module: the layer of its package (the longest prefix that names one)."""
     best, best_len = None, -1
     for index, (_, members) in enumerate(LAYERS):
-        if members in BY_MODULE:
-            continue
         for prefix in members:
             if _is_under(module, prefix) and len(prefix) > best_len:
                 best, best_len = index, len(prefix)
@@ -184,8 +169,6 @@ def _cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
 
 def test_every_module_is_in_a_layer():
     assert {_layer(m) for m in _graph()} <= set(range(len(LAYERS)))
-    for members in BY_MODULE:
-        assert set(members) <= set(_files()), f"{set(members) - set(_files())} no longer exist"
 
 
 def test_no_module_imports_itself_back_through_others():
@@ -202,6 +185,34 @@ def test_imports_only_point_down():
         if _layer(dst) > _layer(src)
     ]
     assert not up, "\n".join(up)
+
+
+def test_no_app_nor_the_base_imports_the_project_package():
+    """`controlplane` is the top and only the top: the apps' shared helpers live in `base`, so
+    no app (nor `base`, nor anything below) imports the project package, not even its Celery
+    app or its package ``__init__``."""
+    found = [
+        f"{_files()[src].relative_to(ROOT)}:{line} imports {dst}"
+        for src, edges in sorted(_graph().items())
+        if not any(_is_under(src, p) for p in PROJECT_USERS)
+        for dst, line in sorted(edges.items())
+        if _is_under(dst, PROJECT)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_base_is_no_django_app():
+    """`base` holds helpers and abstract models only: no app config, no models module, no
+    migrations, so it needs no place in INSTALLED_APPS and owns no table."""
+    from django.conf import settings
+
+    owned = sorted(
+        str(p.relative_to(ROOT))
+        for name in ("apps.py", "models.py", "models", "migrations")
+        if (p := ROOT / "base" / name).exists()
+    )
+    assert not owned, f"base/ is a Django app: {owned}"
+    assert not [a for a in settings.INSTALLED_APPS if _is_under(a, "base")]
 
 
 def test_only_the_agents_and_the_benchmarks_import_the_agents_package():
@@ -235,8 +246,9 @@ def test_parts_that_go_without_a_framework_do_not_import_it(parts, names):
 
 
 def test_parts_without_django_import_no_django_app():
-    """pdd, agents and the planner import no Django app nor the project, not even an entry
-    point of theirs (the planner's `size --from-db` runs `manage.py planner_fleet` instead)."""
+    """pdd, agents and the planner import no Django app, nor the project, nor `base`, not even an
+    entry point of theirs (the planner's `size --from-db` runs `manage.py planner_fleet`
+    instead)."""
     found = [
         f"{_files()[src].relative_to(ROOT)}:{line} imports {dst}"
         for src, edges in sorted(_graph().items())

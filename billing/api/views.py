@@ -19,10 +19,10 @@ from rest_framework import serializers as rf
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from base.filters import INT64_MAX, BoundedFilterSet
 from billing import services, statements
 from billing.api import serializers as s
 from billing.models import ApiKey, ModelPrice, Statement, Tenant, UsageEntry
-from controlplane.filters import INT64_MAX, BoundedFilterSet
 
 
 class TenantViewSet(viewsets.ModelViewSet):

@@ -1,4 +1,4 @@
-# ApiKey's hash field takes the name every hashed token has (controlplane/tokens.py): a
+# ApiKey's hash field takes the name every hashed token has (base/tokens.py): a
 # rename, so every stored hash is kept.
 
 from django.db import migrations

@@ -19,7 +19,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.schema import ErrorDetailSerializer
+from base.schema import ErrorDetailSerializer
 from fleet import agent_services, beats, kv_index, services
 from fleet.endpoints import check_agent_address, check_agent_endpoint, check_agent_port
 from fleet.models import Instance, Node

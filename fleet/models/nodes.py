@@ -6,7 +6,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from controlplane.tokens import HashedToken, digest_field, prefix_field
+from base.tokens import HashedToken, digest_field, prefix_field
 from fleet.choices import ActualState, DesiredState, InstanceRole, NodeStatus
 from fleet.endpoints import check_agent_endpoint
 from fleet.validators import hostname
@@ -14,7 +14,7 @@ from fleet.validators import hostname
 
 class Node(HashedToken):
     # Its agent's token, bnt_<12 hex>_<secret>, kept as a prefix and a digest under the names
-    # the API has always shown (controlplane/tokens.py).
+    # the API has always shown (base/tokens.py).
     PREFIX_FIELD = "agent_token_prefix"
     DIGEST_FIELD = "agent_token_hash"
     scheme = "bnt"

@@ -12,7 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.filters import BoundedFilterSet
+from base.filters import BoundedFilterSet
 from routing import analysis, services
 from routing.api import serializers as s
 from routing.live import instance_reports

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane import jsonsafety
+from base import jsonsafety
 from pdd.checks import is_number
 from routing.gateway.errors import bad_request
 from routing.gateway.openai_fields import check_fields, logprobs_count

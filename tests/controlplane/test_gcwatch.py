@@ -40,7 +40,7 @@ def test_thresholds_are_read_from_the_environment(monkeypatch):
     import pytest
     from django.core.exceptions import ImproperlyConfigured
 
-    from controlplane.env import env_int_list
+    from base.env import env_int_list
 
     monkeypatch.delenv("BATON_GC_THRESHOLDS", raising=False)
     assert env_int_list("BATON_GC_THRESHOLDS", [50_000, 10, 10], count=3) == (50_000, 10, 10)

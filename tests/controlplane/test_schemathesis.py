@@ -101,7 +101,7 @@ def _load_schema():
 schema = _load_schema()
 
 # Operations whose failures are known findings not fixed yet, by database vendor (none now:
-# the date-time offset finding is fixed in controlplane/filters.py).
+# the date-time offset finding is fixed in base/filters.py).
 KNOWN_FAILURES: dict[str, dict[str, str]] = {}
 
 # Ids of the seeded rows by collection path (filled by the ``fleet`` fixture).

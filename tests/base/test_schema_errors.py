@@ -1,11 +1,11 @@
-"""The OpenAPI schema documents each operation's error answers (controlplane.schema)."""
+"""The OpenAPI schema documents each operation's error answers (base.schema)."""
 
 from __future__ import annotations
 
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 
-from controlplane.schema import DESCRIPTIONS
+from base.schema import DESCRIPTIONS
 
 METHODS = {"get", "put", "post", "patch", "delete", "head", "options", "trace"}
 ERROR_DETAIL = {"$ref": "#/components/schemas/ErrorDetail"}
