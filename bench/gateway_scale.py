@@ -796,7 +796,8 @@ def drop_database() -> None:
 def flush_redis() -> None:
     import redis
 
-    redis.Redis.from_url(REDIS_URL, socket_timeout=5).flushdb()
+    # A db a 1,024-stream run filled takes longer than a few seconds to flush.
+    redis.Redis.from_url(REDIS_URL, socket_timeout=120).flushdb()
 
 
 class Plane:
@@ -1450,9 +1451,13 @@ def run(config: Config) -> dict:
                 "loadgen": [lv["loadgen"] for lv in runs],
             }
     finally:
-        for gen in gens:
-            gen.stop()
-        plane.stop()
+        # A failed clean-up (the full run's last Redis flush timed out) must not lose what was
+        # measured: say so, and write the result anyway.
+        for stop in [gen.stop for gen in gens] + [plane.stop]:
+            try:
+                stop()
+            except Exception as exc:  # noqa: BLE001 - reported, the result still written
+                say(f"clean-up failed: {type(exc).__name__}: {exc}")
     result["machine_after"] = machine()
     result["goals"] = goals(result)
     (config.out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
