@@ -1505,12 +1505,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--summary", default=None, help=f"write the small summary (e.g. {SUMMARY})")
+    parser.add_argument(
+        "--levels",
+        help="only these stream counts with 1K prompts, G = 1, no long prompts (e.g. 1024): "
+        "a partial rerun of the scenario's levels, labelled so, not the benchmark",
+    )
     parser.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.loadgen:
         return loadgen_main()
     out = Path(args.out)
     config = quick_config(out) if args.quick else replace(Config(), out=out)
+    if args.levels:
+        try:
+            levels = tuple(int(x) for x in args.levels.split(",") if x.strip())
+        except ValueError:
+            levels = ()
+        if not levels or min(levels) < 1 or max(levels) > max(Config.levels):
+            print(f"--levels: stream counts 1..{max(Config.levels)}", file=sys.stderr)
+            return 2
+        config = replace(config, levels=levels, long_levels=(), gateways=(1,), label="partial")
     result = run(config)
     summary = small_summary(result)
     print(json.dumps(summary, indent=1))

@@ -27,6 +27,7 @@ from controlplane import gcwatch  # noqa: E402
 from controlplane.embedded_beat import start_embedded_beat  # noqa: E402
 from controlplane.limits import BodyGuard  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
+from fleet import looplag  # noqa: E402
 from routing.caching import versions  # noqa: E402
 
 # The event loop gets the GIL back from computing threads within this (settings.py).
@@ -44,17 +45,21 @@ async def lifespan(scope, receive, send):
     """uvicorn's start and stop: on stop (SIGTERM), after the server has stopped accepting and
     its open streams have ended, wait for the request records still being written."""
     refresher = None
+    lag_watch = None
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
             # The gateway caches' change counters, read off the request path.
             refresher = versions.start_refresher()
+            lag_watch = looplag.start()  # the loop's own delay, not taken for the nodes'
             if settings.BATON_GC_FREEZE:  # start-up's objects out of every later collection
                 gcwatch.freeze()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             if refresher is not None:
                 refresher.set()
+            if lag_watch is not None:
+                lag_watch.cancel()
             from routing.gateway.records import admission_journal
             from routing.gateway.views import drain_pending_records
 

@@ -29,6 +29,8 @@ from typing import Any
 
 from django.conf import settings
 
+from fleet import looplag
+
 _KEY = "baton:live:nodes"
 _SEEN = "baton:live:seen"
 _CHANGES = "baton:live:changes"
@@ -218,7 +220,9 @@ def _text(value: str | bytes) -> str:
 def read_reports(*, max_age_s: float | None = None) -> list[dict[str, Any]]:
     """Fresh node reports (older than `max_age_s`, default the offline threshold, are left out).
     Callers must not change the dicts they get."""
-    max_age_s = live_ttl_s() if max_age_s is None else max_age_s
+    if max_age_s is None:
+        # This process's own delay in taking the beats is not the node's (fleet/looplag.py).
+        max_age_s = live_ttl_s() + looplag.recent_s(live_ttl_s())
     now = time.time()
     client = _redis()
     if client is None:
