@@ -4,6 +4,7 @@ the parsing of streams, aiperf's raw export and the request records on made-up i
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -167,9 +168,15 @@ def test_closed_loop_at_concurrency_2_completes_exact_and_recorded_once(tmp_path
             exact_sample=3,
         )
         level = cc.run_level(target, scenario, 2, tmp_path / "c2", client="openai", run_id="t")
+        # The server's side of a failure (a 500's traceback), before stop() removes its log.
+        log = (Path(cluster.tmp) / "web.log").read_text(errors="replace")
     finally:
         cluster.stop()
-    assert (level["sent"], level["completed"], level["failed"]) == (6, 6, 0), level["failures"]
+    tracebacks = log[log.find("Traceback") :][:6000] if "Traceback" in log else ""
+    assert (level["sent"], level["completed"], level["failed"]) == (6, 6, 0), (
+        level["failures"],
+        tracebacks,
+    )
     assert level["records"]["ok"], level["records"]
     assert level["records"]["exactly_once"] == 6 and level["records"]["extra"] == []
     assert level["exact"]["ok"] and level["exact"]["checked"] == 3, level["exact"]
