@@ -65,3 +65,62 @@ def test_the_watch_notes_a_blocked_loop():
         return looplag.recent_s(10)
 
     assert asyncio.run(scenario()) >= 0.2
+
+
+@pytest.mark.django_db
+def test_the_health_check_allows_the_web_processes_delay(node_a, settings):
+    """The database's last heartbeat times come from the same late process: a node silent for
+    the TTL plus less than that delay stays online; past it, it goes offline."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet import agent_services
+    from fleet.choices import NodeStatus
+    from fleet.models import Node
+
+    settings.BATON_HEARTBEAT_INTERVAL_S = 2.0
+    settings.BATON_HEARTBEAT_MISSES = 3  # silence 6 s
+    now = timezone.now()
+    Node.objects.filter(pk=node_a.pk).update(
+        status=NodeStatus.ONLINE, last_heartbeat_at=now - timedelta(seconds=7)
+    )
+    looplag.note(2.5)
+    assert live.loop_lag_s() == pytest.approx(2.5)
+    assert agent_services.nodes_mark_offline(now=now) == []
+    looplag.clear()
+    assert agent_services.nodes_mark_offline(now=now) == [node_a.pk]
+    assert Node.objects.get(pk=node_a.pk).status == NodeStatus.OFFLINE
+
+
+@pytest.mark.redis
+def test_the_delay_is_shared_through_redis(settings, monkeypatch):
+    import os
+
+    settings.REDIS_URL = os.environ["REDIS_URL"]
+    monkeypatch.setattr(live, "_redis_client", None)
+    client = live._redis()
+    client.delete(live._LAG_KEY)
+    try:
+        live.publish_loop_lag(3.0)  # another web process's delay
+        assert live.loop_lag_s() == pytest.approx(3.0)  # this one has none of its own
+        client.hset(live._LAG_KEY, "gone:1", f"9.0,{time.time() - 120:.3f}")  # too old
+        client.hset(live._LAG_KEY, "bad:2", "not a number")
+        assert live.loop_lag_s() == pytest.approx(3.0)
+    finally:
+        client.delete(live._LAG_KEY)
+        monkeypatch.setattr(live, "_redis_client", None)
+
+
+def test_the_watch_publishes_its_delay():
+    published: list[float] = []
+
+    async def scenario():
+        task = looplag.start(publish=published.append, window_s=10)
+        await asyncio.sleep(0.15)
+        time.sleep(0.3)
+        await asyncio.sleep(1.3)
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert published and max(published) >= 0.15
