@@ -27,7 +27,7 @@ from controlplane import gcwatch  # noqa: E402
 from controlplane.embedded_beat import start_embedded_beat  # noqa: E402
 from controlplane.limits import BodyGuard  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
-from fleet import live, looplag  # noqa: E402
+from fleet import looplag  # noqa: E402
 from routing.caching import versions  # noqa: E402
 
 # The event loop gets the GIL back from computing threads within this (settings.py).
@@ -51,9 +51,7 @@ async def lifespan(scope, receive, send):
         if message["type"] == "lifespan.startup":
             # The gateway caches' change counters, read off the request path.
             refresher = versions.start_refresher()
-            # The loop's own delay, not taken for the nodes' silence (here and in the health
-            # check, which reads what this process publishes).
-            lag_watch = looplag.start(publish=live.publish_loop_lag, window_s=live.live_ttl_s())
+            lag_watch = looplag.start()  # the loop's own delay, not taken for the nodes'
             if settings.BATON_GC_FREEZE:  # start-up's objects out of every later collection
                 gcwatch.freeze()
             await send({"type": "lifespan.startup.complete"})

@@ -432,11 +432,7 @@ def nodes_mark_offline(*, now=None) -> list[int]:
     """Nodes silent for the configured number of heartbeat intervals go offline and their
     instances unavailable; they come back with their next heartbeat."""
     now = now or timezone.now()
-    # The web processes note a beat when they take it: their own recent delay is not the
-    # node's silence (fleet/looplag.py).
-    silence = timedelta(
-        seconds=heartbeat_interval_s() * settings.BATON_HEARTBEAT_MISSES + live.loop_lag_s()
-    )
+    silence = timedelta(seconds=heartbeat_interval_s() * settings.BATON_HEARTBEAT_MISSES)
     went_offline: list[int] = []
     stale = Node.objects.filter(status=NodeStatus.ONLINE, last_heartbeat_at__lt=now - silence)
     for node_id in stale.order_by("pk").values_list("pk", flat=True):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 import time
 import uuid
@@ -52,38 +51,6 @@ def _redis():
         _redis_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
         _mirror.reset()  # a new client may be another server (tests switch REDIS_URL)
     return _redis_client
-
-
-_LAG_KEY = "baton:live:looplag"  # process -> "seconds late,unix time" (fleet/looplag.py)
-_LAG_FRESH_S = 30.0
-
-
-def publish_loop_lag(late_s: float) -> None:
-    """This web process's recent loop delay, for the processes that judge the nodes' silence
-    without a loop of their own (the Celery health check): in Redis, one field per process."""
-    client = _redis()
-    if client is None:
-        return  # one process: it reads its own (loop_lag_s)
-    field = f"{os.uname().nodename}:{os.getpid()}"
-    client.hset(_LAG_KEY, field, f"{late_s:.3f},{time.time():.3f}")
-
-
-def loop_lag_s() -> float:
-    """The largest recent loop delay of the web processes: this process's own, and with Redis
-    every process's that published one in the last 30 s."""
-    late = looplag.recent_s(live_ttl_s())
-    client = _redis()
-    if client is None:
-        return late
-    now = time.time()
-    for value in (client.hgetall(_LAG_KEY) or {}).values():
-        try:
-            seconds, at = (float(x) for x in _text(value).split(","))
-        except ValueError:
-            continue
-        if now - at <= _LAG_FRESH_S:
-            late = max(late, seconds)
-    return late
 
 
 def live_ttl_s() -> float:

@@ -10,10 +10,7 @@ allows a report the TTL plus the most this process's loop ran late over the last
 
 ``start`` (controlplane/asgi.py's lifespan) runs a task that sleeps ``PERIOD_S`` and notes by how
 much it overslept; ``recent_s`` is the largest such delay in a recent window (0 when no loop is
-watched: tests, Celery workers, the embedded test client). The web process also publishes it
-(fleet.live.publish_loop_lag), and the health check that marks silent nodes offline allows it
-too (agent_services.nodes_mark_offline): its database's last heartbeat times come from the
-same late process."""
+watched: tests, Celery workers, the embedded test client)."""
 
 from __future__ import annotations
 
@@ -21,7 +18,6 @@ import asyncio
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 
 PERIOD_S = 0.1
 KEEP_S = 60.0  # samples older than this are dropped
@@ -51,25 +47,13 @@ def clear() -> None:
         _samples.clear()
 
 
-PUBLISH_EVERY_S = 1.0
-
-
-async def _watch(publish: Callable[[float], None] | None, window_s: float) -> None:
-    published = 0.0
+async def _watch() -> None:
     while True:
         began = time.monotonic()
         await asyncio.sleep(PERIOD_S)
         note(time.monotonic() - began - PERIOD_S)
-        if publish is not None and time.monotonic() - published >= PUBLISH_EVERY_S:
-            published = time.monotonic()
-            try:  # off the loop: a Redis call must not add to the delay it reports
-                await asyncio.to_thread(publish, recent_s(window_s))
-            except Exception:  # noqa: BLE001 - the next round tries again
-                pass
 
 
-def start(publish: Callable[[float], None] | None = None, window_s: float = 6.0) -> asyncio.Task:
-    """Watch the running loop (call from it); every second hand ``publish`` the largest delay
-    of the last ``window_s`` (fleet.live.publish_loop_lag: for the Celery health check).
-    Cancel the task to stop."""
-    return asyncio.get_running_loop().create_task(_watch(publish, window_s), name="baton-loop-lag")
+def start() -> asyncio.Task:
+    """Watch the running loop (call from it); cancel the task to stop."""
+    return asyncio.get_running_loop().create_task(_watch(), name="baton-loop-lag")
