@@ -11,31 +11,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_worker(env: dict[str, str], queue: str) -> subprocess.Popen:
-    """One solo-pool worker consuming only `queue`, in its own process group."""
+def _worker(args: list[str], env: dict[str, str], out) -> subprocess.Popen:
+    """``celery -A controlplane worker ARGS``, in its own session, its output to `out`."""
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "controlplane",
-            "worker",
-            "--pool=solo",
-            "--concurrency=1",
-            "-Q",
-            queue,
-            "--loglevel=WARNING",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ],  # fmt: skip
+        [sys.executable, "-m", "celery", "-A", "controlplane", "worker", *args],
         cwd=ROOT,
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def start_worker(env: dict[str, str], queue: str) -> subprocess.Popen:
+    """One solo-pool worker consuming only `queue`, in its own process group."""
+    args = ["--pool=solo", "--concurrency=1", "-Q", queue, "--loglevel=WARNING",
+            "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
+    return _worker(args, env, subprocess.DEVNULL)
 
 
 def stop_worker(worker: subprocess.Popen | None) -> None:
@@ -53,22 +45,5 @@ def stop_worker(worker: subprocess.Popen | None) -> None:
 def start_worker_with_beat(env: dict[str, str], tmp: str, log_path: Path) -> subprocess.Popen:
     """One worker with beat in it, in its own session (its pool and beat are its children)."""
     with open(log_path, "w") as log:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "controlplane",
-                "worker",
-                "-B",
-                "-s",
-                str(Path(tmp) / "beat-schedule"),
-                "--loglevel=INFO",
-            ],  # fmt: skip
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        args = ["-B", "-s", str(Path(tmp) / "beat-schedule"), "--loglevel=INFO"]
+        return _worker(args, env, log)
