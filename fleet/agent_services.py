@@ -169,11 +169,8 @@ def full_beat_current(node_id: int, digest: bytes | None) -> bool:
     """Whether a beat with `digest` repeats the node's last full heartbeat in this process,
     taken at most BATON_HEARTBEAT_FULL_EVERY_S ago (fleet.beats: no database read to check the
     node's row; a change to the node or its instances in this process forgets the full beat)."""
-    if digest is None:
-        return False
-    with _full_beats_lock:
-        last = _full_beats.get(node_id)
-    return last is not None and last.digest == digest and time.monotonic() <= last.until
+    last = _repeated_full_beat(node_id, digest)
+    return last is not None and time.monotonic() <= last.until
 
 
 def validated_before(node_id: int, digest: bytes | None) -> bool:
@@ -183,11 +180,16 @@ def validated_before(node_id: int, digest: bytes | None) -> bool:
     (every BATON_HEARTBEAT_FULL_EVERY_S) repeats its document: validating it again through
     DRF built ~300 objects held in reference cycles per beat, 20 beats a second at 1,000
     nodes, which only the garbage collector frees (bench/control_path/REPORT.md)."""
+    return _repeated_full_beat(node_id, digest) is not None
+
+
+def _repeated_full_beat(node_id: int, digest: bytes | None) -> _FullBeat | None:
+    """The node's last full heartbeat in this process, if a beat with `digest` repeats it."""
     if digest is None:
-        return False
+        return None
     with _full_beats_lock:
         last = _full_beats.get(node_id)
-    return last is not None and last.digest == digest
+    return last if last is not None and last.digest == digest else None
 
 
 def forget_full_beat(node_id: int) -> None:
