@@ -173,6 +173,7 @@ def test_closed_loop_at_concurrency_2_completes_exact_and_recorded_once(tmp_path
     finally:
         cluster.stop()
     tracebacks = log[log.find("Traceback") :][:6000] if "Traceback" in log else ""
+    print(tracebacks)  # in full under "Captured stdout" (the assertion's text is cut short)
     assert (level["sent"], level["completed"], level["failed"]) == (6, 6, 0), (
         level["failures"],
         tracebacks,
