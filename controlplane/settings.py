@@ -401,6 +401,10 @@ BATON_GATEWAY_COALESCE_FROM = env_int("BATON_GATEWAY_COALESCE_FROM", 64)
 # Admission and routing on the event loop, without a worker-thread hop, when the whole hot
 # path is in memory (no REDIS_URL) and every read is a cache hit (routing/gateway/views.py).
 BATON_GATEWAY_INLINE = env_bool("BATON_GATEWAY_INLINE", default=True)
+# A batch of request records whose commit fails on its connection (a database restart, no
+# pooled connection free, a deadlock's victim) is tried again, in order, for this long before
+# the writer gives up on it (routing/gateway/workers.py: BatchWriter).
+BATON_RECORD_RETRY_S = env_float("BATON_RECORD_RETRY_S", 300.0, minimum=0.0)
 # Fleet-wide data-plane token: handed to agents at registration and sent by the gateway on
 # every call to an agent's data endpoints. Empty: the data plane is open (private network).
 BATON_DATA_TOKEN = env_str("BATON_DATA_TOKEN", "")

@@ -10,9 +10,11 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core.exceptions import SynchronousOnlyOperation
 from django.db import (
     InterfaceError,
@@ -93,11 +95,23 @@ class BatchWriter:
     The queue needs no disk of its own to keep the exactly-once guarantee: every request has
     its durable admission row before any agent runs, so a write lost with a killed process is
     finished by the next one as ``interrupted`` (interrupted.finish_interrupted), and
-    ``record_request`` writes a request id at most once. Each write's future resolves after
-    its batch committed (or failed), so a caller that awaits it reads its own write."""
+    ``record_request`` writes a request id at most once. A live process loses none either: a
+    batch that fails on its connection is tried again, in order, for up to
+    ``BATON_RECORD_RETRY_S`` (``_write``). Each write's future resolves after its batch
+    committed (or failed), so a caller that awaits it reads its own write."""
 
-    def __init__(self, max_batch: int = 256) -> None:
+    def __init__(
+        self,
+        max_batch: int = 256,
+        *,
+        retry_s: float = 300.0,
+        first_delay_s: float = 0.05,
+        max_delay_s: float = 5.0,
+    ) -> None:
         self.max_batch = max_batch
+        # A batch that fails on its connection is tried again for up to retry_s (``_write``).
+        self.retry_s, self.first_delay_s, self.max_delay_s = retry_s, first_delay_s, max_delay_s
+        self.retries = 0  # failed tries that were tried again (the tests and bench)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -133,24 +147,45 @@ class BatchWriter:
             self._write(batch)
 
     def _write(self, batch: list) -> None:
-        _tend_connection()
-        try:
-            results = self._attempt(batch)
-        except (OperationalError, InterfaceError):
-            # The connection broke (a database restart) or the database was busy: nothing of
-            # the batch was committed; once more on a new connection.
-            connection.close()
+        """Commit ``batch``. A connection-class failure (the database restarted, refused a
+        connection, ran out of pooled connections, or chose this transaction as a deadlock's
+        victim) commits nothing; the batch is tried again on a new connection, waiting longer
+        each time, until it commits or ``retry_s`` has passed. Until then no write is lost
+        and none is reordered: a later write (a request's record after its admission row)
+        waits behind it."""
+        delay, waited, tries = self.first_delay_s, 0.0, 0
+        while True:
+            _tend_connection()
+            tries += 1
             try:
                 results = self._attempt(batch)
-            except Exception as exc:  # noqa: BLE001 - every write of the batch failed
+                break
+            except (OperationalError, InterfaceError) as exc:
                 connection.close()
+                if waited >= self.retry_s:
+                    log.error(
+                        "record writer: a batch of %d write(s) failed %d times over %.0f s, "
+                        "given up (a request's admission stays in this process's journal): "
+                        "%s: %s",
+                        len(batch), tries, waited, type(exc).__name__, exc,
+                    )  # fmt: skip
+                    for _, _, future in batch:
+                        future.set_exception(exc)
+                    return
+                (log.info if tries == 1 else log.warning)(
+                    "record writer: a batch of %d write(s) failed (%s: %s); trying again in "
+                    "%.2f s (try %d)",
+                    len(batch), type(exc).__name__, str(exc).strip()[:200], delay, tries + 1,
+                )  # fmt: skip
+                self.retries += 1
+                time.sleep(delay)
+                waited += delay
+                delay = min(delay * 2, self.max_delay_s)
+            except Exception as exc:  # noqa: BLE001 - the commit itself failed: every write did
+                log.error("record writer: a batch's commit failed: %s: %s", type(exc).__name__, exc)
                 for _, _, future in batch:
                     future.set_exception(exc)
                 return
-        except Exception as exc:  # noqa: BLE001 - the commit itself failed: every write did
-            for _, _, future in batch:
-                future.set_exception(exc)
-            return
         self.batches += 1
         self.writes += len(batch)
         for future, value, error in results:
@@ -199,4 +234,4 @@ def _tend_connection() -> None:
         connection.close()
 
 
-record_writer = BatchWriter()
+record_writer = BatchWriter(retry_s=settings.BATON_RECORD_RETRY_S)
