@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     async def one(request_id: str, tokens: int) -> float:
         p = prepared(request_id, tokens)
         t0 = time.perf_counter()
-        async for _ in views._stream_body(p):
+        async for _ in views.stream_body(p):
             pass
         return (time.perf_counter() - t0) / tokens * 1e6
 

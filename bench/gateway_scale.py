@@ -835,7 +835,7 @@ class Plane:
 
     def start_web(self, workers: int) -> None:
         """Stop the web process(es) and start ``uvicorn --workers <workers>`` on the same port."""
-        from bench.harness.testbed import _up
+        from bench.harness.testbed import service_up
 
         cluster = self.cp.cluster
         if self.web is not None and self.web.poll() is None:
@@ -855,7 +855,7 @@ class Plane:
             )  # fmt: skip
         cluster.processes = [web if p is self.web else p for p in cluster.processes]
         self.web, self.workers = web, workers
-        cluster.wait_for(lambda: _up(cluster.url), 180, "the web process(es) to answer")
+        cluster.wait_for(lambda: service_up(cluster.url), 180, "the web process(es) to answer")
         deadline = time.monotonic() + 120
         while len(group_members(web.pid)) < workers + (1 if workers > 1 else 0):
             if time.monotonic() > deadline:
@@ -1507,8 +1507,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", default=None, help=f"write the small summary (e.g. {SUMMARY})")
     parser.add_argument(
         "--levels",
-        help="only these stream counts with 1K prompts, G = 1, no long prompts (e.g. 1024): "
+        help="only these stream counts with 1K prompts, no long prompts (e.g. 1024), on "
+        "--gateways processes (1): "
         "a partial rerun of the scenario's levels, labelled so, not the benchmark",
+    )
+    parser.add_argument(
+        "--gateways",
+        type=int,
+        default=1,
+        choices=(1, 2, 4),
+        help="with --levels: the web processes (uvicorn --workers) of the partial rerun",
     )
     parser.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1524,7 +1532,15 @@ def main(argv: list[str] | None = None) -> int:
         if not levels or min(levels) < 1 or max(levels) > max(Config.levels):
             print(f"--levels: stream counts 1..{max(Config.levels)}", file=sys.stderr)
             return 2
-        config = replace(config, levels=levels, long_levels=(), gateways=(1,), label="partial")
+        config = replace(
+            config, levels=levels, long_levels=(), gateways=(args.gateways,), label="partial"
+        )
+    elif args.gateways != 1:
+        print(
+            "--gateways: only with --levels (the full scenario runs G = 1, 2 and 4)",
+            file=sys.stderr,
+        )
+        return 2
     result = run(config)
     summary = small_summary(result)
     print(json.dumps(summary, indent=1))

@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> dict:
         ids = [f"w{i}" for i in range(first, first + count)]
         admitted = [
             writer.submit(
-                records._admission_row,
-                entry=records._admission_entry(
+                records.admission_row,
+                entry=records.admission_entry(
                     request_id=i, prompt_tokens=40, attempt_request_id=i, **common
                 ),
                 owner="bench:1",

@@ -317,7 +317,7 @@ def _stale(now: datetime, *, tenant: Tenant | None, force: bool, version: str) -
     return stale
 
 
-def _rebuild(ids: list[int], now: datetime, version: str) -> tuple[int, int]:
+def rebuild_statements(ids: list[int], now: datetime, version: str) -> tuple[int, int]:
     """Re-rate the open statements `ids` (under their tenants' locks); returns how many were
     rebuilt and how many entries joined them (new count minus old)."""
     rebuilt = joined = 0
@@ -350,7 +350,9 @@ def rate_pending(*, now: datetime | None = None) -> int:
     now = now or timezone.now()
     _create_statements(now)
     version = price_book_version()
-    _, joined = _rebuild(_stale(now, tenant=None, force=False, version=version), now, version)
+    _, joined = rebuild_statements(
+        _stale(now, tenant=None, force=False, version=version), now, version
+    )
     return joined
 
 
@@ -361,7 +363,9 @@ def refresh_open(
     after a price was added or corrected; returns how many were rebuilt."""
     now = now or timezone.now()
     version = price_book_version()
-    rebuilt, _ = _rebuild(_stale(now, tenant=tenant, force=force, version=version), now, version)
+    rebuilt, _ = rebuild_statements(
+        _stale(now, tenant=tenant, force=force, version=version), now, version
+    )
     return rebuilt
 
 
@@ -415,7 +419,7 @@ def close_statements(*, now: datetime | None = None) -> list[int]:
             if closed and later and later[0].status == StatementStatus.OPEN:
                 successors.append(later[0].pk)  # late usage of the closed one moves there
     if successors:
-        _rebuild(successors, now, version)
+        rebuild_statements(successors, now, version)
     return closed
 
 

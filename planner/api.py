@@ -268,11 +268,11 @@ def goodput_search(
     return found(best["offered_rps"], best, drawn_rps=lo, bracket=[lo, hi], at_ceiling=at_ceiling)
 
 
-def _sla(config: Mapping[str, Any]) -> Sla:
+def case_sla(config: Mapping[str, Any]) -> Sla:
     return build(Sla, config.get("sla", {}), "sla")
 
 
-def _tariff(config: Mapping[str, Any]) -> Tariff | None:
+def case_tariff(config: Mapping[str, Any]) -> Tariff | None:
     """The case's ``tariff`` (absent or null: no revenue figures)."""
     data = config.get("tariff")
     return None if data is None else build(Tariff, data, "tariff")
@@ -332,7 +332,7 @@ CASE_KEYS = frozenset(
 )  # fmt: skip
 
 
-def _parse_case(name: str, config: Mapping[str, Any], kind: str) -> _Case | WanLinkSpec:
+def parse_case(name: str, config: Mapping[str, Any], kind: str) -> _Case | WanLinkSpec:
     """Check a case's settings: a fleet case's parsed form, or a transfer case's link.
 
     Errors name the case and the field.
@@ -357,8 +357,8 @@ def _parse_case(name: str, config: Mapping[str, Any], kind: str) -> _Case | WanL
         fleet = fleet_from_dict(config["fleet"])
         case = _Case(
             fleet,
-            _sla(config),
-            _tariff(config),
+            case_sla(config),
+            case_tariff(config),
             number(config.get("warmup_s", 60.0), "warmup_s"),
             None,
         )
@@ -373,7 +373,7 @@ def _parse_case(name: str, config: Mapping[str, Any], kind: str) -> _Case | WanL
 
 def run_case(name: str, config: Mapping[str, Any], kind: str) -> CaseResult:
     start = time.perf_counter()
-    case = _parse_case(name, config, kind)
+    case = parse_case(name, config, kind)
     if isinstance(case, WanLinkSpec):  # a transfer case
         trace = make_trace(config, settle=False)
         summary = simulate_transfers(case, trace, config["kv_bytes_per_token"])
@@ -413,7 +413,7 @@ def _run_all(jobs: list[tuple[str, dict[str, Any], str]], workers: int) -> list[
 # --- one point of a sizing search or a band (in a worker process) ---------------------------
 
 
-def _fleet_dict(fleet: Mapping[str, Any], counts: tuple[int, ...]) -> dict[str, Any]:
+def fleet_with_counts(fleet: Mapping[str, Any], counts: tuple[int, ...]) -> dict[str, Any]:
     out = copy.deepcopy(dict(fleet))
     out["pools"] = [{**p, "count": c} for p, c in zip(fleet["pools"], counts, strict=True)]
     return out
@@ -445,7 +445,7 @@ def evaluate(job: tuple[Any, ...]) -> dict[str, Any]:
     seed = mods.pop("seed", None)
     if seed is not None:
         config = {**config, "workload": {**config.get("workload", {}), "seed": int(seed)}}
-    spec = fleet_from_dict(_scaled(_fleet_dict(fleet, counts), mods))
+    spec = fleet_from_dict(_scaled(fleet_with_counts(fleet, counts), mods))
     trace = _trace_for(config, rps)
     if factor != 1.0:
         trace = dataclasses.replace(
@@ -454,9 +454,9 @@ def evaluate(job: tuple[Any, ...]) -> dict[str, Any]:
     summary, _ = run_fleet(
         spec,
         trace,
-        _sla(config),
+        case_sla(config),
         number(config.get("warmup_s", 60.0), "warmup_s"),
-        _tariff(config),
+        case_tariff(config),
         stop_on_miss=stop,
     )
     tokens = summary.get("tokens", {})
@@ -566,7 +566,7 @@ def simulate(
     sweep = data.get("sweep")
     if not sweep:
         for name, cfg in configs.items():
-            _parse_case(name, cfg, kind)  # every case's settings checked before any run
+            parse_case(name, cfg, kind)  # every case's settings checked before any run
         results = _run_all([(name, cfg, kind) for name, cfg in configs.items()], jobs)
         out = SimResult(str(data.get("name", "scenario")), kind, {r.name: r for r in results})
         if kind == "fleet" and (band_pct or constants_pct or seeds):
@@ -581,7 +581,7 @@ def simulate(
         for name, base in configs.items():
             cfg = copy.deepcopy(base)
             set_path(cfg, path, value)
-            _parse_case(f"{name}@{value}", cfg, kind)
+            parse_case(f"{name}@{value}", cfg, kind)
             points.append((i, name, (f"{name}@{value}", cfg, kind)))
     results = _run_all([job for _, _, job in points], jobs)
     rows: list[dict[str, Any]] = [{"value": value} for value in values]

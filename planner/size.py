@@ -44,7 +44,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from typing import Any, TextIO
 
 from pdd.spec import integer, number
-from planner.api import _fleet_dict, evaluate
+from planner.api import evaluate, fleet_with_counts
 from planner.fleet import fleet_from_dict
 from planner.scenario import case_configs, load_scenario
 
@@ -108,13 +108,13 @@ class Progress:
 
 
 def _goodput_job(job: tuple[Any, ...]) -> dict[str, Any]:
-    from planner.api import _sla, _tariff, goodput_search
+    from planner.api import case_sla, case_tariff, goodput_search
 
     fleet, config, counts, lo, hi, rel_tol = job
-    spec = fleet_from_dict(_fleet_dict(fleet, counts))
+    spec = fleet_from_dict(fleet_with_counts(fleet, counts))
     found = goodput_search(
-        spec, config, _sla(config), number(config.get("warmup_s", 60.0), "warmup_s"),
-        lo, hi, rel_tol=rel_tol, tariff=_tariff(config),
+        spec, config, case_sla(config), number(config.get("warmup_s", 60.0), "warmup_s"),
+        lo, hi, rel_tol=rel_tol, tariff=case_tariff(config),
     )  # fmt: skip
     return {k: found[k] for k in ("goodput_rps", "bcr", "cost_per_hour", "bracket", "runs")} | {
         "at_ceiling": found.get("at_ceiling", False)
@@ -309,7 +309,7 @@ def _sized_config(
 ) -> tuple[dict[str, Any], str, dict[str, Any], float]:
     """The scenario, its case's name, the case's config with the overrides, and the rate;
     every field checked before any run."""
-    from planner.api import _parse_case
+    from planner.api import parse_case
 
     data = load_scenario(scenario)
     if data["kind"] != "fleet":
@@ -328,7 +328,7 @@ def _sized_config(
     config.setdefault("workload", {})["rps"] = rps
     if config.get("trace_file"):
         raise ValueError("size: needs a generated workload (a trace file has its own rate)")
-    _parse_case(name, config, "fleet")
+    parse_case(name, config, "fleet")
     return data, name, config, rps
 
 

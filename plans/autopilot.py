@@ -52,7 +52,7 @@ from fleet.models import Instance, Node, ServedModel, WANLink
 from fleet.services import instance_create, instance_delete, instance_set_desired_state
 from plans.models import AutopilotSettings, Proposal, ProposalStatus, ProposalStep
 from plans.profile import arrived_at, quantiles, workload_overrides, workload_profile
-from plans.services import COUNT_FIELDS, PlanInputError, _finite, plan_inputs_from_fleet
+from plans.services import COUNT_FIELDS, PlanInputError, finite_json, plan_inputs_from_fleet
 
 log = logging.getLogger(__name__)
 
@@ -470,13 +470,13 @@ def proposal_execute(*, proposal_id: int) -> Proposal | None:
         status = ProposalStatus.PROPOSED if steps else ProposalStatus.UNCHANGED
         Proposal.objects.filter(pk=proposal_id).update(
             status=status,
-            profile=_finite(profile),
+            profile=finite_json(profile),
             current={"nodes": now_counts, "pools": current_pools, "cost_per_hour": current_cost},
             target={"nodes": target, "pools": target_pools, "cost_per_hour": target_cost},
             changes=steps,
-            predicted=_finite(predicted),
-            thresholds=_finite(thresholds),
-            sizing=_finite(sized),
+            predicted=finite_json(predicted),
+            thresholds=finite_json(thresholds),
+            sizing=finite_json(sized),
             reason=reason + ("" if not notes else " " + "; ".join(notes) + "."),
             updated_at=timezone.now(),
         )
@@ -886,7 +886,7 @@ def record_realised(proposal: Proposal, now=None) -> bool:
         "predicted_ttft_p90_s": after.get("ttft_p90_s"),
         "predicted_cost_per_hour": (proposal.target or {}).get("cost_per_hour"),
     }
-    proposal.realised = [*(proposal.realised or []), _finite(window)]
+    proposal.realised = [*(proposal.realised or []), finite_json(window)]
     proposal.save(update_fields=["realised", "updated_at"])
     return True
 

@@ -70,7 +70,7 @@ def plan_scenarios() -> list[tuple[str, str]]:
     return [(n, d) for n, d in list_scenarios() if load_scenario(n)["kind"] == "fleet"]
 
 
-def _scenario_config(scenario: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def scenario_config(scenario: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The scenario's case config to plan with (its PDD case if it has one) and search settings."""
     from planner.scenario import case_configs, load_scenario
 
@@ -98,7 +98,7 @@ def scenario_default_counts(scenario: str) -> dict[str, list[int]]:
     """The counts a scenario's own search space tries, by count field (empty if it has none)."""
     from planner.scenario import load_scenario
 
-    _scenario_config(scenario)  # validates the name
+    scenario_config(scenario)  # validates the name
     pools = load_scenario(scenario).get("search_space", {}).get("pools", [])
     by_role = {p.get("role"): list(p.get("counts", [])) for p in pools}
     return {field: by_role.get(role, []) for field, role in COUNT_FIELDS}
@@ -242,7 +242,7 @@ def plan_inputs_from_fleet(
     price x GPUs per node. Counts are nodes. ``duration_s`` shortens the simulated workload.
     Raises PlanInputError (a ValueError) naming the field or the missing fleet data.
     """
-    config, search = _scenario_config(scenario)
+    config, search = scenario_config(scenario)
     counts = {
         field: plan_counts_check(field, value)
         for field, value in (
@@ -393,14 +393,15 @@ def planner_fleet_from_db(scenario: str) -> dict[str, Any]:
 # --- running a search ------------------------------------------------------------------------
 
 
-def _finite(value: Any) -> Any:
-    # JSON has no NaN / inf (PostgreSQL's jsonb refuses them): store them as null.
+def finite_json(value: Any) -> Any:
+    """``value`` with every NaN and infinity, at any depth, as None: JSON has none
+    (PostgreSQL's jsonb refuses them), so a figure that has no value is stored as null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite_json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
+        return [finite_json(v) for v in value]
     return value
 
 
@@ -440,7 +441,7 @@ def plan_inputs_run(
             nodes[key.split("@", 1)[0]] += count
         row["nodes"] = nodes
         row["gpus"] = {role: n * per_node.get(role, 0) for role, n in nodes.items()}
-        out.append(_finite(row))
+        out.append(finite_json(row))
     return out
 
 
@@ -472,7 +473,7 @@ def plan_run_create(
     run = PlanRun.objects.create(
         scenario=scenario,
         top=top,
-        inputs=_finite(inputs),
+        inputs=finite_json(inputs),
         progress_total=total,
         created_by=created_by if getattr(created_by, "is_authenticated", False) else None,
     )

@@ -17,11 +17,11 @@ from typing import Any
 from plans.models import SizingRun
 from plans.services import (
     PlanInputError,
-    _finite,
-    _scenario_config,
     enqueue_run,
     execute_run,
+    finite_json,
     planner_fleet_from_db,
+    scenario_config,
 )
 
 DEFAULT_SIZE_SCENARIO = "tiny-size"
@@ -59,7 +59,7 @@ def sizing_inputs(
 ) -> dict[str, Any]:
     """The checked arguments of one sizing run, JSON-ready. Raises PlanInputError (a
     ValueError) naming the field, or ``fleet`` for missing fleet data when ``from_db``."""
-    _scenario_config(scenario)  # a bundled fleet scenario, or PlanInputError("scenario")
+    scenario_config(scenario)  # a bundled fleet scenario, or PlanInputError("scenario")
     rps = _number("rps", rps, MAX_RPS)
     sla = {}
     for field, key, value in (("p90", "ttft_p90_s", p90), ("p99", "ttft_p99_s", p99)):
@@ -81,7 +81,7 @@ def sizing_inputs(
         "rps": rps,
         "sla": sla,
         "from_db": bool(from_db),
-        "fleet": _finite(fleet),
+        "fleet": finite_json(fleet),
         "workers": SIZE_WORKERS,
         "notes": notes,
     }
@@ -156,6 +156,6 @@ def sizing_run_execute(*, sizing_run_id: int) -> SizingRun | None:
         )
         progress.note = "done"
         progress.save()
-        return {"result": _finite(result)}
+        return {"result": finite_json(result)}
 
     return execute_run(SizingRun, sizing_run_id, "sizing run", work)

@@ -289,6 +289,58 @@ def test_the_pipeline_and_handoff_vocabulary_is_spelled_once():
     assert not found, "\n".join(found)
 
 
+def _private_uses(path: Path, module: str) -> list[str]:
+    """Where ``path`` reaches a private name (``_x``) of another project module: ``from m
+    import _x``, or ``m._x`` through a module it bound (``import m as m``, ``from pkg import
+    m``)."""
+    files = _files()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    bound: dict[str, str] = {}  # a local name bound to a project module -> that module
+    found = []
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in files:
+                    bound[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                if full in files:
+                    bound[alias.asname or alias.name] = full
+                elif base in files and base != module and private(alias.name):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {full}")
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and bound.get(node.value.id, module) != module
+            and private(node.attr)
+        ):
+            found.append(
+                f"{path.relative_to(ROOT)}:{node.lineno} uses {bound[node.value.id]}.{node.attr}"
+            )
+    return found
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    """A name with a leading underscore is its module's own: another module that needs it
+    needs it public (named without the underscore, documented), not reached into."""
+    found = []
+    for module, path in sorted(_files().items()):
+        found += _private_uses(path, module)
+    assert not found, "\n".join(found)
+
+
 # bench/ is products beside one shared harness. A product is a folder of bench/ (bench/pdd/,
 # bench/chaos/, ...) or a tool module of bench/ itself (bench/demo.py, bench/kv_index.py, ...);
 # what the tests and the products share (the testbed, the fault proxy, the Celery worker, the

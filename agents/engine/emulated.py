@@ -227,10 +227,10 @@ def context_token(token_ids: Sequence[int], seed: int | None = None) -> int:
     """The token an emulated engine emits after ``token_ids`` (a pure function of them)."""
     h = hashlib.blake2b(digest_size=8)
     h.update(array("I", token_ids).tobytes())
-    return _token_of(h.digest(), seed)
+    return token_of(h.digest(), seed)
 
 
-def _token_of(digest: bytes, seed: int | None) -> int:
+def token_of(digest: bytes, seed: int | None) -> int:
     if seed is not None:
         digest = hashlib.blake2b(digest + seed.to_bytes(8, "little", signed=True)).digest()
     return FIRST_TOKEN + int.from_bytes(digest[:8], "little") % NUM_TOKENS
@@ -411,7 +411,7 @@ class EmulatedEngine(EngineCore):
         seed = None
         if not req.sampling.greedy:
             seed = req.generator.getrandbits(63) if req.generator is not None else 0
-        return _token_of(ctx.digest.digest(), seed)
+        return token_of(ctx.digest.digest(), seed)
 
     def _generator(self, sampling: SamplingParams, arrival: int) -> Any:
         if sampling.greedy:

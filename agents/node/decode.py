@@ -2,7 +2,7 @@
 import P's delta on top of it (after any KV in flight it counted on has landed), then decode
 (p-md) or wait held for RLD's handoff batches and continue from the final one (p-rld-md). A
 caller that leaves before the import still leaves the KV cached (`main_stream_closed`,
-`_cache_late_kv`), and so does a request RLD answered alone whose decode call never reached
+`cache_late_kv`), and so does a request RLD answered alone whose decode call never reached
 MD (`release_main`)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from agents.engine import EngineFull, PrefixMissing, SamplingParams, TokenOutput
 from agents.engine.core import EngineCore as Engine
 from agents.node.agent import Agent
-from agents.node.decode_kv import _Claim, claim_reservation, claiming, import_kv, start_import
+from agents.node.decode_kv import Claim, claim_reservation, claiming, import_kv, start_import
 from agents.node.instances import Instance
 from agents.node.pipeline_common import (
     Events,
@@ -59,7 +59,7 @@ def _extend(request_id: str, ids: list[int], final: bool) -> Callable[[Engine], 
     return lambda e: e.extend(request_id, ids, resume=final)
 
 
-async def _wait_for_decode_slot(worker: EngineWorker, queue: asyncio.Queue) -> float:
+async def wait_for_decode_slot(worker: EngineWorker, queue: asyncio.Queue) -> float:
     """Seconds waited until the engine has a decode slot for one more request, or until
     anything reaches the request's inbox (a cancel, which the caller then handles)."""
     start = time.monotonic()
@@ -109,7 +109,7 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
             yield error_event(f"{rid}: expected the KV transfer first, got {what!r}")
             return
         payload = kv_payload(transfer)
-        claimed: list[_Claim] = []
+        claimed: list[Claim] = []
         async for event in claiming(agent, inst, rid, claimed, every):  # KV it counted on
             yield event
         claim = claimed[0]
@@ -145,7 +145,7 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
         if req.hold:
             # RLD hands off when MD is ready; MD is ready when it has a decode slot for the
             # request, so a full MD leaves RLD decoding instead of stalling the stream here.
-            slot_wait_s = await _wait_for_decode_slot(worker, queue)
+            slot_wait_s = await wait_for_decode_slot(worker, queue)
             yield ReadyEvent(result.local_tokens, result.received_tokens, slot_wait_s).to_json()
             handed = 0
             while True:
@@ -207,7 +207,7 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
             # The caller left before P's KV was imported (RLD finished alone): keep the KV
             # anyway, or MD's cache falls behind P's and every later turn becomes low-hit
             # (docs/pdd.md).
-            fire_and_forget(agent, _cache_late_kv(agent, inst, req, queue, payload))
+            fire_and_forget(agent, cache_late_kv(agent, inst, req, queue, payload))
 
 
 async def _decoded(
@@ -273,7 +273,7 @@ async def main_stream_closed(agent: Agent, inst: Instance, req: DecodeRequest) -
     KV P sent is cached here the same way (MD's prefix cache must not fall behind P's)."""
     if not agent.inbox.consumer_started(req.request_id, inst.instance_id):
         queue = agent.inbox.queue(req.request_id, inst.instance_id)
-        fire_and_forget(agent, _cache_late_kv(agent, inst, req, queue))
+        fire_and_forget(agent, cache_late_kv(agent, inst, req, queue))
 
 
 def release_main(agent: Agent, inst: Instance, request_id: str, start_token: int) -> bool:
@@ -292,11 +292,11 @@ def release_main(agent: Agent, inst: Instance, request_id: str, start_token: int
     if queue is None:
         return False
     req = DecodeRequest(request_id, prompt, 0, SamplingParams(max_tokens=1), start_token, True)
-    fire_and_forget(agent, _cache_late_kv(agent, inst, req, queue))
+    fire_and_forget(agent, cache_late_kv(agent, inst, req, queue))
     return True
 
 
-async def _cache_late_kv(
+async def cache_late_kv(
     agent: Agent, inst: Instance, req: DecodeRequest, queue, payload: bytes | None = None
 ) -> None:
     """Wait (bounded) for a request's KV unless it already arrived (`payload`), import it into

@@ -54,17 +54,17 @@ async def reserve_prefix(agent: Agent, inst: Instance, request_id: str, prompt: 
 
 
 @dataclass(slots=True)
-class _Claim:
+class Claim:
     reservation: Reservation | None  # taken: its pins are unlocked by the import
     note: str  # what the reservation counted on, for an error message
     dropped: bool = False  # cancelled or expired while waiting for KV in flight
 
 
-async def claim_reservation(agent: Agent, inst: Instance, request_id: str) -> _Claim:
+async def claim_reservation(agent: Agent, inst: Instance, request_id: str) -> Claim:
     """Take request_id's reservation for its import. When it counted on another request's KV
     in flight to this instance, first wait (at most kv_timeout_s) until that KV landed, failed
     or was dropped, or until this reservation is dropped itself."""
-    claimed: list[_Claim] = []
+    claimed: list[Claim] = []
     async for _ in claiming(agent, inst, request_id, claimed):
         pass
     return claimed[0]
@@ -74,7 +74,7 @@ async def claiming(
     agent: Agent,
     inst: Instance,
     request_id: str,
-    claimed: list[_Claim],
+    claimed: list[Claim],
     every_s: float | None = None,
 ) -> Events:
     """`claim_reservation` as a stream: a keep-alive (``queued``, waiting for kv) every
@@ -83,12 +83,12 @@ async def claiming(
     kv = agent.kv_flight
     res = kv.claim(request_id, inst.instance_id)
     if res is None:
-        claimed.append(_Claim(None, ""))
+        claimed.append(Claim(None, ""))
         return
     source = res.depends_on
     if source is None:
         kv.take(request_id, res)
-        claimed.append(_Claim(res, ""))
+        claimed.append(Claim(res, ""))
         return
     started = time.monotonic()
     own = kv.incoming_of(request_id)
@@ -112,7 +112,7 @@ async def claiming(
         yield queued_event(started, "kv")
     where = f" (counted on the KV of request {source.request_id} in flight to this instance"
     if not kv.take(request_id, res):
-        claimed.append(_Claim(None, where + ")", dropped=True))
+        claimed.append(Claim(None, where + ")", dropped=True))
         return
     if not source.done.is_set():
         note = f", which did not land within {agent.settings.kv_timeout_s} s)"
@@ -120,7 +120,7 @@ async def claiming(
         note = ", whose import failed or was cancelled)"
     else:
         note = ")"
-    claimed.append(_Claim(res, where + note))
+    claimed.append(Claim(res, where + note))
 
 
 def start_import(

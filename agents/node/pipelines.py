@@ -23,14 +23,14 @@ from __future__ import annotations
 from agents.node.decode import (
     SLOT_POLL_S,
     DecodeRequest,
-    _cache_late_kv,
-    _wait_for_decode_slot,
+    cache_late_kv,
     main_stream_closed,
     release_main,
     run_main,
+    wait_for_decode_slot,
 )
 from agents.node.decode_kv import (
-    _Claim,
+    Claim,
     claim_reservation,
     import_kv,
     reserve_prefix,
@@ -64,7 +64,7 @@ from agents.node.prefill import (
 )
 from agents.node.prefill_stream import run_prefill
 from agents.node.relay import HANDOFF_SEND_GRACE_S, RelaySession, run_relay
-from agents.node.relay_phases import Phase, RelayRequest, _Handoff
+from agents.node.relay_phases import Handoff, Phase, RelayRequest
 from agents.node.single import admit_single, run_single
 
 __all__ = [
@@ -79,12 +79,12 @@ __all__ = [
     "Prefilled",
     "RelayRequest",
     "RelaySession",
-    "_Claim",
-    "_Handoff",
-    "_cache_late_kv",
+    "Claim",
+    "Handoff",
+    "cache_late_kv",
     "_quiet",
     "_settle",
-    "_wait_for_decode_slot",
+    "wait_for_decode_slot",
     "admit_prefill",
     "admit_single",
     "cancel_local",

@@ -46,6 +46,7 @@ from agents.node.pipeline_common import (
 )
 from agents.node.relay_phases import (
     Cancelled,
+    Handoff,
     KvArrived,
     MdClosed,
     MdEvent,
@@ -57,7 +58,6 @@ from agents.node.relay_phases import (
     RldFailed,
     RldOutput,
     Unexpected,
-    _Handoff,
     as_item,
 )
 from agents.node.wire import output_logprob, relayed_token
@@ -89,7 +89,7 @@ class RelaySession(PhaseMachine):
         self.plan = req.plan
         self.length = len(req.prompt)
         self.queue: asyncio.Queue = agent.inbox.queue(self.rid, inst.instance_id)
-        self.handoff = _Handoff(req.plan.mode if req.main is not None else "none")
+        self.handoff = Handoff(req.plan.mode if req.main is not None else "none")
         self.rld_tokens: list[int] = []  # every token RLD's engine produced
         self.buffered: list[TokenOutput] = []  # RLD's outputs held back in FINAL
         self.counts = {"rld": 0, "md": 0}

@@ -34,7 +34,7 @@ class RelayRequest:
 
 
 @dataclass
-class _Handoff:
+class Handoff:
     mode: str
     at_token: int | None = None  # index of the first token MD produced
     batches: int = 0

@@ -26,7 +26,7 @@ from agents.transfer.records import KVChunk, TokenIds, TransferStats
 from agents.transfer.shaping import LinkLease, LinkShaper
 
 
-class _Wire:
+class Wire:
     """A transfer serialised as frames, each a list of buffers (no payload is copied): built
     at once from a list of chunks (every range checked before connecting), or as the chunks
     of an asynchronous source come (a streamed export: P sends each chunk as prefill
@@ -153,7 +153,7 @@ class FabricClient:
         the connection, so the receiver reports a partial transfer, and frees the pool slot
         and the link share at once.
         """
-        wire = _Wire(request_id, chunks, tokens)
+        wire = Wire(request_id, chunks, tokens)
         started = time.monotonic()
         try:
             if self.shaper is None:
@@ -193,7 +193,7 @@ class FabricClient:
             writer.write(encode_hello(self.token))
         return writer
 
-    async def _send_unshaped(self, host: str, port: int, wire: _Wire) -> None:
+    async def _send_unshaped(self, host: str, port: int, wire: Wire) -> None:
         writer = await self._connect(host, port)
         async with _closing(writer):
             async for frame in wire.frames_out():
@@ -204,7 +204,7 @@ class FabricClient:
             writer.write(wire.end())
             await writer.drain()
 
-    async def _send_shaped(self, host: str, port: int, wire: _Wire, lease: LinkLease) -> None:
+    async def _send_shaped(self, host: str, port: int, wire: Wire, lease: LinkLease) -> None:
         await lease.handshake()
         writer = await self._connect(host, port)
         async with _closing(writer):

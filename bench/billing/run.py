@@ -195,7 +195,7 @@ def _one_run() -> dict:
     t_rate, lines = _timed(lambda: rate(month))
     largest = Statement.objects.order_by("-entry_count").first()
     version = statements.price_book_version()
-    t_largest, _ = _timed(lambda: statements._rebuild([largest.pk], NOW, version))
+    t_largest, _ = _timed(lambda: statements.rebuild_statements([largest.pk], NOW, version))
     largest.refresh_from_db()
     assert largest.entry_count == statements.entries_of(largest).count()
     totals = statements.totals(list(largest.lines.all()))

@@ -62,9 +62,9 @@ async def ship_kv(k: int, cfg, link: LinkSettings, repeats: int) -> dict:
 def token_id_bytes(k: int) -> dict[str, int]:
     """What the extend-decode handoff sends instead: k token ids in one TOKENS transfer."""
     ids = encode_token_ids(range(k))
-    from agents.transfer.client import _Wire  # the exact frames the client would write
+    from agents.transfer.client import Wire  # the exact frames the client would write
 
-    wire = _Wire("req|0|h0.final", [], TokenIds(0, tuple(range(k))))
+    wire = Wire("req|0|h0.final", [], TokenIds(0, tuple(range(k))))
     return {"payload_bytes": len(ids), "wire_bytes": wire.data_bytes + len(wire.end)}
 
 

@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.harness.testbed import Cluster, _up, free_port, start_web
+from bench.harness.testbed import Cluster, free_port, service_up, start_web
 
 HEARTBEAT_S = 2.0  # the default (and the demo's)
 # Scaled link: baton-tiny's KV is 4 KiB/token, so a 60 Mbit/s line makes an opening's KV take
@@ -92,7 +92,7 @@ def start_control_plane(log_dir: Path, extra_env: dict[str, str] | None = None) 
         cluster.manage("migrate", "--noinput", timeout=600)
         cluster.operator_token = cluster.manage("baton_user", "bench", "--role", "operator").strip()
         cluster.processes.append(start_web(port=port, env=env, log_path=log_dir / "web.log"))
-        cluster.wait_for(lambda: _up(cluster.url), 120, "the control plane to answer")
+        cluster.wait_for(lambda: service_up(cluster.url), 120, "the control plane to answer")
     except BaseException:
         cluster.stop()
         raise

@@ -52,13 +52,13 @@ def tokens_of(messages: list[dict], generation: bool) -> int:
 def emulated_answer(prompt_ids: list[int], n: int) -> list[int]:
     """The tokens an emulated engine answers greedily (a function of the context: blake2b of
     every token so far; agents/engine/emulated.py)."""
-    from agents.engine.emulated import _token_of
+    from agents.engine.emulated import token_of
 
     digest = hashlib.blake2b(digest_size=8)
     digest.update(array("I", prompt_ids).tobytes())
     out = []
     for _ in range(n):
-        token = _token_of(digest.digest(), None)
+        token = token_of(digest.digest(), None)
         out.append(token)
         digest.update(array("I", [token]).tobytes())
     return out

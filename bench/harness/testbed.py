@@ -367,7 +367,7 @@ def start_cluster(*, wan_proxy: bool = False) -> Cluster:
                             start_new_session=True,
                         )
                     )
-        cluster.wait_for(lambda: _up(cluster.url), 120, "the control plane to answer")
+        cluster.wait_for(lambda: service_up(cluster.url), 120, "the control plane to answer")
         if wan_proxy:
             _put_wan_proxies(cluster, "b-md")
         for host in ("a-p", "a-rld", "b-md"):
@@ -400,7 +400,7 @@ def _put_wan_proxies(cluster: Cluster, host: str) -> None:
     }
 
 
-def _up(url: str) -> bool:
+def service_up(url: str) -> bool:
     try:
         return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
     except httpx.HTTPError:

@@ -247,7 +247,7 @@ class AutopilotSettingsSerializer(serializers.ModelSerializer):
 
     def validate_scenario(self, value: str) -> str:
         try:
-            services._scenario_config(value)
+            services.scenario_config(value)
         except services.PlanInputError as exc:
             raise serializers.ValidationError(exc.message) from exc
         return value

@@ -22,7 +22,7 @@ from fleet.agent_client import tls_context
 from fleet.pinning import EndpointNotCalled, PinnedTransport, resolved_endpoints
 from pdd.policy import Decision
 from routing.gateway.journal import recover
-from routing.gateway.records import Outcome, _admission_row, record_request
+from routing.gateway.records import Outcome, admission_row, record_request
 from routing.gateway.runner import data_plane_headers
 from routing.models import Admission, RequestRecord
 
@@ -48,7 +48,7 @@ def _restore_admissions(owner: str, entries: list[dict[str, Any]]) -> int:
                 and not ApiKey.objects.filter(pk=entry["api_key_id"]).exists()
             ):
                 entry["api_key_id"] = None  # the key was deleted meanwhile
-            _admission_row(entry, owner)
+            admission_row(entry, owner)
             done.add(entry["request_id"])
             restored += 1
     if restored:

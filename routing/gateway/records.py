@@ -236,7 +236,7 @@ def this_process() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _admission_entry(
+def admission_entry(
     *,
     request_id: str,
     api_key: ApiKey,
@@ -269,25 +269,27 @@ def _admission_entry(
     }
 
 
-def _admission_row(entry: dict[str, Any], owner: str) -> Admission:
+def admission_row(entry: dict[str, Any], owner: str) -> Admission:
+    """An admission row from a journal entry (``admission_entry``), owned by ``owner`` (the
+    process that accepted the request: ``this_process``)."""
     return Admission.objects.create(**entry, owner=owner)
 
 
-def _admission_rows(writes: list[dict[str, Any]]) -> list[Admission]:
-    """``_admission_row`` for a batch, in one insert (the record writer's)."""
+def admission_rows(writes: list[dict[str, Any]]) -> list[Admission]:
+    """``admission_row`` for a batch, in one insert (the record writer's)."""
     return Admission.objects.bulk_create(
         [Admission(**w["entry"], owner=w["owner"]) for w in writes]
     )
 
 
-record_writer.batched(_admission_row, _admission_rows)
+record_writer.batched(admission_row, admission_rows)
 record_writer.batched(record_request, record_requests)
 
 
 def admission_open(**fields: Any) -> None:
     """The durable trace of an accepted request as a row, committed now (the request path
     journals it instead: ``admission_journaled``, through ``recorder.admitted``)."""
-    _admission_row(_admission_entry(**fields), this_process())
+    admission_row(admission_entry(**fields), this_process())
 
 
 def admission_journaled(**fields: Any) -> Future:
@@ -295,10 +297,10 @@ def admission_journaled(**fields: Any) -> Future:
     process's journal (durable when this returns), its row in the record writer's next batch
     (the future). The writer's queue is in order, so the request's later progress, attempts
     and record find the row (routing/gateway/journal.py)."""
-    entry = _admission_entry(**fields)
+    entry = admission_entry(**fields)
     journal = admission_journal()
     journal.append(entry)
-    future = record_writer.submit(_admission_row, entry=entry, owner=this_process())
+    future = record_writer.submit(admission_row, entry=entry, owner=this_process())
     future.add_done_callback(lambda _: journal.committed(1))
     return future
 

@@ -120,7 +120,7 @@ async def _open_stream(p: Prepared):
     return _stream(p, run, deltas, first)
 
 
-async def _stream_body(p: Prepared):
+async def stream_body(p: Prepared):
     """The bytes a stream's response sends, opened as the view opens it (for callers that drive
     a stream without a response, such as the tests)."""
     inner = await _open_stream(p)

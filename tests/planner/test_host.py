@@ -11,7 +11,7 @@ import pytest
 
 from pdd.hardware import EngineSpec, GpuType, ModelSpec
 from pdd.policy import InstanceState
-from planner.api import _parse_case, run_fleet
+from planner.api import parse_case, run_fleet
 from planner.events import EventLoop
 from planner.fleet import fleet_from_dict
 from planner.host import Host, HostedDecode, HostedPrefill, HostSpec, HostWork
@@ -205,4 +205,4 @@ def test_a_bad_host_is_refused_naming_the_field(host: Any, message: str) -> None
     config = copy.deepcopy(case_configs(load_scenario("paper-ttft"))["pdd"])
     config["fleet"]["host"] = host
     with pytest.raises(ValueError, match=message):
-        _parse_case("pdd", config, "fleet")
+        parse_case("pdd", config, "fleet")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from planner.api import _parse_case, link_report, simulate, warnings_of
+from planner.api import link_report, parse_case, simulate, warnings_of
 from planner.fleet import fleet_from_dict
 from planner.scenario import case_configs, load_scenario
 from planner.wan import WanLinkSpec
@@ -81,12 +81,12 @@ def test_a_bad_field_is_refused_naming_it(path: str, value: Any, message: str) -
     config = _config()
     _set(config, path, value)
     with pytest.raises(ValueError, match=message) as err:
-        _parse_case("pdd", config, "fleet")
+        parse_case("pdd", config, "fleet")
     assert str(err.value).startswith("case 'pdd': ")
 
 
 def test_the_unchanged_case_parses() -> None:
-    _parse_case("pdd", _config(), "fleet")
+    parse_case("pdd", _config(), "fleet")
 
 
 def test_a_whole_float_counts_as_the_integer() -> None:
@@ -101,7 +101,7 @@ def test_a_transfer_case_checks_its_link() -> None:
     name, config = next(iter(case_configs(data).items()))
     config["link"] = {**config.get("link", {}), "pool_size": 0.5}
     with pytest.raises(ValueError, match="link.pool_size: must be an integer >= 1"):
-        _parse_case(name, config, "transfer")
+        parse_case(name, config, "transfer")
 
 
 # --- the pool's ceiling ------------------------------------------------------------------------

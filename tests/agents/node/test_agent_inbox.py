@@ -130,7 +130,7 @@ def test_a_decode_stream_closed_before_it_started_still_caches_the_kv(monkeypatc
     async def fake_cache(agent, inst, req, queue):
         cached.append(req.request_id)
 
-    monkeypatch.setattr(decode, "_cache_late_kv", fake_cache)
+    monkeypatch.setattr(decode, "cache_late_kv", fake_cache)
     inst = SimpleNamespace(instance_id="0")
 
     def req(rid: str):

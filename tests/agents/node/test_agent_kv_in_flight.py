@@ -16,7 +16,7 @@ from agents.node.agent import Agent
 from agents.node.inflight import as_tokens, block_prefix_len, common_prefix_len
 from agents.node.pipelines import (
     DecodeRequest,
-    _cache_late_kv,
+    cache_late_kv,
     cancel_local,
     release_main,
     reserve_prefix,
@@ -160,7 +160,7 @@ def test_reserve_counts_kv_in_flight_and_pins_it_once_it_lands(prefill_engine):
         assert agent.kv_flight.reservations["t2"].depends_on.request_id == "t1"
         assert agent.kv_flight.prefix_hits == 1
         # t1's KV lands first (RLD finished it alone): its import pins t2's 4 blocks.
-        await _cache_late_kv(
+        await cache_late_kv(
             agent, inst, late("t1", p1, 0), asyncio.Queue(), kv_of(prefill_engine, "t1", p1, 0)
         )
         assert "t1" not in agent.kv_flight.incoming and "t1" not in agent.kv_flight.reservations
@@ -169,7 +169,7 @@ def test_reserve_counts_kv_in_flight_and_pins_it_once_it_lands(prefill_engine):
         assert state["cached_prefix"] == 64 and state["pinned_blocks"] == 4
         # Then t2's delta: imported on top, and every pin released exactly once.
         payload = kv_of(prefill_engine, "t2", p2, 64)
-        await _cache_late_kv(agent, inst, late("t2", p2, 64), asyncio.Queue(), payload)
+        await cache_late_kv(agent, inst, late("t2", p2, 64), asyncio.Queue(), payload)
         assert agent.kv_flight.late_kv_cached == 2
         assert_clean(agent)
         state = await cache_state(inst, p2)
@@ -190,7 +190,7 @@ def test_import_waits_for_the_kv_it_counted_on(prefill_engine):
         assert agent.kv_flight.reservations["c"].depends_on.request_id == "b"
         # The deltas of b and c arrive before a's KV: they wait for it, bounded.
         waiting_c = asyncio.create_task(
-            _cache_late_kv(
+            cache_late_kv(
                 agent,
                 inst,
                 late("c", p3, 128),
@@ -211,7 +211,7 @@ def test_import_waits_for_the_kv_it_counted_on(prefill_engine):
         await asyncio.sleep(0.5)
         assert not waiting_b.done() and not waiting_c.done()
         assert events == []
-        await _cache_late_kv(
+        await cache_late_kv(
             agent, inst, late("a", p1, 0), asyncio.Queue(), kv_of(prefill_engine, "a", p1, 0)
         )
         await asyncio.wait_for(waiting_b, 60)
@@ -231,7 +231,7 @@ def test_a_prompt_wholly_in_flight_imports_an_empty_delta(prefill_engine):
     async def scenario(agent: Agent, inst):
         assert await reserve_prefix(agent, inst, "first", p1) == 0
         assert await reserve_prefix(agent, inst, "again", p1) == 64
-        await _cache_late_kv(
+        await cache_late_kv(
             agent,
             inst,
             late("first", p1, 0),
@@ -324,7 +324,7 @@ def test_a_dependent_cancelled_while_waiting_ends_at_once(prefill_engine):
             "slow"
         }
         # The KV it counted on still lands; its pin for the dropped dependent is not taken.
-        await _cache_late_kv(
+        await cache_late_kv(
             agent, inst, late("slow", p1, 0), asyncio.Queue(), kv_of(prefill_engine, "slow", p1, 0)
         )
         assert_clean(agent)
@@ -348,7 +348,7 @@ def test_a_dependent_waiting_for_kv_in_flight_says_so_and_then_decodes(prefill_e
         await asyncio.sleep(0.4)
         assert events and {e["type"] for e in events} == {"queued"}
         assert all(e["waiting_for"] == "kv" for e in events)
-        await _cache_late_kv(
+        await cache_late_kv(
             agent, inst, late("slow", p1, 0), asyncio.Queue(), kv_of(prefill_engine, "slow", p1, 0)
         )
         await asyncio.wait_for(task, 30)

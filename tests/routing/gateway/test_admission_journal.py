@@ -26,7 +26,7 @@ from .test_exactly_once_records import _records
 
 def _entry(request_id: str, key) -> dict:
     decision = Decision("p-md", "one-shot", "1", None, "2", 0, 2, 0.01, "test")
-    return records._admission_entry(
+    return records.admission_entry(
         request_id=request_id,
         api_key=key,
         model="baton-tiny",

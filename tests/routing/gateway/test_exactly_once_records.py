@@ -76,7 +76,7 @@ def _records(request_id: str) -> tuple[int, int, str]:
 
 def test_a_client_that_closes_right_after_done_leaves_one_record(prepared):
     async def client():
-        stream = views._stream_body(prepared("cmpl-close"))
+        stream = views.stream_body(prepared("cmpl-close"))
         async for chunk in stream:
             if chunk == b"data: [DONE]\n\n":
                 break
@@ -112,7 +112,7 @@ def test_a_client_gone_while_the_record_is_written_still_leaves_it(prepared, mon
 
 def test_a_stream_cancelled_mid_way_is_recorded_once_as_cancelled(prepared):
     async def client():
-        stream = views._stream_body(prepared("cmpl-mid"))
+        stream = views.stream_body(prepared("cmpl-mid"))
         await stream.__anext__()  # the first chunk, then the client goes away
         await stream.aclose()
         await views.drain_pending_records()
@@ -155,7 +155,7 @@ def test_a_finished_request_removes_its_admission(prepared):
     _admit(p)
 
     async def client():
-        async for _ in views._stream_body(p):
+        async for _ in views.stream_body(p):
             pass
 
     asyncio.run(client())

@@ -24,7 +24,7 @@ def key():
 
 
 def _admission(key, request_id: str) -> dict:
-    entry = records._admission_entry(
+    entry = records.admission_entry(
         request_id=request_id,
         api_key=key,
         model="baton-tiny",
@@ -71,9 +71,9 @@ def _rows(request_id: str) -> tuple:
 
 
 def test_a_batch_writes_what_one_at_a_time_writes(key):
-    records._admission_rows([_admission(key, f"b{i}") for i in range(3)])
+    records.admission_rows([_admission(key, f"b{i}") for i in range(3)])
     for i in range(3):
-        records._admission_row(**_admission(key, f"s{i}"))
+        records.admission_row(**_admission(key, f"s{i}"))
     assert Admission.objects.count() == 6
     batch = records.record_requests([_write(key, f"b{i}") for i in range(3)])
     assert [r.request_id for r in batch] == ["b0", "b1", "b2"]
@@ -109,7 +109,7 @@ def test_the_gateways_writer_runs_records_in_batches(key):
     from routing.gateway.workers import record_writer
 
     futures = [concurrent.futures.Future() for _ in range(4)]
-    batch = [(records._admission_row, _admission(key, f"w{i}"), futures[i]) for i in range(2)]
+    batch = [(records.admission_row, _admission(key, f"w{i}"), futures[i]) for i in range(2)]
     batch += [(records.record_request, _write(key, f"w{i}"), futures[2 + i]) for i in range(2)]
     record_writer._write(batch)
     assert [f.result(0).request_id for f in futures] == ["w0", "w1", "w0", "w1"]

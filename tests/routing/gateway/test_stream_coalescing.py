@@ -64,7 +64,7 @@ def test_a_burst_of_tokens_is_one_write_of_one_event_per_token(prepared, monkeyp
     monkeypatch.setattr(gw_run, "run_events", events)
 
     async def client() -> list[bytes]:
-        chunks = [chunk async for chunk in views._stream_body(prepared("cmpl-burst"))]
+        chunks = [chunk async for chunk in views.stream_body(prepared("cmpl-burst"))]
         await views.drain_pending_records()
         return chunks
 
@@ -80,7 +80,7 @@ def test_a_burst_of_tokens_is_one_write_of_one_event_per_token(prepared, monkeyp
 def test_one_event_at_a_time_still_streams_one_write_each(prepared):  # noqa: F811
     # The fixture's agent yields single events (a batch of one each).
     async def client() -> list[bytes]:
-        chunks = [chunk async for chunk in views._stream_body(prepared("cmpl-single"))]
+        chunks = [chunk async for chunk in views.stream_body(prepared("cmpl-single"))]
         await views.drain_pending_records()
         return chunks
 
@@ -141,7 +141,7 @@ def test_under_load_chunks_wait_for_the_interval_and_carry_several_tokens(
     monkeypatch.setattr(gw_run, "run_events", _paced(b"coalesced!", 0.01))
 
     async def client() -> list[bytes]:
-        chunks = [chunk async for chunk in views._stream_body(prepared("cmpl-load"))]
+        chunks = [chunk async for chunk in views.stream_body(prepared("cmpl-load"))]
         await views.drain_pending_records()
         return chunks
 
@@ -164,7 +164,7 @@ def test_at_low_load_every_read_is_its_own_write(prepared, monkeypatch, settings
     monkeypatch.setattr(gw_run, "run_events", _paced(b"per-token", 0.005))
 
     async def client() -> list[bytes]:
-        chunks = [chunk async for chunk in views._stream_body(prepared("cmpl-low"))]
+        chunks = [chunk async for chunk in views.stream_body(prepared("cmpl-low"))]
         await views.drain_pending_records()
         return chunks
 
@@ -179,7 +179,7 @@ def test_a_client_leaving_under_load_closes_the_agents_stream(prepared, monkeypa
     monkeypatch.setattr(gw_run, "run_events", _paced(b"x" * 200, 0.005, closed))
 
     async def client() -> None:
-        body = views._stream_body(prepared("cmpl-leave"))
+        body = views.stream_body(prepared("cmpl-leave"))
         got = 0
         async for _ in body:
             got += 1
