@@ -972,6 +972,21 @@ class Plane:
                 continue
         return out
 
+    def heartbeats(self) -> dict[str, dict]:
+        """Each agent's account of its heartbeats (its state's ``control_plane`` block: round
+        trips of the last answered beats, timeouts, refusals): whether the beats reached the
+        control plane in time, as the agent saw them."""
+        keys = ("heartbeats_answered", "heartbeats_refused", "heartbeat_timeouts",
+                "unreachable", "rtt_p50_s", "rtt_p99_s", "rtt_max_s")  # fmt: skip
+        out = {}
+        for node in self.nodes:
+            try:
+                block = self.state(node["hostname"]).get("control_plane") or {}
+            except Exception:  # noqa: BLE001 - a figure, not a check
+                continue
+            out[node["hostname"]] = {k: block.get(k) for k in keys}
+        return out
+
     def early_first_token(self) -> bool:
         with self.cp.cluster.api() as api:
             r = api.get("/api/v1/routing-policy/")
@@ -1284,6 +1299,7 @@ def run_level(ctx: Ctx, clients: int, prompt_tokens: int, name: str, long: bool 
         "loadgen": loadgen_limit(phases["gateway"] + phases["direct"]),
         "records": records,
         "cross_arm": cross,
+        "heartbeats": plane.heartbeats(),
     }
     (plane.config.out / f"{ctx.level:02d}-{name}.json").write_text(
         json.dumps(level, indent=1) + "\n"

@@ -332,6 +332,13 @@ SPECTACULAR_SETTINGS = {
 # Agents: heartbeat period, and how many missed beats make a node offline.
 BATON_HEARTBEAT_INTERVAL_S = float(env_str("BATON_HEARTBEAT_INTERVAL_S", "2.0"))
 BATON_HEARTBEAT_MISSES = env_int("BATON_HEARTBEAT_MISSES", 3)
+# A node's report older than the live TTL (interval x misses) but younger than the TTL plus
+# this is "late", not lost, while the node is online: a request that finds no healthy path
+# only because of late reports waits in the overload queue and is routed again, instead of a
+# 503 (a control plane too busy to take the beats in time; fleet/live.py, routing/live.py).
+BATON_LIVE_LATE_S = env_float(
+    "BATON_LIVE_LATE_S", BATON_HEARTBEAT_INTERVAL_S * BATON_HEARTBEAT_MISSES, minimum=0.0
+)
 # The agent probe (routing/probes.py) asks a node's agent for /health only once its last
 # heartbeat is this old (unset: 1.25 heartbeat intervals; 0: every node, every round).
 BATON_PROBE_AFTER_S = (

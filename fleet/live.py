@@ -217,12 +217,23 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def fresh_age_s() -> float:
+    """The age up to which a report is fresh: the live TTL, plus this process's own recent
+    delay in taking the beats, which is not the node's (fleet/looplag.py)."""
+    return live_ttl_s() + looplag.recent_s(live_ttl_s())
+
+
+def late_age_s() -> float:
+    """The age up to which a report past ``fresh_age_s`` is only late, not lost: its node is
+    taken to be alive but reaching this control plane slowly (``BATON_LIVE_LATE_S`` more)."""
+    return fresh_age_s() + float(settings.BATON_LIVE_LATE_S)
+
+
 def read_reports(*, max_age_s: float | None = None) -> list[dict[str, Any]]:
-    """Fresh node reports (older than `max_age_s`, default the offline threshold, are left out).
+    """Fresh node reports (older than `max_age_s`, default ``fresh_age_s``, are left out).
     Callers must not change the dicts they get."""
     if max_age_s is None:
-        # This process's own delay in taking the beats is not the node's (fleet/looplag.py).
-        max_age_s = live_ttl_s() + looplag.recent_s(live_ttl_s())
+        max_age_s = fresh_age_s()
     now = time.time()
     client = _redis()
     if client is None:

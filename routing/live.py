@@ -55,6 +55,11 @@ class LiveView:
     # (P datacenter, MD datacenter) -> the KV format the WAN link asks P to send (WANLink
     # kv_format; absent: the engine's own)
     kv_formats: dict[tuple[str, str], str] = field(default_factory=dict)
+    # instance id -> its report's age (s), for an instance the operator wants running on an
+    # online node whose last report said running but is late: past the fresh age, within the
+    # late one (fleet/live.py). Unhealthy in the snapshot; a request with no path only for
+    # them waits for their next report (routes.route_first).
+    late: dict[str, float] = field(default_factory=dict)
 
     def main_block_sizes(self) -> set[int]:
         """The block sizes the MDs' prefix caches hash (0: an MD that does not say)."""
@@ -68,7 +73,9 @@ _LINK_STATUS = {
 }
 
 
-def instance_reports() -> dict[tuple[int, str], tuple[dict[str, Any], dict[str, Any]]]:
+def instance_reports(
+    max_age_s: float | None = None,
+) -> dict[tuple[int, str], tuple[dict[str, Any], dict[str, Any]]]:
     """(node id, instance id) -> (the node's latest report, its item for that instance).
 
     Keyed by the reporting node too: an instance is only ever read from its own node's report,
@@ -76,7 +83,7 @@ def instance_reports() -> dict[tuple[int, str], tuple[dict[str, Any], dict[str, 
     (heartbeats already drop such claims; this holds even for a report published before that).
     """
     found: dict[tuple[int, str], tuple[dict[str, Any], dict[str, Any]]] = {}
-    for entry in fleet_live.read_reports():
+    for entry in fleet_live.read_reports(max_age_s=max_age_s):
         for item in entry["report"].get("instances", []):
             found[(int(entry["node_id"]), str(item.get("instance_id")))] = (entry, item)
     return found
@@ -203,7 +210,10 @@ def connect_topology_invalidation() -> None:
 def build_live_view(model_name: str) -> LiveView:
     """Instances serving `model_name`, healthy only when the operator wants them running, the
     node is online and the agent's fresh report says running."""
-    reports = instance_reports()
+    fresh_s = fleet_live.fresh_age_s()
+    reports = instance_reports(max_age_s=fleet_live.late_age_s())
+    now = time.time()
+    late: dict[str, float] = {}
     index = prefix_index()
     index.sync()  # the Redis index's new events into this process's mirror
     rows, link_rows = topology.get(model_name, lambda: _load_topology(model_name))
@@ -220,6 +230,11 @@ def build_live_view(model_name: str) -> LiveView:
     for inst in rows:
         key = str(inst.pk)
         entry, item = reports.get((inst.node_id, key), (None, None))
+        if entry is not None and now - float(entry.get("received_at") or 0.0) > fresh_s:
+            # Late, not fresh: nothing of it is used; noted when it may yet come back.
+            if item is not None and item.get("state") == "running" and inst.wanted:
+                late[key] = round(now - float(entry.get("received_at") or 0.0), 3)
+            entry, item = None, None
         if entry is not None and item is not None:
             reported[key] = (float(entry.get("received_at") or 0.0), _capacity(item))
         dc = inst.datacenter
@@ -298,6 +313,7 @@ def build_live_view(model_name: str) -> LiveView:
         built_at=time.monotonic(),
         reported=reported,
         kv_formats={(link.src, link.dst): link.kv_format for link in link_rows if link.kv_format},
+        late=late,
     )
 
 

@@ -57,6 +57,11 @@ class Refused(Exception):
     rate limit, no healthy path): the answer (``error``) and why, for the ``rejected`` record
     the composer has written before it answers (views.py, ``recorder.rejected``)."""
 
-    def __init__(self, p: Prepared, error: GatewayError, reason: str) -> None:
+    def __init__(
+        self, p: Prepared, error: GatewayError, reason: str, *, late: bool = False
+    ) -> None:
         super().__init__(reason)
         self.p, self.error, self.reason = p, error, reason
+        # No path only because some instances' reports are late (LiveView.late): the
+        # composer waits in the overload queue and routes the request again.
+        self.late = late

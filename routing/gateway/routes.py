@@ -96,8 +96,15 @@ def route_first(p: Prepared, view: LiveView | None = None) -> None:
     try:
         route(p, view)
     except NoHealthyPath as exc:
-        error = unavailable(f"No healthy path for model '{p.model.name}': {exc}")
-        raise Refused(p, error, f"no healthy path: {exc}") from exc
+        late = ""
+        if view.late:  # instances that may yet answer: their reports are late, not lost
+            ages = sorted(view.late.values())
+            late = (
+                f" ({len(ages)} running instance(s) of the model report late, "
+                f"{ages[0]:.1f}-{ages[-1]:.1f} s old)"
+            )
+        error = unavailable(f"No healthy path for model '{p.model.name}': {exc}{late}")
+        raise Refused(p, error, f"no healthy path: {exc}{late}", late=bool(late)) from exc
 
 
 def route(p: Prepared, view: LiveView | None = None) -> None:

@@ -32,6 +32,7 @@ from django.views.decorators.csrf import csrf_exempt
 from fleet.models import ServedModel
 from routing.gateway import admission, coalesce, openai_shapes, recorder, routes
 from routing.gateway.errors import GatewayError, notify_error
+from routing.gateway.overload import overload
 from routing.gateway.prepared import Prepared, Refused
 from routing.gateway.request_ids import with_request_id
 from routing.gateway.run import Run
@@ -58,7 +59,9 @@ def _inline_ok() -> bool:
 async def _admit(request: HttpRequest, kind: str, watch: Stopwatch) -> Prepared:
     """Steps 1-3, each once, in order. Each reads before it changes anything, so one whose read
     needs the database on the event loop moves, with the rest, to a worker having counted
-    nothing (``workers.in_order``). A refusal's record is written before it is raised."""
+    nothing (``workers.in_order``). A refusal's record is written before it is raised. No path
+    only because some instances' reports are late: the request waits in the overload queue
+    and steps 2-3 run again (a 503 / 429 from the queue when it has waited its limit)."""
     admitted: list[Prepared] = []
 
     def admit() -> None:
@@ -72,13 +75,29 @@ async def _admit(request: HttpRequest, kind: str, watch: Stopwatch) -> Prepared:
         recorder.admitted(admitted[0])
         watch.lap("admit")
 
-    try:
-        await in_order((admit, route, journal), inline=_inline_ok(), watch=watch)
-    except Refused as refused:
-        with contextlib.suppress(Exception):
-            await asyncio.wrap_future(recorder.rejected(refused.p, refused.reason))
-        raise refused.error from refused
-    return admitted[0]
+    steps: tuple = (admit, route, journal)
+    while True:
+        try:
+            await in_order(steps, inline=_inline_ok(), watch=watch)
+            return admitted[0]
+        except Refused as refused:
+            answer: GatewayError = refused.error
+            if refused.late:
+                # No path only because reports are late (a control plane too busy to take
+                # the beats in time): wait in the overload queue, then route again.
+                p = refused.p
+                if p.busy_since is None:
+                    p.busy_since = time.monotonic()
+                try:
+                    await overload.wait(p.key.tenant.name, p.busy_since, p.busy_tries)
+                    p.busy_tries += 1
+                    steps = (route, journal)
+                    continue
+                except GatewayError as exc:
+                    answer = exc
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(recorder.rejected(refused.p, refused.reason))
+            raise answer from refused
 
 
 def _usage(p: Prepared, run: Run) -> dict:
