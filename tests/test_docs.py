@@ -33,6 +33,25 @@ def test_readme_is_a_short_map_starting_with_the_two_commands():
     assert "(routing/gateway/README.md)" in text
 
 
+def test_every_document_is_one_hop_from_the_readme():
+    """A newcomer reaches every page of docs/ and every package's own README from the README's
+    map in one hop."""
+    text = (ROOT / "README.md").read_text()
+    pages = [*sorted((ROOT / "docs").glob("*.md")), *sorted(ROOT.glob("*/**/README.md"))]
+    pages = [
+        p
+        for p in pages
+        if not any(
+            part.startswith(".") or part in {"var", "build", "node_modules"}
+            for part in p.relative_to(ROOT).parts
+        )
+    ]
+    unlinked = [
+        str(p.relative_to(ROOT)) for p in pages if f"({p.relative_to(ROOT).as_posix()}" not in text
+    ]
+    assert not unlinked, f"not linked from README.md: {unlinked}"
+
+
 def test_every_link_in_the_docs_resolves_inside_the_project():
     for doc in DOCS:
         text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
