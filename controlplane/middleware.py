@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import threading
 import time
 import weakref
@@ -204,6 +205,7 @@ class ASGIHandler(DjangoASGIHandler):
         rather than in threads holding the database pool's connections past its timeout; one
         that waited longer than BATON_AGENT_API_QUEUE_TIMEOUT_S is answered 503 (busy,
         Retry-After) instead of served after its agent stopped waiting."""
+        began = time.monotonic()
         if scope.get("path") == HEARTBEAT_PATH and scope.get("method") == "POST":
             body, more = await _whole_body(receive)
             if not more:
@@ -212,6 +214,7 @@ class ASGIHandler(DjangoASGIHandler):
                 )
                 if beats.take(authorization, body):
                     await _answer_ok(send)
+                    _note_slow_agent_call(scope, began, began, "fast path")
                     return
             receive = _replayed(body, more, receive)
         queued = time.monotonic()
@@ -221,7 +224,9 @@ class ASGIHandler(DjangoASGIHandler):
                 # again: serving it now would only delay the requests queued behind it.
                 await _answer_busy(send)
                 return
+            slot = time.monotonic()
             await super().handle(scope, receive, send)
+        _note_slow_agent_call(scope, began, slot, "Django")
 
     async def _serve(self, request, receive, send) -> None:
         """The response, sent unless the client leaves first (its disconnect cancels the
@@ -267,6 +272,25 @@ class ASGIHandler(DjangoASGIHandler):
 
 
 HEARTBEAT_PATH = AGENT_PREFIX + "heartbeat"
+
+
+def _note_slow_agent_call(scope, began: float, slot: float, path: str) -> None:
+    """Log an agents' API call this process took longer than BATON_AGENT_API_SLOW_S to answer
+    (from the ASGI call to the answer), split into its wait for a slot and the rest, beside
+    the event loop's own recent delay: where a late heartbeat spent its time here."""
+    took = time.monotonic() - began
+    if took < float(settings.BATON_AGENT_API_SLOW_S):
+        return
+    from fleet import looplag
+
+    logging.getLogger("baton.agent_api").warning(
+        "%s %s answered in %.2f s (%s; %.2f s waiting for a slot, %.2f s after it); the event "
+        "loop's recent delay %.2f s",
+        scope.get("method"), scope.get("path"), took, path, slot - began,
+        time.monotonic() - slot, looplag.recent_s(10.0),
+    )  # fmt: skip
+
+
 # Per event loop (a semaphore binds to the loop it first waits on; tests run several).
 _slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

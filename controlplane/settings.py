@@ -371,6 +371,9 @@ BATON_GC_FREEZE = env_bool("BATON_GC_FREEZE", True)
 # event loop (a burst must not hold threads and pooled connections past the pool's timeout).
 BATON_AGENT_API_CONCURRENCY = env_int("BATON_AGENT_API_CONCURRENCY", 16)
 BATON_AGENT_API_QUEUE_TIMEOUT_S = env_float("BATON_AGENT_API_QUEUE_TIMEOUT_S", 5.0, minimum=0.0)
+# An agents' API call (a heartbeat, a registration) answered slower than this is logged with
+# where its time went ("baton.agent_api"): a late heartbeat ages its node's report.
+BATON_AGENT_API_SLOW_S = env_float("BATON_AGENT_API_SLOW_S", 2.0, minimum=0.0)
 BATON_RECONCILE_INTERVAL_S = float(env_str("BATON_RECONCILE_INTERVAL_S", "5.0"))
 # The periodic reconcile asks only the agents whose last heartbeat differs from what operators
 # want; every this often it asks every online node's agent (fleet/tasks.py reconcile_fleet).

@@ -258,3 +258,25 @@ def test_a_token_rotated_in_another_process_ends_the_fast_path_at_the_next_flush
     n = len(calls)
     assert run(beat(2)).status_code == 401
     assert len(calls) == n  # refused by authentication, before the view
+
+
+def test_an_agent_call_slower_than_the_threshold_is_logged_with_where_its_time_went(
+    world, settings, caplog
+):
+    node, token, inst, calls = world
+
+    async def go():
+        async with _client() as client:
+            r = await _post(client, token, "/api/v1/agent/register",
+                            doc(inst, 0) | {"endpoint": "http://127.0.0.1:9155"})  # fmt: skip
+            assert r.status_code == 200
+            settings.BATON_AGENT_API_SLOW_S = 0.0  # every call is "slow"
+            await _post(client, token, "/api/v1/agent/heartbeat", doc(inst, 1))  # Django
+            await _post(client, token, "/api/v1/agent/heartbeat", doc(inst, 2))  # fast path
+
+    with caplog.at_level("WARNING", logger="baton.agent_api"):
+        run(go())
+    lines = [r.getMessage() for r in caplog.records if r.name == "baton.agent_api"]
+    assert any("heartbeat answered in" in m and "(Django;" in m for m in lines), lines
+    assert any("(fast path;" in m and "waiting for a slot" in m for m in lines), lines
+    assert all("event loop's recent delay" in m for m in lines)
