@@ -283,11 +283,18 @@ def _note_slow_agent_call(scope, began: float, slot: float, path: str) -> None:
         return
     from fleet import looplag
 
+    view = ""
+    if "baton.view" in scope:  # fleet.api.agent.AgentView: when its view ran, and in the DB
+        start, end, in_db = scope["baton.view"]
+        view = (
+            f"; the view began {start - slot:.2f} s after the slot and ran {end - start:.2f} s, "
+            f"{in_db:.2f} s of it in database statements"
+        )
     logging.getLogger("baton.agent_api").warning(
-        "%s %s answered in %.2f s (%s; %.2f s waiting for a slot, %.2f s after it); the event "
-        "loop's recent delay %.2f s",
+        "%s %s answered in %.2f s (%s; %.2f s waiting for a slot, %.2f s after it%s); the "
+        "event loop's recent delay %.2f s",
         scope.get("method"), scope.get("path"), took, path, slot - began,
-        time.monotonic() - slot, looplag.recent_s(10.0),
+        time.monotonic() - slot, view, looplag.recent_s(10.0),
     )  # fmt: skip
 
 

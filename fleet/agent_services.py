@@ -10,21 +10,30 @@ import random
 import secrets
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import httpx
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from fleet import live
-from fleet.agent_client import AgentClient, AgentEndpointRefused, AgentError, AgentNotRegistered
+from fleet.agent_client import (
+    AgentClient,
+    AgentEndpointRefused,
+    AgentError,
+    AgentNotRegistered,
+    tls_context,
+)
 from fleet.choices import ActualState, DesiredState, NodeStatus
 from fleet.dispatch import enqueue_after_commit
 from fleet.events import event_record
 from fleet.models import Instance, Node, WANLink
+from fleet.pinning import PinnedTransport, resolved_endpoints
 from pdd.vocab import InstanceStatus
 
 log = logging.getLogger(__name__)
@@ -430,14 +439,55 @@ def _reconcile_due(node_id: int, min_gap_s: float = 3.0) -> bool:
     return True
 
 
+# At most this many late nodes' agents are probed per health check round (the rest go
+# offline as before): a real outage of many nodes must not hold the check for long.
+MAX_PROBED_PER_ROUND = 64
+
+
+def _agents_answering(nodes: list[tuple[int, str]]) -> set[int]:
+    """Of (node id, agent endpoint) pairs, the nodes whose agent answers ``GET /health`` within
+    half a heartbeat interval (at most 1 s), probed concurrently: a refused connection (the
+    agent is gone), a timeout (frozen, black-holed) or an endpoint the pinning policy refuses
+    answers nothing. Only the endpoint the node registered is called (fleet.pinning)."""
+    if not nodes:
+        return set()
+    timeout_s = min(1.0, heartbeat_interval_s() / 2)
+    transport = PinnedTransport(httpx.HTTPTransport(verify=tls_context()), resolved_endpoints)
+
+    def answers(client: httpx.Client, endpoint: str) -> bool:
+        try:
+            return client.get(f"{endpoint.rstrip('/')}/health").status_code < 500
+        except Exception:  # noqa: BLE001 - any failure to answer is no answer
+            return False
+
+    with (
+        httpx.Client(timeout=timeout_s, transport=transport, trust_env=False) as client,
+        ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool,
+    ):
+        found = list(pool.map(lambda pair: answers(client, pair[1]), nodes))
+    return {node_id for (node_id, _), ok in zip(nodes, found, strict=True) if ok}
+
+
 def nodes_mark_offline(*, now=None) -> list[int]:
     """Nodes silent for the configured number of heartbeat intervals go offline and their
-    instances unavailable; they come back with their next heartbeat."""
+    instances unavailable; they come back with their next heartbeat.
+
+    Late beats are not silence while the agent answers: a node silent for less than the live
+    TTL plus ``BATON_LIVE_LATE_S`` whose agent answers a probe stays online (a control plane
+    too busy to take the beats in time, bench/gateway/SCALE.md, must not take a live fleet
+    offline; its reports are "late" in the live view meanwhile). Past that, or when the agent
+    does not answer, the node goes offline as before."""
     now = now or timezone.now()
     silence = timedelta(seconds=heartbeat_interval_s() * settings.BATON_HEARTBEAT_MISSES)
+    late_limit = silence + timedelta(seconds=float(settings.BATON_LIVE_LATE_S))
     went_offline: list[int] = []
     stale = Node.objects.filter(status=NodeStatus.ONLINE, last_heartbeat_at__lt=now - silence)
-    for node_id in stale.order_by("pk").values_list("pk", flat=True):
+    rows = list(stale.order_by("pk").values_list("pk", "last_heartbeat_at", "agent_endpoint"))
+    late = [(pk, ep) for pk, at, ep in rows if ep and at >= now - late_limit]
+    alive = _agents_answering(late[:MAX_PROBED_PER_ROUND])
+    for node_id in alive:
+        log.info("node %s: heartbeats late but its agent answers; left online", node_id)
+    for node_id in [pk for pk, _, _ in rows if pk not in alive]:
         with transaction.atomic():
             node = Node.objects.select_for_update(of=("self",)).get(pk=node_id)
             if node.status != NodeStatus.ONLINE or node.last_heartbeat_at >= now - silence:

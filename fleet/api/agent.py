@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils.functional import cached_property
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import (
@@ -176,6 +178,27 @@ class RegisterSerializer(StateDocumentSerializer):
 class AgentView(APIView):
     authentication_classes = [AgentTokenAuthentication]
     permission_classes = [IsAgent]
+
+    def dispatch(self, request, *args, **kwargs):
+        """The view, its start, end and time in database statements noted on the ASGI scope
+        (``baton.view``), for the slow-call log (controlplane/middleware.py)."""
+        scope = getattr(request, "scope", None)
+        if not isinstance(scope, dict):
+            return super().dispatch(request, *args, **kwargs)
+        began, in_db = time.monotonic(), [0.0]
+
+        def timed(execute, sql, params, many, context):
+            start = time.monotonic()
+            try:
+                return execute(sql, params, many, context)
+            finally:
+                in_db[0] += time.monotonic() - start
+
+        try:
+            with connection.execute_wrapper(timed):
+                return super().dispatch(request, *args, **kwargs)
+        finally:
+            scope["baton.view"] = (began, time.monotonic(), in_db[0])
 
 
 class AgentRegisterView(AgentView):

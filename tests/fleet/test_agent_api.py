@@ -4,7 +4,10 @@ heartbeats, health, and the plan that brings reported states to desired ones."""
 from __future__ import annotations
 
 import json
+import socket
+import threading
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -373,3 +376,53 @@ def test_an_unreachable_agent_is_one_warning_line_and_an_unexpected_error_a_trac
         services.enqueue_after_commit("fleet.link_apply", 1)
     (record,) = caplog.records
     assert record.exc_info is not None
+
+
+class _Health(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - the http.server hook
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_late_beats_from_an_agent_that_answers_its_probe_keep_the_node_online(
+    node_a, token_a, settings
+):
+    """A control plane too busy to take the beats in time (heartbeat round trips of 7-13 s
+    at 256 streams on four busy web processes) took a live P offline and every request got
+    503: a node silent past the TTL but within BATON_LIVE_LATE_S more stays online while its
+    agent answers; past that window, or with its agent gone, it goes offline."""
+    settings.BATON_LIVE_LATE_S = 6.0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        register(token_a, f"http://127.0.0.1:{server.server_address[1]}")
+        Node.objects.filter(pk=node_a.pk).update(
+            last_heartbeat_at=timezone.now() - timedelta(seconds=8)
+        )
+        assert agent_services.nodes_mark_offline() == []
+        assert Node.objects.get(pk=node_a.pk).status == NodeStatus.ONLINE
+        # Past the late window the agent's answer does not matter.
+        Node.objects.filter(pk=node_a.pk).update(
+            last_heartbeat_at=timezone.now() - timedelta(seconds=13)
+        )
+        assert agent_services.nodes_mark_offline() == [node_a.pk]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_late_beats_from_an_agent_that_is_gone_take_the_node_offline(node_a, token_a):
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()  # nothing listens there
+    register(token_a, f"http://127.0.0.1:{port}")
+    Node.objects.filter(pk=node_a.pk).update(
+        last_heartbeat_at=timezone.now() - timedelta(seconds=7)
+    )
+    assert agent_services.nodes_mark_offline() == [node_a.pk]
