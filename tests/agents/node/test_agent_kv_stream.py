@@ -102,5 +102,8 @@ def test_pieces_that_cover_the_whole_prompt_close_the_transfer_without_an_empty_
         got = _generate(agents, "stream-int8", prompt, 8, "p-md", "int8")
     assert got["error"] is None, got
     assert got["stats"]["kv_format_wan"] == "int8"
-    assert got["stats"]["kv_stream_pieces"] == 4
+    # One piece per forward (4), or fewer when the sender fell behind and joined the blocks
+    # of two forwards (a loaded machine: the clean-clone suite beside a benchmark gave 3);
+    # never a fifth, empty one for the end.
+    assert 2 <= got["stats"]["kv_stream_pieces"] <= 4
     assert len(got["output_token_ids"]) == 8
