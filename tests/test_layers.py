@@ -93,19 +93,25 @@ def _files() -> dict[str, Path]:
     return found
 
 
+def _from_base(node: ast.ImportFrom, path: Path, module: str) -> str:
+    """The absolute module a ``from ... import`` reads from (a relative one made absolute)."""
+    base = node.module or ""
+    if node.level:
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        anchor = package.split(".")
+        anchor = anchor[: len(anchor) - (node.level - 1)]
+        base = ".".join([*anchor, base] if base else anchor)
+    return base
+
+
 def _imported_names(path: Path, module: str) -> list[tuple[int, str]]:
     """(line, dotted name) of every import in the file, relative ones made absolute."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             out += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = _from_base(node, path, module)
             out.append((node.lineno, base))
             out += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
     return out
@@ -294,7 +300,6 @@ def _private_uses(path: Path, module: str) -> list[str]:
     import _x``, or ``m._x`` through a module it bound (``import m as m``, ``from pkg import
     m``)."""
     files = _files()
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
 
     def private(name: str) -> bool:
         return name.startswith("_") and not name.startswith("__")
@@ -308,11 +313,7 @@ def _private_uses(path: Path, module: str) -> list[str]:
                 if alias.asname and alias.name in files:
                     bound[alias.asname] = alias.name
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = _from_base(node, path, module)
             for alias in node.names:
                 full = f"{base}.{alias.name}"
                 if full in files:
