@@ -180,6 +180,9 @@ class Config:
     n_prefill: int = 1
     n_main: int = 2
     production: bool = True  # PostgreSQL + Redis + Celery; False: embedded SQLite (tests)
+    # The agents' API (registration, heartbeats, KV events) on a web process of its own, apart
+    # from the gateway's (--agent-api-process: partial reruns only; not the fixed scenario).
+    agent_api_process: bool = False
     cross_checks: int = CROSS_CHECKS
     out: Path = OUT
     label: str = "full"
@@ -814,6 +817,7 @@ class Plane:
         self.nodes: list[dict] = []
         self.api_key = ""
         self.port = 0
+        self.agent_api_url = ""  # the agents' own web process, when the config has one
 
     def start(self) -> None:
         from bench.harness.celery_worker import start_worker_with_beat as start_celery
@@ -832,6 +836,29 @@ class Plane:
         if self.config.production:
             self.celery = start_celery(cluster.env, cluster.tmp, out / "celery.log")
             cluster.processes.append(self.celery)
+        if self.config.agent_api_process:
+            self.start_agent_api()
+
+    def start_agent_api(self) -> None:
+        """One more web process, on a port of its own, that only the agents call: their
+        heartbeats no longer wait for the event loop that streams the tokens. It shares the
+        database and Redis (the live view) with the gateway's processes."""
+        from bench.harness.host import port_in_use
+        from bench.harness.testbed import service_up
+
+        cluster = self.cp.cluster
+        port = next(p for p in range(self.port + 50, self.port + 500) if not port_in_use(
+            "127.0.0.1", p))  # fmt: skip
+        with open(self.config.out / "web-agent-api.log", "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
+                 "--host", "127.0.0.1", "--port", str(port), *UVICORN_OPTIONS],
+                cwd=ROOT, env=cluster.env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        cluster.processes.append(proc)
+        self.agent_api_url = f"http://127.0.0.1:{port}"
+        cluster.wait_for(lambda: service_up(self.agent_api_url), 180, "the agents' web process")
 
     def start_web(self, workers: int) -> None:
         """Stop the web process(es) and start ``uvicorn --workers <workers>`` on the same port."""
@@ -922,7 +949,10 @@ class Plane:
         from bench.harness.emulated import all_running, load_command_tokens, start_agents
 
         options = ("--kv-scale", str(KV_SCALE), "--max-queued", "4096", "--log-level", "ERROR")
-        start_agents(self.cp, self.nodes, self.agents, options=options, parallel=4)
+        start_agents(
+            self.cp, self.nodes, self.agents, options=options, parallel=4,
+            control_plane_url=self.agent_api_url,
+        )  # fmt: skip
         self.cp.cluster.wait_for(
             lambda: all_running(self.cp, len(self.nodes)), 240, "every instance to run"
         )
@@ -1534,6 +1564,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=(1, 2, 4),
         help="with --levels: the web processes (uvicorn --workers) of the partial rerun",
     )
+    parser.add_argument(
+        "--agent-api-process",
+        action="store_true",
+        help="with --levels: the agents report to a web process of their own, apart from the "
+        "gateway's (docs/operations.md, scale-out)",
+    )
     parser.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.loadgen:
@@ -1549,9 +1585,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--levels: stream counts 1..{max(Config.levels)}", file=sys.stderr)
             return 2
         config = replace(
-            config, levels=levels, long_levels=(), gateways=(args.gateways,), label="partial"
-        )
-    elif args.gateways != 1:
+            config, levels=levels, long_levels=(), gateways=(args.gateways,), label="partial",
+            agent_api_process=args.agent_api_process,
+        )  # fmt: skip
+    elif args.gateways != 1 or args.agent_api_process:
         print(
             "--gateways: only with --levels (the full scenario runs G = 1, 2 and 4)",
             file=sys.stderr,

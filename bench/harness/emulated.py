@@ -19,10 +19,12 @@ def start_agents(
     agents: dict[str, AgentProcess],
     options: tuple[str, ...] = ("--kv-scale", str(KV_SCALE), "--log-level", "ERROR"),
     parallel: int = 8,
+    control_plane_url: str = "",
 ) -> None:
     """Start every node's agent into `agents` (the caller stops them, also on failure), each
-    with `options` besides its node, datacenter, ports, control plane and one thread; at most
-    `parallel` start at once (Python start-up is CPU)."""
+    with `options` besides its node, datacenter, ports, control plane (`control_plane_url`,
+    else the control plane's own) and one thread; at most `parallel` start at once (Python
+    start-up is CPU)."""
     errors: list[BaseException] = []
     gate = threading.Semaphore(parallel)
 
@@ -40,7 +42,7 @@ def start_agents(
                 "--wan-port",
                 "0",
                 "--control-plane",
-                cp.url,
+                control_plane_url or cp.url,
                 "--threads",
                 "1",
                 *options,
