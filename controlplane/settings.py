@@ -398,7 +398,7 @@ BATON_GATEWAY_PREFILL_QUEUE_TIMEOUT_S = env_float(
 )
 BATON_GATEWAY_QUEUE_MAX = env_int("BATON_GATEWAY_QUEUE_MAX", 512)
 BATON_GATEWAY_QUEUE_PER_TENANT = env_int("BATON_GATEWAY_QUEUE_PER_TENANT", 128)
-# Connections a gateway process holds to agents at once: one per stream in flight.
+# Connections a gateway process holds to each agent at once: one per stream in flight.
 BATON_GATEWAY_MAX_AGENT_CONNECTIONS = env_int("BATON_GATEWAY_MAX_AGENT_CONNECTIONS", 4096)
 # One hop per token: P ends its stream with the decoding role's (a `continue` event) and the
 # gateway reads MD's or RLD's stream itself. false: P relays the decoder's tokens (as before).
