@@ -846,6 +846,10 @@ class Plane:
         from bench.harness.host import port_in_use
         from bench.harness.testbed import service_up
 
+        if not self.config.production:
+            # Without Redis each web process keeps the agents' reports to itself: the gateway
+            # would never see the reports the agents' own process took.
+            raise ValueError("an agents' web process of its own needs Redis (the production path)")
         cluster = self.cp.cluster
         port = next(p for p in range(self.port + 50, self.port + 500) if not port_in_use(
             "127.0.0.1", p))  # fmt: skip
