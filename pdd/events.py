@@ -243,7 +243,8 @@ class ExtendedEvent:
 class QueuedEvent:
     """An agent's keep-alive while it holds the request with no token for it yet: P while its
     engine queues or prefills it (``waiting_for`` ``prefill``), a decoder while the request's
-    KV is on its way (``kv``); ``waited_s`` since the wait began. The gateway's first-token
+    KV is on its way (``kv``) and while its engine imports it and makes the first token
+    (``engine``); ``waited_s`` since the wait began. The gateway's first-token
     timeout restarts on each, so a busy agent is waited for and only a silent (frozen) one
     fails over."""
 

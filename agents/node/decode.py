@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from agents.node.pipeline_common import (
     error_event,
     fire_and_forget,
     get_within,
+    keep_alive,
     kv_payload,
     queued_event,
     quiet,
@@ -131,8 +133,19 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
             claim.reservation,
             lambda e: e.start_decode(rid, req.prompt, req.first_token, req.sampling, hold=req.hold),
         )
+        # The import waits for the engine's step in flight, and a busy engine (one behind
+        # its model) may take long: keep-alives meanwhile (busy, not frozen), up to the KV
+        # timeout. Then the first token below, the same way.
+        importing = asyncio.ensure_future(import_kv(admission))
         try:
-            result = await import_kv(admission)
+            async with aclosing(keep_alive(importing, every, "engine", kv_timeout)) as alive:
+                async for event in alive:
+                    yield event
+        except TimeoutError:
+            yield error_event(f"{rid}: the engine did not import the KV within {kv_timeout} s")
+            return
+        try:
+            result = importing.result()
         except (EngineFull, PrefixMissing, ValueError, KeyError) as exc:
             yield error_event(
                 f"{rid}: cannot import KV: {type(exc).__name__}: {exc}{claim.note}",
@@ -190,9 +203,19 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
             async for event in tail.read(index):
                 yield event
             return
-        async for event in decoded:
+        first = asyncio.ensure_future(anext(decoded, None))
+        try:
+            async with aclosing(keep_alive(first, every, "engine", kv_timeout)) as alive:
+                async for event in alive:
+                    yield event
+        except TimeoutError:
+            yield error_event(f"{rid}: no first token from the engine within {kv_timeout} s")
+            return
+        event = first.result()
+        while event is not None:
             finished = finished or event.get("type") == "done"
             yield event
+            event = await anext(decoded, None)
     finally:
         if detached:
             pass  # the tail's cleanup lets the request go when it ends

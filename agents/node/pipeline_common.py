@@ -123,18 +123,28 @@ def queued_event(started: float, waiting_for: str) -> dict[str, Any]:
     return QueuedEvent(round(time.monotonic() - started, 3), waiting_for).to_json()
 
 
-async def keep_alive(task: asyncio.Future, every_s: float, waiting_for: str) -> Events:
+async def keep_alive(
+    task: asyncio.Future, every_s: float, waiting_for: str, limit_s: float | None = None
+) -> Events:
     """A ``queued`` event every ``every_s`` until ``task`` is done (the caller then reads its
     result): the agent holds the request with no token for it yet, busy, not frozen, so the
     gateway's first-token timeout measures silence. Closed early (the caller left), it
-    cancels the task."""
+    cancels the task. With ``limit_s``, a task not done by then is cancelled and TimeoutError
+    raised (a wait that is bounded, such as a decoder's engine behind its model)."""
     started = time.monotonic()
     try:
         while True:
-            done, _ = await asyncio.wait({task}, timeout=every_s)
+            wait = every_s
+            if limit_s is not None:
+                left = limit_s - (time.monotonic() - started)
+                if left <= 0:
+                    raise TimeoutError(f"not done within {limit_s:g} s")
+                wait = min(every_s, left)
+            done, _ = await asyncio.wait({task}, timeout=wait)
             if done:
                 return
-            yield queued_event(started, waiting_for)
+            if limit_s is None or time.monotonic() - started < limit_s:
+                yield queued_event(started, waiting_for)
     finally:
         if not task.done():
             task.cancel()
