@@ -137,12 +137,14 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
         # its model) may take long: keep-alives meanwhile (busy, not frozen), up to the KV
         # timeout. Then the first token below, the same way.
         importing = asyncio.ensure_future(import_kv(admission))
-        try:
-            async with aclosing(keep_alive(importing, every, "engine", kv_timeout)) as alive:
-                async for event in alive:
-                    yield event
-        except TimeoutError:
-            yield error_event(f"{rid}: the engine did not import the KV within {kv_timeout} s")
+        async with aclosing(
+            _while_engine_busy(
+                importing, every, kv_timeout, f"{rid}: the engine did not import the KV"
+            )
+        ) as waits:
+            async for event in waits:
+                yield event
+        if importing.cancelled():  # not within the KV timeout: the error event went out
             return
         try:
             result = importing.result()
@@ -204,18 +206,18 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
                 yield event
             return
         first = asyncio.ensure_future(anext(decoded, None))
-        try:
-            async with aclosing(keep_alive(first, every, "engine", kv_timeout)) as alive:
-                async for event in alive:
-                    yield event
-        except TimeoutError:
-            yield error_event(f"{rid}: no first token from the engine within {kv_timeout} s")
+        async with aclosing(
+            _while_engine_busy(first, every, kv_timeout, f"{rid}: no first token from the engine")
+        ) as waits:
+            async for event in waits:
+                yield event
+        if first.cancelled():
             return
-        event = first.result()
-        while event is not None:
-            finished = finished or event.get("type") == "done"
-            yield event
-            event = await anext(decoded, None)
+        decoded_event: dict[str, Any] | None = first.result()
+        while decoded_event is not None:
+            finished = finished or decoded_event.get("type") == "done"
+            yield decoded_event
+            decoded_event = await anext(decoded, None)
     finally:
         if detached:
             pass  # the tail's cleanup lets the request go when it ends
@@ -231,6 +233,20 @@ async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
             # anyway, or MD's cache falls behind P's and every later turn becomes low-hit
             # (docs/pdd.md).
             fire_and_forget(agent, cache_late_kv(agent, inst, req, queue, payload))
+
+
+async def _while_engine_busy(
+    task: asyncio.Future, every: float, limit_s: float, what: str
+) -> Events:
+    """Keep-alives (``queued``, waiting for the engine) every ``every`` while ``task`` runs; not
+    done within ``limit_s``: the task cancelled and one error event, "<what> within <limit> s".
+    The caller reads the task's result, or returns when it was cancelled."""
+    try:
+        async with aclosing(keep_alive(task, every, "engine", limit_s)) as alive:
+            async for event in alive:
+                yield event
+    except TimeoutError:
+        yield error_event(f"{what} within {limit_s} s")
 
 
 async def _decoded(
