@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import ssl
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -18,6 +20,7 @@ from django.core.exceptions import ValidationError
 
 from fleet.endpoints import AgentTarget, resolve_agent_endpoint
 from fleet.models import Node
+from fleet.pinning import PinnedTransport, resolved_endpoints
 
 
 class AgentError(Exception):
@@ -47,6 +50,32 @@ def tls_context() -> ssl.SSLContext:
     client (loading the CA bundle); with a client per node per reconcile and probe run that was
     the largest CPU item of an idle embedded control plane (py-spy, bench/gateway/REPORT.md)."""
     return httpx.create_ssl_context()
+
+
+def health_answers(
+    endpoints: Sequence[str], timeout_s: float
+) -> list[httpx.Response | httpx.HTTPError]:
+    """``GET /health`` of each agent endpoint, concurrently (16 at a time), through the pinned
+    transport (fleet.pinning: only an address the endpoint policy checked is connected to): per
+    endpoint, in order, its answer or the error that stood for one. Callers judge the answers
+    by their own rules (the health check, the gateway's probe)."""
+    if not endpoints:
+        return []
+    transport = PinnedTransport(httpx.HTTPTransport(verify=tls_context()), resolved_endpoints)
+
+    def ask(client: httpx.Client, endpoint: str) -> httpx.Response | httpx.HTTPError:
+        try:
+            return client.get(f"{endpoint.rstrip('/')}/health")
+        except httpx.HTTPError as exc:
+            return exc
+        except Exception as exc:  # noqa: BLE001 - a bad endpoint is that endpoint's answer
+            return httpx.TransportError(f"{type(exc).__name__}: {exc}")
+
+    with (
+        httpx.Client(timeout=timeout_s, transport=transport, trust_env=False) as client,
+        ThreadPoolExecutor(max_workers=min(16, len(endpoints))) as pool,
+    ):
+        return list(pool.map(lambda endpoint: ask(client, endpoint), endpoints))
 
 
 class AgentClient:

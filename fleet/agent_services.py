@@ -10,7 +10,6 @@ import random
 import secrets
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -27,13 +26,12 @@ from fleet.agent_client import (
     AgentEndpointRefused,
     AgentError,
     AgentNotRegistered,
-    tls_context,
+    health_answers,
 )
 from fleet.choices import ActualState, DesiredState, NodeStatus
 from fleet.dispatch import enqueue_after_commit
 from fleet.events import event_record
 from fleet.models import Instance, Node, WANLink
-from fleet.pinning import PinnedTransport, resolved_endpoints
 from pdd.vocab import InstanceStatus
 
 log = logging.getLogger(__name__)
@@ -449,23 +447,13 @@ def _agents_answering(nodes: list[tuple[int, str]]) -> set[int]:
     half a heartbeat interval (at most 1 s), probed concurrently: a refused connection (the
     agent is gone), a timeout (frozen, black-holed) or an endpoint the pinning policy refuses
     answers nothing. Only the endpoint the node registered is called (fleet.pinning)."""
-    if not nodes:
-        return set()
     timeout_s = min(1.0, heartbeat_interval_s() / 2)
-    transport = PinnedTransport(httpx.HTTPTransport(verify=tls_context()), resolved_endpoints)
-
-    def answers(client: httpx.Client, endpoint: str) -> bool:
-        try:
-            return client.get(f"{endpoint.rstrip('/')}/health").status_code < 500
-        except Exception:  # noqa: BLE001 - any failure to answer is no answer
-            return False
-
-    with (
-        httpx.Client(timeout=timeout_s, transport=transport, trust_env=False) as client,
-        ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool,
-    ):
-        found = list(pool.map(lambda pair: answers(client, pair[1]), nodes))
-    return {node_id for (node_id, _), ok in zip(nodes, found, strict=True) if ok}
+    found = health_answers([endpoint for _, endpoint in nodes], timeout_s)
+    return {
+        node_id
+        for (node_id, _), answer in zip(nodes, found, strict=True)
+        if isinstance(answer, httpx.Response) and answer.status_code < 500
+    }
 
 
 def nodes_mark_offline(*, now=None) -> list[int]:

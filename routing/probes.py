@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +27,7 @@ import httpx
 from django.conf import settings
 
 from fleet import live as fleet_live
-from fleet.agent_client import tls_context
-from fleet.pinning import PinnedTransport, resolved_endpoints
+from fleet.agent_client import health_answers
 from routing.suspects import suspect_ledger
 
 log = logging.getLogger(__name__)
@@ -53,21 +51,21 @@ def _instance_ids(entry: dict[str, Any]) -> tuple[str, ...]:
     return tuple(str(i["instance_id"]) for i in items if isinstance(i, dict) and "instance_id" in i)
 
 
-def _probe(client: httpx.Client, entry: dict[str, Any], now: float, interval_s: float):
+def _verdict(answer: httpx.Response | httpx.HTTPError, entry: dict[str, Any], now: float,
+             interval_s: float) -> ProbeResult:  # fmt: skip
     endpoint = str(entry.get("endpoint") or "").rstrip("/")
     hostname = str(entry.get("hostname") or entry.get("node_id"))
     ids = _instance_ids(entry)
-    try:
-        response = client.get(f"{endpoint}/health")
-    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
-        return ProbeResult(hostname, endpoint, DEAD, f"{type(exc).__name__}: {exc}", ids)
-    except httpx.TimeoutException as exc:
+    if isinstance(answer, httpx.Response):
+        return ProbeResult(hostname, endpoint, OK, f"HTTP {answer.status_code}", ids)
+    detail = f"{type(answer).__name__}: {answer}"
+    if isinstance(answer, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):
+        return ProbeResult(hostname, endpoint, DEAD, detail, ids)
+    if isinstance(answer, httpx.TimeoutException):
         overdue = now - float(entry.get("received_at") or 0.0) > 1.5 * interval_s
         verdict = SILENT if overdue else OK
-        return ProbeResult(hostname, endpoint, verdict, f"no answer ({type(exc).__name__})", ids)
-    except httpx.HTTPError as exc:
-        return ProbeResult(hostname, endpoint, OK, f"{type(exc).__name__}: {exc}", ids)
-    return ProbeResult(hostname, endpoint, OK, f"HTTP {response.status_code}", ids)
+        return ProbeResult(hostname, endpoint, verdict, f"no answer ({type(answer).__name__})", ids)
+    return ProbeResult(hostname, endpoint, OK, detail, ids)
 
 
 def probe_agents(*, timeout_s: float | None = None) -> list[ProbeResult]:
@@ -89,12 +87,8 @@ def probe_agents(*, timeout_s: float | None = None) -> list[ProbeResult]:
         return []
     # Each probe connects only to an address the endpoint policy checked (fleet.pinning): a
     # refused or unresolvable endpoint is a ConnectError before any connection, so "dead".
-    transport = PinnedTransport(httpx.HTTPTransport(verify=tls_context()), resolved_endpoints)
-    with (
-        httpx.Client(timeout=timeout_s, transport=transport, trust_env=False) as client,
-        ThreadPoolExecutor(max_workers=min(16, len(entries))) as pool,
-    ):
-        results = list(pool.map(lambda e: _probe(client, e, now, interval_s), entries))
+    answers = health_answers([str(e["endpoint"]) for e in entries], timeout_s)
+    results = [_verdict(a, e, now, interval_s) for a, e in zip(answers, entries, strict=True)]
     ledger = suspect_ledger()
     for result in results:
         if result.verdict != OK and result.instance_ids:
