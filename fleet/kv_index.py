@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
+from array import array
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +55,27 @@ def parse_hash(value: Any, where: str) -> int:
         raise IndexError_(
             f"{where}: must be a 16-character hex block hash, got {value!r:.40}"
         ) from None
+
+
+_WORD = "Q" if array("Q").itemsize == 8 else "L"
+
+
+def parse_hashes(values: list[Any], where: str) -> tuple[int, ...]:
+    """A list of 16-character hex block hashes as integers. In bulk (one hex decode, one array:
+    a 4,096-block event in ~0.2 ms instead of ~2 ms one by one); anything else goes through
+    ``parse_hash`` one by one, for the error naming the bad value."""
+    try:
+        joined = "".join(values)
+        raw = bytes.fromhex(joined)
+    except (TypeError, ValueError):
+        raw = b""
+    if values and len(raw) == 8 * len(values) and set(map(len, values)) == {16}:
+        words = array(_WORD)
+        words.frombytes(raw)
+        if sys.byteorder == "little":
+            words.byteswap()  # hex is big-endian
+        return tuple(words.tolist())
+    return tuple(parse_hash(h, where) for h in values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +138,7 @@ def parse_batch(doc: Any, where: str) -> Batch:
             raise IndexError_(f"{at}.blocks: must be a list of block hashes")
         if kind == "stored" and event.get("parent") is not None:
             parse_hash(event.get("parent"), f"{at}.parent")
-        hashes = tuple(parse_hash(h, f"{at}.blocks") for h in blocks)
+        hashes = parse_hashes(blocks, f"{at}.blocks")
         changes.append((1 if kind == "stored" else -1, hashes))
     digest = doc.get("digest")
     d_blocks = d_xor = None

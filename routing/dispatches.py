@@ -255,9 +255,12 @@ class DispatchedBlocks(RedisFallback):
             blocks = self._blocks.setdefault(instance_id, OrderedDict())
             # Deepest first, so a prompt's leading blocks (the ones a hit is made of) are the
             # last to go when the cap is reached.
-            for block in reversed(block_hashes):
-                blocks[block] = max(now, blocks.get(block, now))
-                blocks.move_to_end(block)
+            # In bulk (C loops, 4,096 blocks of a 64K prompt): the known ones leave first, so
+            # that the update puts every block at the end, in this order.
+            fresh = dict.fromkeys(reversed(block_hashes), now)
+            for block in blocks.keys() & fresh.keys():
+                fresh[block] = max(now, blocks.pop(block))
+            blocks.update(fresh)
             while blocks and (len(blocks) > self.cap or next(iter(blocks.values())) < oldest):
                 blocks.popitem(last=False)
         if self._use_redis():
