@@ -11,24 +11,14 @@ millisecond instead of the ~12 ms of a per-token loop.
 from __future__ import annotations
 
 import hashlib
-import sys
-from array import array
 from collections.abc import Sequence
 
-_BIG_ENDIAN = sys.byteorder == "big"
-
-
-def _packed(token_ids: Sequence[int]) -> bytes:
-    """The tokens as little-endian unsigned 32-bit words (the hash's input format)."""
-    words = array("I", token_ids) if array("I").itemsize == 4 else array("L", token_ids)
-    if _BIG_ENDIAN:
-        words.byteswap()
-    return words.tobytes()
+from pdd.token_ids import packed_u32
 
 
 def _chain(previous: bytes, block: Sequence[int]) -> bytes:
     digest = hashlib.blake2b(previous, digest_size=8)
-    digest.update(_packed(block))
+    digest.update(packed_u32(block))
     return digest.digest()
 
 
@@ -38,7 +28,7 @@ def chain_hashes(previous: bytes, token_ids: Sequence[int], block_tokens: int) -
     if block_tokens <= 0:
         raise ValueError(f"block_tokens must be positive, got {block_tokens}")
     whole = len(token_ids) // block_tokens * block_tokens
-    data = _packed(token_ids[:whole])
+    data = packed_u32(token_ids[:whole])
     step = 4 * block_tokens
     out: list[bytes] = []
     blake2b = hashlib.blake2b

@@ -30,6 +30,7 @@ from agents.node.pipeline_common import (
 )
 from agents.node.wire import HandoffPlan, Peer
 from agents.node.worker import EngineWorker
+from pdd.token_ids import to_wire
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ async def reserve_remote(
     """MD pins its cached prefix of the prompt (``ReserveAnswer``)."""
     response = await agent.http.post(
         f"{main.http}/v1/pdd/reserve",
-        json={"request_id": request_id, "instance": main.instance, "prompt_ids": prompt},
+        json={"request_id": request_id, "instance": main.instance, "prompt_ids": to_wire(prompt)},
         timeout=agent.settings.reserve_timeout_s,
     )
     if response.status_code != 200:

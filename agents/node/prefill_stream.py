@@ -38,6 +38,7 @@ from agents.node.wire import Peer
 from agents.transfer.records import KVChunk, TransferStats
 from pdd.events import PREFILL_FAILED
 from pdd.stats import DoneStats
+from pdd.token_ids import to_wire
 from pdd.vocab import Pipeline
 
 log = logging.getLogger("agents.node.prefill")  # P's own log, as before the split
@@ -234,7 +235,7 @@ class PrefilledStream:
             return {
                 "request_id": self.rid,
                 "instance": instance,
-                "prompt_ids": req.prompt,
+                "prompt_ids": to_wire(req.prompt),
                 "first_token": pre.first_token,
                 "sampling": sampling_json(req.sampling),
             }

@@ -63,6 +63,7 @@ from agents.node.relay_phases import (
 from agents.node.wire import output_logprob, relayed_token
 from agents.transfer.records import TokenIds, TransferStats
 from pdd.events import ENGINE_FULL, ReadyEvent
+from pdd.token_ids import to_wire
 from pdd.vocab import HandoffMode
 
 log = logging.getLogger(__name__)
@@ -405,7 +406,7 @@ class RelaySession(PhaseMachine):
         body = {
             "request_id": self.rid,
             "instance": main.instance,
-            "prompt_ids": req.prompt,
+            "prompt_ids": to_wire(req.prompt),
             "first_token": req.first_token,
             "sampling": sampling_json(req.sampling),
             "start_token": req.main_start_token,

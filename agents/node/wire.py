@@ -10,6 +10,7 @@ from agents.engine import SamplingParams, TokenLogprob, TokenOutput
 from agents.node.errors import AgentError
 from pdd.events import ErrorEvent, TokenEvent
 from pdd.hardware import GpuType, unit_from_json
+from pdd.token_ids import from_wire
 from pdd.vocab import AGENT_HANDOFF_MODES, AGENT_PIPELINES, ROLE_TOKENS, HandoffMode
 
 # rld-only: singular traffic and the no-MD fallback; P ships KV to RLD only, RLD finishes.
@@ -67,9 +68,20 @@ def get_str(body: dict, field: str, default: Any = ..., choices: tuple[str, ...]
 
 
 def get_ids(body: dict, field: str, vocab_size: int | None = None, allow_empty=False) -> list[int]:
+    """Token ids as a JSON list of integers, or packed (a string, pdd.token_ids)."""
     value = body.get(field, ...)
     if value is ...:
         raise bad(field, "required")
+    if isinstance(value, str):
+        try:
+            ids = from_wire(value)
+        except ValueError as exc:
+            raise bad(field, str(exc)) from None
+        if not ids and not allow_empty:
+            raise bad(field, "must be a non-empty list of token ids")
+        if ids and vocab_size is not None and (top := max(ids)) >= vocab_size:
+            raise bad(field, f"token id {top} outside the vocabulary [0, {vocab_size})")
+        return ids
     if not isinstance(value, list) or (not value and not allow_empty):
         raise bad(field, "must be a non-empty list of token ids")
     for t in value:

@@ -29,6 +29,7 @@ from fleet.pinning import (
 from pdd.dataplane import CLIENT_IDLE_S, bearer_headers
 from pdd.events import ENGINE_FULL
 from pdd.policy import Decision, Pipeline
+from pdd.token_ids import to_wire
 from routing.live import Endpoint, LiveView
 
 # One client per process: connection pooling to the agents.
@@ -172,7 +173,8 @@ def build_plan(
     body: dict[str, Any] = {
         "request_id": request_id,
         "instance": prefill.instance_id,
-        "prompt_ids": prompt_ids,
+        # Packed (pdd.token_ids): a 64K-token list cost ~5 ms of JSON per agent call.
+        "prompt_ids": to_wire(prompt_ids),
         "sampling": {
             "max_tokens": sampling.max_tokens,
             "temperature": sampling.temperature,

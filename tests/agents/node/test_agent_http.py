@@ -29,6 +29,7 @@ from starlette.routing import Route
 
 from agents.node.launch import AgentProcess
 from agents.node.loopback import pdd_body
+from pdd.token_ids import to_wire
 
 pytestmark = pytest.mark.slow
 
@@ -126,6 +127,10 @@ def test_link_put_changes_the_shaper(agent):
         ("/v1/generate", {"prompt_ids": [1, 2], "sampling": {"max_tokens": "x"}}, "max_tokens"),
         ("/v1/generate", {"prompt_ids": [1] * 4090, "sampling": {"max_tokens": 16}}, "prompt_ids"),
         ("/v1/generate", {"prompt_ids": [100000]}, "prompt_ids"),
+        ("/v1/generate", {"prompt_ids": "AQAAAA!="}, "prompt_ids"),  # packed: not base64
+        ("/v1/generate", {"prompt_ids": "AQAA"}, "prompt_ids"),  # packed: 3 bytes
+        ("/v1/generate", {"prompt_ids": ""}, "prompt_ids"),  # packed: empty
+        ("/v1/generate", {"prompt_ids": to_wire([1, 100000])}, "prompt_ids"),  # packed: vocab
         ("/v1/pdd/decode", {"prompt_ids": [1, 2]}, "first_token"),
         ("/v1/pdd/decode", {"prompt_ids": [1, 2], "first_token": 5}, "request_id"),
         ("/v1/pdd/reserve", {"request_id": "r", "prompt_ids": [1], "instance": "0"}, None),
@@ -142,6 +147,12 @@ def test_bad_input_is_a_400_naming_the_field(agent, path, body, field):
         return
     assert response.status_code == 400, response.text
     assert field in response.json()["error"]
+
+
+def test_packed_prompt_ids_give_the_same_tokens_as_a_list(agent):
+    prompt = make_prompt(60, 3)
+    answers = [run_single(agent, ids, 6)["output_token_ids"] for ids in (prompt, to_wire(prompt))]
+    assert answers[0] == answers[1] and len(answers[0]) == 6
 
 
 def test_a_release_caches_only_what_was_reserved_here(agent):

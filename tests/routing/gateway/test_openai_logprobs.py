@@ -19,6 +19,7 @@ from billing import services as billing
 from billing.models import Tenant
 from fleet import live as fleet_live
 from fleet.choices import InstanceRole
+from pdd.token_ids import from_wire
 from routing.gateway import run as gw_run
 from routing.gateway.openai_shapes import completion_logprobs
 from tests.routing.gateway.conftest import post_stream
@@ -56,7 +57,7 @@ def fleet(transactional_db, settings, monkeypatch, tiny):
         plans.append(plan)
         engine = Engine(tiny, EngineConfig(block_size=16, num_blocks=64))
         sampling = parse_sampling(plan["sampling"] | {"ignore_eos": True})
-        engine.add_request("r", plan["prompt_ids"], sampling)
+        engine.add_request("r", from_wire(plan["prompt_ids"]), sampling)
         index = 0
         while engine.has_work():
             for out in engine.step():
@@ -93,7 +94,7 @@ def _sse(client, path: str, body: dict) -> list[dict]:
 
 
 def _check_chat(tiny, plan, content, k):
-    prompt = plan["prompt_ids"]
+    prompt = from_wire(plan["prompt_ids"])
     ids = [bytes_[0] for bytes_ in (c["bytes"] for c in content)]  # byte tokens
     ref = _reference(tiny, [*prompt, *ids])
     for j, c in enumerate(content):
@@ -158,7 +159,7 @@ def test_completions_logprobs_in_the_legacy_shape(fleet, tiny):
     for token in lp["tokens"][:-1]:
         offsets.append(offsets[-1] + len(token))
     assert lp["text_offset"] == offsets
-    prompt = plans[-1]["prompt_ids"]
+    prompt = from_wire(plans[-1]["prompt_ids"])
     ids = list(choice["text"].encode())
     ref = _reference(tiny, [*prompt, *ids])
     for j, (token, value, top) in enumerate(
@@ -222,7 +223,7 @@ def test_logprobs_continue_across_a_migration(transactional_db, settings, monkey
 
     async def events(url, plan):
         plans.append(plan)
-        start = len(plan["prompt_ids"]) - len(prompt)
+        start = len(from_wire(plan["prompt_ids"])) - len(prompt)
         for i in range(plan["sampling"]["max_tokens"]):
             if len(plans) == 1 and i == 3:
                 yield {"type": "error", "message": "downstream stream ended without done"}

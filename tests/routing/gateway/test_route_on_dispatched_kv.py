@@ -20,6 +20,7 @@ from fleet import live as fleet_live
 from fleet.choices import InstanceRole, NodeStatus
 from fleet.models import Datacenter, GPUType, Instance, Node, ServedModel, WANLink
 from pdd.prefix import prefix_block_hashes
+from pdd.token_ids import from_wire
 from routing import analysis
 from routing.gateway import routes, runner
 from routing.models import RequestRecord
@@ -96,7 +97,7 @@ def fake_fleet(transactional_db, settings, monkeypatch):
     def prefill_agent(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         sent.append(body)
-        prompt = body["prompt_ids"]
+        prompt = from_wire(body["prompt_ids"])
         cached = 0
         for earlier in held:
             common = 0
