@@ -30,45 +30,11 @@ from pdd.dataplane import CLIENT_IDLE_S, bearer_headers
 from pdd.events import ENGINE_FULL
 from pdd.policy import Decision, Pipeline
 from pdd.token_ids import to_wire
+from routing.gateway.transport import AiohttpTransport
 from routing.live import Endpoint, LiveView
 
 # One client per process: connection pooling to the agents.
 _client: httpx.AsyncClient | None = None
-
-
-class PerAgentPools(httpx.AsyncBaseTransport):
-    """One connection pool per agent (scheme, host, port), made by ``make`` on first use.
-
-    httpcore's pool walks every connection it holds on each request and each release (an
-    expiry check of each, a syscall or two for an idle one, and a count of the idle ones that
-    is itself a walk: quadratic), so one pool for all agents made each request's cost grow
-    with the connections to the whole fleet: 16% of the event loop's time at 32 streams on
-    three agents (py-spy, bench/gateway/SCALE.md). Per agent, a request walks only its own
-    agent's connections. At most ``max_agents`` pools; past that the least recently used one
-    is let go."""
-
-    def __init__(self, make, max_agents: int = 4096) -> None:
-        self.make = make
-        self.max_agents = max_agents
-        self._pools: dict[tuple[bytes, bytes, int | None], httpx.AsyncBaseTransport] = {}
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
-        key = (url.raw_scheme, url.raw_host, url.port)
-        pool = self._pools.pop(key, None)  # re-inserted last: the dict is in order of use
-        if pool is None:
-            pool = self.make()
-            if len(self._pools) >= self.max_agents:
-                # Dropped, not closed: a stream in flight on it ends as it would have; its
-                # idle connections go with the pool.
-                del self._pools[next(iter(self._pools))]
-        self._pools[key] = pool
-        return await pool.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        pools, self._pools = list(self._pools.values()), {}
-        for pool in pools:
-            await pool.aclose()
 
 
 def http_client() -> httpx.AsyncClient:
@@ -81,16 +47,13 @@ def http_client() -> httpx.AsyncClient:
             # Checked and pinned before each connection; no proxy from the environment (the
             # check could not see where a proxy connects) and no redirect followed.
             transport=AsyncPinnedTransport(
-                PerAgentPools(
-                    lambda: httpx.AsyncHTTPTransport(
-                        verify=tls_context(),
-                        limits=httpx.Limits(
-                            max_connections=settings.BATON_GATEWAY_MAX_AGENT_CONNECTIONS,
-                            max_keepalive_connections=256,
-                            # Closed here before the agent would close it (pdd/dataplane.py).
-                            keepalive_expiry=CLIENT_IDLE_S,
-                        ),
-                    )
+                # aiohttp's connections behind httpx's API (routing/gateway/transport.py): a
+                # pool per agent, and a third of httpcore's CPU per streamed token.
+                AiohttpTransport(
+                    ssl_context=tls_context(),
+                    max_per_agent=settings.BATON_GATEWAY_MAX_AGENT_CONNECTIONS,
+                    # Closed here before the agent would close it (pdd/dataplane.py).
+                    keepalive_s=CLIENT_IDLE_S,
                 ),
                 resolved_endpoints,
             ),

@@ -18,8 +18,8 @@ async def _app(scope, receive, send):  # pragma: no cover - never called
 def _pool_expiry(client) -> float:
     transport = client._transport
     transport = getattr(transport, "inner", transport)  # the gateway's pinned transport
-    if hasattr(transport, "make"):  # the gateway's per-agent pools: a new agent's pool
-        transport = transport.make()
+    if hasattr(transport, "keepalive_s"):  # the gateway's aiohttp transport
+        return transport.keepalive_s
     return transport._pool._keepalive_expiry
 
 

@@ -7,7 +7,6 @@ many tokens it streamed) are pinned the same way."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 
@@ -19,6 +18,7 @@ from fleet.choices import InstanceRole
 from fleet.models import Node
 from fleet.pinning import AsyncPinnedTransport, resolved_endpoints
 from routing.gateway import interrupted, routes, runner
+from routing.gateway.transport import AiohttpTransport
 from routing.models import Admission, RequestRecord
 from routing.probes import DEAD, OK, probe_agents
 from routing.suspects import suspect_ledger
@@ -44,9 +44,8 @@ def test_the_gateway_client_pins_without_proxies_or_redirects(monkeypatch):
     client = runner.http_client()
     assert isinstance(client._transport, AsyncPinnedTransport)
     assert client._transport.endpoints is resolved_endpoints
-    # Behind the pin, one pool per agent, each a plain HTTP transport.
-    assert isinstance(client._transport.inner, runner.PerAgentPools)
-    assert isinstance(client._transport.inner.make(), httpx.AsyncHTTPTransport)
+    # Behind the pin, aiohttp's connections (routing/gateway/transport.py).
+    assert isinstance(client._transport.inner, AiohttpTransport)
     assert client.trust_env is False and client.follow_redirects is False
 
 
@@ -212,32 +211,3 @@ def test_the_recovery_asks_only_the_checked_address(rebinding, caplog):
     assert "not an allowed agent endpoint now" in caplog.text
     assert allowed.seen == [("127.0.0.1", endpoint.removeprefix("http://"))]
     assert forbidden.seen == []
-
-
-def test_each_agent_gets_its_own_pool_and_the_least_recently_used_is_let_go():
-    """httpcore's pool walks all its connections on every request (quadratically for the idle
-    count): one pool per agent keeps a request's walk to its own agent's connections."""
-    made: list[list[str]] = []
-
-    def make():
-        seen: list[str] = []
-        made.append(seen)
-
-        def answer(request: httpx.Request) -> httpx.Response:
-            seen.append(f"{request.url.host}:{request.url.port}")
-            return httpx.Response(200, json={"ok": True})
-
-        return httpx.MockTransport(answer)
-
-    pools = runner.PerAgentPools(make, max_agents=2)
-
-    async def go():
-        async with httpx.AsyncClient(transport=pools) as client:
-            for url in ("http://10.0.0.1:9000/a", "http://10.0.0.2:9000/b",
-                        "http://10.0.0.1:9000/c", "http://10.0.0.3:9000/d",
-                        "http://10.0.0.2:9000/e"):  # fmt: skip
-                assert (await client.get(url)).json() == {"ok": True}
-
-    asyncio.run(go())
-    # .1 and .2 got a pool each; .3 let go .2 (least recently used), which came back anew.
-    assert made == [["10.0.0.1:9000"] * 2, ["10.0.0.2:9000"], ["10.0.0.3:9000"], ["10.0.0.2:9000"]]
