@@ -1009,16 +1009,21 @@ class Plane:
     def heartbeats(self) -> dict[str, dict]:
         """Each agent's account of its heartbeats (its state's ``control_plane`` block: round
         trips of the last answered beats, timeouts, refusals): whether the beats reached the
-        control plane in time, as the agent saw them."""
+        control plane in time, as the agent saw them; and how late its own event loop ran
+        over the last minute (``loop_late_s``)."""
         keys = ("heartbeats_answered", "heartbeats_refused", "heartbeat_timeouts",
                 "unreachable", "rtt_p50_s", "rtt_p99_s", "rtt_max_s")  # fmt: skip
         out = {}
         for node in self.nodes:
             try:
-                block = self.state(node["hostname"]).get("control_plane") or {}
+                state = self.state(node["hostname"])
             except Exception:  # noqa: BLE001 - a figure, not a check
                 continue
-            out[node["hostname"]] = {k: block.get(k) for k in keys}
+            block = state.get("control_plane") or {}
+            out[node["hostname"]] = {k: block.get(k) for k in keys} | {
+                # How late the agent's own loop ran over the last minute (its state).
+                "loop_late_60s": (state.get("loop_late_s") or {}).get("60s"),
+            }
         return out
 
     def early_first_token(self) -> bool:

@@ -27,7 +27,7 @@ from controlplane import gcwatch  # noqa: E402
 from controlplane.embedded_beat import start_embedded_beat  # noqa: E402
 from controlplane.limits import BodyGuard  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
-from fleet import looplag  # noqa: E402
+from pdd import looplag  # noqa: E402
 from routing.caching import versions  # noqa: E402
 
 # The event loop gets the GIL back from computing threads within this (settings.py).

@@ -281,7 +281,7 @@ def _note_slow_agent_call(scope, began: float, slot: float, path: str) -> None:
     took = time.monotonic() - began
     if took < float(settings.BATON_AGENT_API_SLOW_S):
         return
-    from fleet import looplag
+    from pdd import looplag
 
     view = ""
     if "baton.view" in scope:  # fleet.api.agent.AgentView: when its view ran, and in the DB

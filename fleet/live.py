@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 
-from fleet import looplag
+from pdd import looplag
 
 _KEY = "baton:live:nodes"
 _SEEN = "baton:live:seen"
@@ -219,7 +219,7 @@ def _text(value: str | bytes) -> str:
 
 def fresh_age_s() -> float:
     """The age up to which a report is fresh: the live TTL, plus this process's own recent
-    delay in taking the beats, which is not the node's (fleet/looplag.py)."""
+    delay in taking the beats, which is not the node's (pdd/looplag.py)."""
     return live_ttl_s() + looplag.recent_s(live_ttl_s())
 
 

@@ -30,6 +30,7 @@ from agents.node.reporting import Reporting
 from agents.node.served import ServedLedger
 from agents.node.settings import AgentSettings
 from agents.node.tail import Tails
+from pdd import looplag
 from pdd.dataplane import CLIENT_IDLE_S, bearer_headers
 from pdd.hardware import unit_from_json
 from pdd.vocab import InstanceStatus
@@ -54,6 +55,7 @@ class Agent:
         self.command_token: str | None = None  # set by registration with a control plane
         self.registered = False
         self._janitor: asyncio.Task | None = None
+        self._lag_watch: asyncio.Task | None = None
         # Peer agents' data plane; no pooled-connection cap, streams can be long.
         self.http = httpx.AsyncClient(
             limits=httpx.Limits(
@@ -80,6 +82,9 @@ class Agent:
     async def start(self) -> None:
         await self.links.start(self.inbox.on_transfer, self.inbox.on_transfer_error)
         self._janitor = asyncio.create_task(self._sweep())
+        # How late this agent's loop runs (the state's loop_late_s): an agent writing hundreds
+        # of streams may take a call in late while its engines are on time.
+        self._lag_watch = looplag.start()
         if self.settings.role is not None:
             gpu = self.settings.gpu
             inst = await self.instances.put(
@@ -96,6 +101,8 @@ class Agent:
     async def close(self) -> None:
         if self._janitor is not None:
             self._janitor.cancel()
+        if self._lag_watch is not None:
+            self._lag_watch.cancel()
         await self.tails.close()
         await self.instances.stop_all()
         await self.links.close()

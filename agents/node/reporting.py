@@ -14,6 +14,7 @@ from agents.node.kv_flight import KvInFlight
 from agents.node.links import Links
 from agents.node.settings import AgentSettings
 from agents.node.tail import Tails
+from pdd import looplag
 
 PROTOCOL_VERSION = 1
 
@@ -118,6 +119,11 @@ class Reporting:
             "active_requests": self.instances.active_requests,
             "instances": [self.instance_state(i) for i in self.instances.values()],
             "tokens_by_role": dict(self.instances.tokens_by_role),
+            # The most this agent's event loop ran late over the last 10 s and 60 s.
+            "loop_late_s": {
+                "10s": round(looplag.recent_s(10.0), 3),
+                "60s": round(looplag.recent_s(60.0), 3),
+            },
             "late_kv_cached": self.kv_flight.late_kv_cached,
             # MD's streams RLD handed to a direct caller after the handoff (one hop per token).
             "handed_over": self.tails.to_json(),

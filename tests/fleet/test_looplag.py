@@ -1,6 +1,6 @@
 """A web process whose event loop runs late takes every node's heartbeats that much later; the
 live view allows a report the live TTL plus that delay, so a saturated gateway process does not
-take its own lateness for a fleet gone silent (fleet/looplag.py)."""
+take its own lateness for a fleet gone silent (pdd/looplag.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from fleet import live, looplag
+from fleet import live
+from pdd import looplag
 
 
 @pytest.fixture(autouse=True)

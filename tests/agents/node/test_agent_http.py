@@ -56,6 +56,9 @@ def test_health_and_state_document(agent):
     assert inst["load"]["max_running"] == 32
     assert inst["tokens_generated"] >= 4
     assert state["tokens_by_role"]["main_decode"] >= 4
+    # The agent watches its own event loop: how late it ran recently (seconds, >= 0).
+    assert set(state["loop_late_s"]) == {"10s", "60s"}
+    assert 0 <= state["loop_late_s"]["10s"] <= state["loop_late_s"]["60s"] < 30
     assert inst["cache"]["cached_blocks"] >= 2
     assert set(state["fabrics"]) == {"intra_dc", "wan"}
     # The engine thread's time in engine work: the prefill and decode steps just run.
