@@ -118,15 +118,18 @@ def rate_at(t: float) -> float:
     return RATE_HIGH
 
 
-def arrivals(seed: int = SEED, run_s: float = RUN_S) -> list[float]:
-    """Arrival times of a Poisson process of rate rate_at(t) (thinning at RATE_HIGH)."""
+def arrivals(
+    seed: int = SEED, run_s: float = RUN_S, rate=rate_at, peak: float = RATE_HIGH
+) -> list[float]:
+    """Arrival times of a Poisson process of rate ``rate(t)`` (thinning at ``peak``, its
+    highest rate)."""
     rng = random.Random(seed)
     out, t = [], 0.0
     while True:
-        t += rng.expovariate(RATE_HIGH)
+        t += rng.expovariate(peak)
         if t >= run_s:
             return out
-        if rng.random() < rate_at(t) / RATE_HIGH:
+        if rng.random() < rate(t) / peak:
             out.append(t)
 
 
@@ -195,6 +198,24 @@ def declare(
         if node["hostname"] in ("auto-a-1", "auto-b-1"):
             cp.post("instances", {"role": node["role"], "node": node["id"],
                                   "served_model": model, "gpu_count": 8})  # fmt: skip
+    return nodes, model
+
+
+def start_fleet(
+    cp: ControlPlane,
+    ports,
+    agents: dict[str, AgentProcess],
+    nodes_per_dc: dict[str, tuple[str, int, str]] | None = None,
+    parallel: int = 4,
+) -> tuple[list[dict], int]:
+    """``declare``, start every node's agent into ``agents`` (the caller stops them) and wait
+    for the two starting instances to run; (nodes, served model id)."""
+    nodes, model = declare(cp, ports, nodes_per_dc)
+    start_agents(cp, nodes, agents, AGENT_OPTIONS, parallel=parallel)
+    cp.cluster.wait_for(
+        lambda: [r["actual_state"] for r in cp.get_all("instances")] == ["running"] * 2,
+        300, "the two starting instances to run",
+    )  # fmt: skip
     return nodes, model
 
 
@@ -335,16 +356,12 @@ def wait_for_realised(cp: ControlPlane) -> None:
 
 def run(cp: ControlPlane, ports, out: Path, progress, run_s: float = RUN_S) -> dict:
     """Declare, start the agents, set the autopilot, replay, collect."""
-    nodes, model = declare(cp, ports)
     agents: dict[str, AgentProcess] = {}
-    result: dict[str, Any] = {"nodes": {str(n["id"]): n["hostname"] for n in nodes}}
+    result: dict[str, Any] = {}
     try:
         progress.phase = "agents"
-        start_agents(cp, nodes, agents, AGENT_OPTIONS, parallel=4)
-        cp.cluster.wait_for(
-            lambda: [r["actual_state"] for r in cp.get_all("instances")] == ["running"] * 2,
-            300, "the two starting instances to run",
-        )  # fmt: skip
+        nodes, model = start_fleet(cp, ports, agents)
+        result["nodes"] = {str(n["id"]): n["hostname"] for n in nodes}
         _api(cp, "PATCH", "autopilot/settings/", {**AUTOPILOT, "served_model": model})
         times = arrivals(run_s=run_s)
         prompts, answers = lengths(len(times))

@@ -15,7 +15,6 @@ import pytest
 from agents.node.launch import AgentProcess
 from bench.autopilot import run as r
 from bench.harness.control_plane import start_control_plane
-from bench.harness.emulated import start_agents
 from bench.harness.host import port_in_use
 
 pytestmark = pytest.mark.slow
@@ -48,12 +47,7 @@ def test_a_proposal_approved_over_rest_starts_an_instance_that_takes_traffic(tmp
     agents: dict[str, AgentProcess] = {}
     try:
         ports = (p for p in itertools.count(25000) if not port_in_use("127.0.0.1", p))
-        nodes, model = r.declare(cp, ports, NODES)
-        start_agents(cp, nodes, agents, r.AGENT_OPTIONS, parallel=3)
-        cp.cluster.wait_for(
-            lambda: [i["actual_state"] for i in cp.get_all("instances")] == ["running"] * 2,
-            240, "the two starting instances to run",
-        )  # fmt: skip
+        nodes, model = r.start_fleet(cp, ports, agents, NODES, parallel=3)
         r._api(cp, "PATCH", "autopilot/settings/", {
             "served_model": model, "scenario": r.SCENARIO, "interval_s": 0,
             "floors": {"prefill": 2, "main_decode": 1, "relay_decode": 0},

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import random
 import time
 from datetime import datetime
 from pathlib import Path
@@ -36,7 +35,6 @@ import pytest
 from agents.node.launch import AgentProcess
 from bench.autopilot import run as r
 from bench.harness.control_plane import start_control_plane
-from bench.harness.emulated import start_agents
 from bench.harness.host import port_in_use
 
 pytestmark = pytest.mark.slow
@@ -69,15 +67,7 @@ def rate_at(t: float) -> float:
 
 
 def arrivals() -> list[float]:
-    """Poisson arrivals of rate rate_at(t) (thinning at HIGH), seeded."""
-    rng = random.Random(SEED)
-    out, t = [], 0.0
-    while True:
-        t += rng.expovariate(HIGH)
-        if t >= RUN_S:
-            return out
-        if rng.random() < rate_at(t) / HIGH:
-            out.append(t)
+    return r.arrivals(SEED, RUN_S, rate=rate_at, peak=HIGH)
 
 
 def sla_met(rows: list[dict]) -> bool:
@@ -113,12 +103,7 @@ def test_a_ramp_that_breaks_the_sla_is_met_by_an_automatic_proposal(tmp_path: Pa
     agents: dict[str, AgentProcess] = {}
     try:
         ports = (p for p in itertools.count(25100) if not port_in_use("127.0.0.1", p))
-        nodes, model = r.declare(cp, ports, NODES)
-        start_agents(cp, nodes, agents, r.AGENT_OPTIONS, parallel=3)
-        cp.cluster.wait_for(
-            lambda: [i["actual_state"] for i in cp.get_all("instances")] == ["running"] * 2,
-            240, "the two starting instances to run",
-        )  # fmt: skip
+        nodes, model = r.start_fleet(cp, ports, agents, NODES, parallel=3)
         r._api(cp, "PATCH", "autopilot/settings/", {**SETTINGS, "served_model": model})
         times = arrivals()
         prompts, answers = r.lengths(len(times), seed=SEED)
