@@ -7,6 +7,7 @@ the httpx exceptions the gateway handles."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import httpx
@@ -53,7 +54,8 @@ class Agent:
                     writer.write(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://x/\r\n"
                                  b"Content-Length: 0\r\n\r\n")  # fmt: skip
                 elif path == "/slow":
-                    await asyncio.sleep(1)
+                    with contextlib.suppress(asyncio.CancelledError):  # the loop may end first
+                        await asyncio.sleep(1)
                     return
                 else:
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
