@@ -7,7 +7,9 @@ so this checks the path, not the planner's figures (bench/autopilot does those).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,24 @@ class _Progress:
         pass
 
 
+@contextlib.contextmanager
+def small_fleet(tmp_path: Path, first_port: int) -> Iterator[tuple]:
+    """The embedded control plane and NODES' agents (auto-a-1 prefill and auto-b-1 main
+    decode running, auto-a-2 spare): (control plane, nodes, served model id); every process
+    stopped on the way out."""
+    cp = start_control_plane(tmp_path)
+    agents: dict[str, AgentProcess] = {}
+    try:
+        ports = (p for p in itertools.count(first_port) if not port_in_use("127.0.0.1", p))
+        nodes, model = r.start_fleet(cp, ports, agents, NODES, parallel=3)
+        yield cp, nodes, model
+    finally:
+        for proc in agents.values():
+            proc.kill()
+            proc.cleanup()
+        cp.stop()
+
+
 _batches = itertools.count()
 
 
@@ -43,11 +63,7 @@ def _send(cp, n: int) -> list[dict]:
 
 
 def test_a_proposal_approved_over_rest_starts_an_instance_that_takes_traffic(tmp_path: Path):
-    cp = start_control_plane(tmp_path)
-    agents: dict[str, AgentProcess] = {}
-    try:
-        ports = (p for p in itertools.count(25000) if not port_in_use("127.0.0.1", p))
-        nodes, model = r.start_fleet(cp, ports, agents, NODES, parallel=3)
+    with small_fleet(tmp_path, 25000) as (cp, nodes, model):
         r._api(cp, "PATCH", "autopilot/settings/", {
             "served_model": model, "scenario": r.SCENARIO, "interval_s": 0,
             "floors": {"prefill": 2, "main_decode": 1, "relay_decode": 0},
@@ -74,11 +90,6 @@ def test_a_proposal_approved_over_rest_starts_an_instance_that_takes_traffic(tmp
         cp.cluster.wait_for(lambda: _routed_to(cp, str(new["id"])), 60, "a request on the new P")
         events = [e["kind"] for e in cp.get_all("events") if e["kind"].startswith("autopilot.")]
         assert {"autopilot.approved", "autopilot.start", "autopilot.applied"} <= set(events)
-    finally:
-        for proc in agents.values():
-            proc.kill()
-            proc.cleanup()
-        cp.stop()
 
 
 def _routed_to(cp, instance_id: str) -> bool:

@@ -25,21 +25,17 @@ completes with the engine's tokens and has a record."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from agents.node.launch import AgentProcess
 from bench.autopilot import run as r
-from bench.harness.control_plane import start_control_plane
-from bench.harness.host import port_in_use
+from tests.bench.test_autopilot_live import _Progress, small_fleet
 
 pytestmark = pytest.mark.slow
 
-NODES = {"A": ("GPU-A", 2, "prefill"), "B": ("GPU-B", 1, "main_decode")}
 LOW, HIGH = 0.3, 1.5  # req/s
 RAMP_AT_S, RAMP_S, RUN_S = 45.0, 10.0, 180.0
 APPLY_WITHIN_S = 100.0  # of the ramp's start
@@ -80,14 +76,6 @@ def sla_met(rows: list[dict]) -> bool:
     )
 
 
-class _Progress:
-    done = failed = 0
-    elapsed = 0.0
-
-    def first(self) -> None:
-        pass
-
-
 def test_the_schedule_ramps_from_a_rate_one_node_meets_to_one_it_cannot():
     times = arrivals()
     assert times == sorted(times) == arrivals()
@@ -99,11 +87,7 @@ def test_the_schedule_ramps_from_a_rate_one_node_meets_to_one_it_cannot():
 
 
 def test_a_ramp_that_breaks_the_sla_is_met_by_an_automatic_proposal(tmp_path: Path):
-    cp = start_control_plane(tmp_path)
-    agents: dict[str, AgentProcess] = {}
-    try:
-        ports = (p for p in itertools.count(25100) if not port_in_use("127.0.0.1", p))
-        nodes, model = r.start_fleet(cp, ports, agents, NODES, parallel=3)
+    with small_fleet(tmp_path, 25100) as (cp, _, model):
         r._api(cp, "PATCH", "autopilot/settings/", {**SETTINGS, "served_model": model})
         times = arrivals()
         prompts, answers = r.lengths(len(times), seed=SEED)
@@ -114,11 +98,6 @@ def test_a_ramp_that_breaks_the_sla_is_met_by_an_automatic_proposal(tmp_path: Pa
                      for p in cp.get_all("autopilot/proposals")]  # fmt: skip
         records = {x["request_id"] for x in cp.get_all("requests")}
         running = [i for i in cp.get_all("instances") if i["actual_state"] == "running"]
-    finally:
-        for proc in agents.values():
-            proc.kill()
-            proc.cleanup()
-        cp.stop()
 
     def rel(stamp: str | None) -> float | None:
         return None if stamp is None else datetime.fromisoformat(stamp).timestamp() - began
