@@ -227,6 +227,9 @@ class WanLinkState:
     # line, and the min-share floor sits above the per-connection cap, so without it a queue
     # for connections is invisible to the estimate.
     pool_wait_s: float = 0.0
+    # Bytes on the wire per byte of KV as the engines hold it (PolicySettings.kv_bytes_per_token):
+    # the link's transport format (pdd/kv_formats.py), e.g. ~0.5 for bfloat16 KV sent as int8.
+    wire_factor: float = 1.0
 
     def available_bytes_per_s(self, settings: PolicySettings) -> float:
         share = max(1.0 - self.utilisation, settings.wan_min_share)
@@ -359,9 +362,10 @@ def estimate_wan_s(delta_tokens: int, link: WanLinkState, settings: PolicySettin
 
     The wait for a pool connection (``link.pool_wait_s``, 0 when one is free; negative or NaN
     values count as 0) plus one RTT plus the delta's bytes over the bandwidth left by the
-    link's current use. With no pool wait this is exactly the RTT-plus-bytes estimate.
+    link's current use. With no pool wait this is exactly the RTT-plus-bytes estimate. The
+    delta's bytes are those its transport format puts on the wire (``link.wire_factor``).
     """
-    delta_bytes = delta_tokens * settings.kv_bytes_per_token
+    delta_bytes = delta_tokens * settings.kv_bytes_per_token * link.wire_factor
     wait = link.pool_wait_s if link.pool_wait_s > 0.0 else 0.0
     return wait + link.rtt_ms / 1000.0 + delta_bytes / link.available_bytes_per_s(settings)
 

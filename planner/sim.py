@@ -151,7 +151,10 @@ class Simulator:
             for dc, spec in fleet.links.items():
                 self.links[dc] = WanLink(spec, self.loop)
                 link_states[dc] = WanLinkState(
-                    spec.bandwidth_gbps, spec.rtt_ms, per_connection_gbps=spec.connection_gbps
+                    spec.bandwidth_gbps,
+                    spec.rtt_ms,
+                    per_connection_gbps=spec.connection_gbps,
+                    wire_factor=spec.wire_factor,
                 )
         self.link_states = link_states
         self.snapshot = ClusterSnapshot(
@@ -601,10 +604,11 @@ class Simulator:
             # connection queue to transfers a first token waits on.
             background = r is not None and self._yield
             handoff_s = link.spec.handoff_ms / 1000.0
+            wire = delta * kv * link.spec.wire_factor  # in the link's transport format
             if handoff_s:  # the ends' fixed work: the KV lands that much after its last byte
-                link.send(delta * kv, partial(self._kv_at_main_after, i, handoff_s), background)
+                link.send(wire, partial(self._kv_at_main_after, i, handoff_s), background)
             else:
-                link.send(delta * kv, partial(self._kv_at_main, i), background)
+                link.send(wire, partial(self._kv_at_main, i), background)
 
     def _ctx(self, i: int) -> int:
         return self.n_in[i] + self.n_out[i] // 2

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from mypy_extensions import mypyc_attr
 
+from pdd.kv_formats import KV_FORMATS, PROFILE_KV_DTYPE, wire_factor
 from pdd.spec import check_int, check_non_negative, check_positive
 from planner.events import EventLoop
 
@@ -45,15 +46,28 @@ class WanLinkSpec:
     # last whole interval over what the line could carry in it, refreshed at each interval's
     # end (an agent's report of ``utilisation``, agents/node/agent.py).
     report_interval_s: float = 0.0
+    # The format P sends KV in across this link ("": the engines' own; pdd/kv_formats.py), as
+    # the live link's ``kv_format``: its bytes per token relative to the model profile's.
+    kv_format: str = ""
 
     def __post_init__(self) -> None:
         for name in ("bandwidth_gbps", "rtt_ms", "per_connection_gbps"):
             check_positive(self, name)
+        if self.kv_format and self.kv_format not in KV_FORMATS:
+            raise ValueError(
+                f"kv_format: must be empty or one of {', '.join(KV_FORMATS)}, "
+                f"got {self.kv_format!r}"
+            )
         check_int(self, "pool_size", 1)
         check_non_negative(self, "handoff_ms")
         check_non_negative(self, "report_interval_s")
         if self.tcp_window_kb is not None:
             check_positive(self, "tcp_window_kb")
+
+    @property
+    def wire_factor(self) -> float:
+        """Bytes on the wire per byte of the profile's KV (its kv_bytes_per_token)."""
+        return wire_factor(self.kv_format, PROFILE_KV_DTYPE)
 
     @property
     def pool_ceiling_gbps(self) -> float:

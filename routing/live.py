@@ -19,6 +19,7 @@ from fleet.choices import DesiredState, InstanceRole, NodeStatus
 from fleet.choices import LinkStatus as FleetLinkStatus
 from fleet.kv_index import prefix_index
 from fleet.models import Datacenter, GPUType, Instance, Node, WANLink
+from pdd.kv_formats import KV_FORMATS, wire_factor
 from pdd.policy import (
     BlockSet,
     ClusterSnapshot,
@@ -193,6 +194,23 @@ def _block_tokens(item: dict[str, Any] | None) -> int:
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
 
 
+def _kv_dtype(item: dict[str, Any] | None) -> str:
+    """The dtype an instance's KV is held in, as its report says (``kv.dtype``; before agents
+    reported it, the engine's ``dtype``); "" when unknown."""
+    if not item:
+        return ""
+    got = ((item.get("kv") or {}).get("dtype")) or item.get("dtype") or ""
+    return got if got in KV_FORMATS else ""
+
+
+def _wire_factor(kv_format: str, own: str) -> float:
+    """Bytes on the wire per byte of the engines' KV on a link of ``kv_format``: 1.0 for the
+    engines' own, or when the senders' dtype is not known (the policy stays conservative)."""
+    if not kv_format or not own or kv_format not in KV_FORMATS:
+        return 1.0
+    return wire_factor(kv_format, own)
+
+
 def _topology_changed(sender, update_fields=None, **_: object) -> None:
     used = _TOPOLOGY_FIELDS.get(sender)
     if update_fields is not None and used is not None and not (set(update_fields) & used):
@@ -227,6 +245,9 @@ def build_live_view(model_name: str) -> LiveView:
     reported: dict[str, tuple[float, float]] = {}
     # MD datacenter -> the in-DC fabric bandwidth of its MD nodes (their GPUs' interconnect).
     main_fabric_gbps: dict[str, float] = {}
+    # Prefill datacenter -> the KV dtype its P instances report (the first one's): what a
+    # link's transport format is relative to, for the bytes a transfer puts on the wire.
+    prefill_kv_dtype: dict[str, str] = {}
     for inst in rows:
         key = str(inst.pk)
         entry, item = reports.get((inst.node_id, key), (None, None))
@@ -278,6 +299,9 @@ def build_live_view(model_name: str) -> LiveView:
                 main_fabric_gbps[dc] = min(main_fabric_gbps.get(dc, gbps), gbps)
         if inst.role == InstanceRole.PREFILL:
             prefill_dcs.add(dc)
+            own = _kv_dtype(item)
+            if own:
+                prefill_kv_dtype.setdefault(dc, own)
             for peer, link in ((entry or {}).get("report", {}).get("links") or {}).items():
                 if isinstance(link, dict) and "utilisation" in link:
                     link_use[peer] = max(link_use.get(peer, 0.0), float(link["utilisation"]))
@@ -298,6 +322,7 @@ def build_live_view(model_name: str) -> LiveView:
                 utilisation=min(1.0, link_use.get(dst, 0.0)),
                 status=_LINK_STATUS.get(link.status, LinkStatus.DOWN),
                 pool_wait_s=link_wait.get(dst, 0.0),
+                wire_factor=_wire_factor(link.kv_format, prefill_kv_dtype.get(src, "")),
             )
     # An MD in a prefill datacenter (in-DC PD) is reached over the datacenter's own fabric, not a
     # WAN link: the policy sees that path as a fast, always-up link (the agents ship the KV over

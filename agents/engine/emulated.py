@@ -45,6 +45,7 @@ from agents.engine.request import AfterForward, Request, SamplingParams
 from agents.engine.scheduler import Scheduler
 from pdd.checks import check_number
 from pdd.hardware import GpuType, forward_time, transfer_time
+from pdd.kv_formats import PROFILE_KV_DTYPE, wire_factor
 from pdd.profiles import ModelProfile
 
 # Emulated tokens are printable ASCII bytes (the byte tokenizer's ids 32..126), never EOS:
@@ -54,21 +55,16 @@ FIRST_TOKEN, NUM_TOKENS = 32, 95
 STEP_HISTORY = 256
 
 
-# The dtype a profile's kv_bytes_per_token is taken to be in (profiles do not say), and each
-# transport format's bytes per value relative to it: int8 is one byte plus one float32 scale
-# per 16-token block of a 64-value head (the real engine's 8-bit transport, kv_codec.py).
-EMULATED_KV_DTYPE = "bfloat16"
-FORMAT_WIDTH = {"float32": 2.0, "bfloat16": 1.0, "float16": 1.0, "int8": 0.5 * (1 + 1 / 256)}
+# The dtype a profile's kv_bytes_per_token is taken to be in (profiles do not say); each
+# transport format's bytes relative to it are pdd/kv_formats.py's (int8: one byte plus one
+# float32 scale per 16-token block of a 64-value head, the real engine's 8-bit transport).
+EMULATED_KV_DTYPE = PROFILE_KV_DTYPE
 
 
 def format_bytes_per_token(own_bytes_per_token: float, fmt: str | None) -> float:
     """Bytes per token of KV of ``own_bytes_per_token`` (EMULATED_KV_DTYPE) in format ``fmt``
     (None: its own)."""
-    if not fmt:
-        return own_bytes_per_token
-    if fmt not in FORMAT_WIDTH:
-        raise ValueError(f"unknown KV format {fmt!r}; known: {', '.join(FORMAT_WIDTH)}")
-    return own_bytes_per_token * FORMAT_WIDTH[fmt] / FORMAT_WIDTH[EMULATED_KV_DTYPE]
+    return own_bytes_per_token * wire_factor(fmt, EMULATED_KV_DTYPE)
 
 
 def as_format(payload: bytes | bytearray | memoryview, fmt: str) -> bytes:
@@ -79,7 +75,7 @@ def as_format(payload: bytes | bytearray | memoryview, fmt: str) -> bytes:
         raise ValueError("as_format takes an emulated payload (no tensors)")
     if header.dtype_name == fmt:
         return bytes(payload)
-    own = header.reserved * FORMAT_WIDTH[EMULATED_KV_DTYPE] / FORMAT_WIDTH[header.dtype_name]
+    own = header.reserved / wire_factor(header.dtype_name, EMULATED_KV_DTYPE)
     wire = max(1, round(format_bytes_per_token(own, fmt)))
     n = header.num_tokens
     return kv_header(format_code(fmt), 0, 0, 0, header.start_token, header.end_token, wire) + bytes(

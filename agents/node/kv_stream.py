@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from agents.engine.core import EngineCore
-from agents.engine.emulated import FORMAT_WIDTH, as_format
+from agents.engine.emulated import as_format
 from agents.engine.kv_codec import encoded_size, to_format
 from agents.engine.kv_pool import read_kv_header
 from agents.node.agent import Agent
@@ -24,9 +24,10 @@ from agents.node.pipeline_common import transfer_id
 from agents.node.wire import Peer
 from agents.node.worker import EngineWorker
 from agents.transfer.records import KVChunk, TransferStats
+from pdd.kv_formats import wire_factor
 
-# Bytes per value of the float formats (what the engines store).
-_WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2}
+# The float formats (what the engines store).
+_FLOATS = ("float32", "bfloat16", "float16")
 
 
 def send_format(link_format: str | None, own: str | None, stored: str | None) -> str | None:
@@ -36,7 +37,7 @@ def send_format(link_format: str | None, own: str | None, stored: str | None) ->
     carries fewer bytes); else None, P's own (MD widens or converts on import, if at all)."""
     if link_format:
         return link_format
-    if own in _WIDTH and stored in _WIDTH and _WIDTH[stored] < _WIDTH[own]:
+    if own in _FLOATS and stored in _FLOATS and wire_factor(stored, own) < 1.0:
         return stored
     return None
 
@@ -68,7 +69,7 @@ def kv_size(engine: EngineCore, payload: bytes, kv_format: str | None) -> int:
         if header.num_layers:
             return encoded_size(payload, kv_format)
         own = engine.represented_bytes(payload)  # in the payload's own format
-        return round(own * FORMAT_WIDTH[kv_format] / FORMAT_WIDTH[header.dtype_name])
+        return round(own * wire_factor(kv_format, header.dtype_name))
     return engine.represented_bytes(payload)
 
 

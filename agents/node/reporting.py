@@ -15,6 +15,7 @@ from agents.node.links import Links
 from agents.node.settings import AgentSettings
 from agents.node.tail import Tails
 from pdd import looplag
+from pdd.kv_formats import PROFILE_KV_DTYPE
 
 PROTOCOL_VERSION = 1
 
@@ -68,6 +69,8 @@ class Reporting:
                 "used_blocks": st.kv_blocks_used,
                 "total_blocks": st.kv_blocks_total,
                 "block_size": self.settings.block_size,
+                # What the KV is held in: what a WAN link's transport format is relative to.
+                "dtype": getattr(inst.worker.engine.pool, "dtype_name", None) or PROFILE_KV_DTYPE,
             }
             doc["cache"] = {
                 "lookups": st.cache_lookups,

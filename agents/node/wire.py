@@ -10,6 +10,7 @@ from agents.engine import SamplingParams, TokenLogprob, TokenOutput
 from agents.node.errors import AgentError
 from pdd.events import ErrorEvent, TokenEvent
 from pdd.hardware import GpuType, unit_from_json
+from pdd.kv_formats import KV_FORMATS
 from pdd.token_ids import from_wire
 from pdd.vocab import AGENT_HANDOFF_MODES, AGENT_PIPELINES, ROLE_TOKENS, HandoffMode
 
@@ -148,10 +149,6 @@ def sampling_json(s: SamplingParams) -> dict[str, Any]:
     if s.logprobs is not None:  # only when asked: a peer of an older build refuses the key
         body["logprobs"] = s.logprobs
     return body
-
-
-# KV formats a peer may ask for across the WAN (agents/engine/kv_codec.py).
-KV_FORMATS = ("float32", "bfloat16", "float16", "int8")
 
 
 @dataclass(slots=True)

@@ -74,7 +74,10 @@ def summarise(live: Mapping[str, Any], system: scale.System) -> dict[str, Any]:
         # Requests moved to another path after tokens went out (a stalled or dead decoder): a
         # migration to p-rld-md counts as relayed, so they are shown beside the pipelines.
         "migrations": sum(int(r.get("migrations") or 0) for r in mine),
-        "wan_utilisation": wan_bytes / run_s / link if run_s and system.key != "idc-pd" else None,
+        "wan_utilisation": (
+            wan_bytes / run_s / link if run_s and len(system.datacenters) > 1 else None
+        ),
+        "wan_bytes": wan_bytes,
         "warm": live.get("warm"),
         "completed": len(completed),
         "tokens_differ": sum(1 for r in completed if r.get("exact") is False),
@@ -186,6 +189,8 @@ def render(results: Mapping[str, Any]) -> str:
         "handoffs (live, by mode)",
         lambda e: ", ".join(f"{k} {v}" for k, v in live(e)["handoff_modes"].items()) or "0",
     )
+    row("WAN KV format", lambda e: e.get("wan_format") or "own")
+    row("KV across the WAN (GB, live)", lambda e: s(live(e)["wan_bytes"] / 1e9))
     row(
         "WAN use live / predicted",
         lambda e: f"{share(live(e)['wan_utilisation'])} / {share(pred(e)['wan_utilisation'])}",
@@ -242,7 +247,64 @@ def render(results: Mapping[str, Any]) -> str:
         f"{'' if gap is None else ('yes' if abs(gap) <= 0.02 else 'no')} |"
     )
     add("")
+    w.extend(_format_switch(systems))
     return "\n".join(w) + "\n"
+
+
+def _format_switch(systems: Mapping[str, Any]) -> list[str]:
+    """Each system run with its WAN link's format switched, against the same system in the
+    engines' own format in the same run: what the format did to the WAN bytes and TTFT."""
+    pairs = [
+        (base, key)
+        for key, entry in systems.items()
+        for base, other in systems.items()
+        if (entry.get("wan_format") or "own") != "own"
+        and (other.get("wan_format") or "own") == "own"
+        and key.startswith(f"{base}-")
+    ]
+    if not pairs:
+        return []
+    w = [
+        "## The WAN link's KV format switched\n",
+        "The same system, trace, prompts and session homes, run again in the same process with "
+        "its WAN link's `kv_format` set (P sends MD's delta in that format; the policy and the "
+        "simulator count its bytes).\n",
+        "| | own | switched | change |",
+        "|---|---|---|---|",
+    ]
+    for base, key in pairs:
+        a, b = systems[base], systems[key]
+        w.append(f"| **{base}** | own | {b['wan_format']} | |")
+        rows = [
+            ("KV across the WAN (GB, live)", ("live", "wan_bytes"), 1e-9),
+            ("WAN use live", ("live", "wan_utilisation"), None),
+            *((f"TTFT {q.upper()} live (s)", ("live", "ttft_s", q), 1.0)
+              for q in ("p50", "p90", "p99")),
+            *((f"TTFT {q.upper()} predicted (s)", ("predicted", "ttft_s", q), 1.0)
+              for q in ("p50", "p90")),
+            ("RLD token share live", ("live", "rld_share"), None),
+            ("goodput (req/s)", ("live", "goodput_rps"), 1.0),
+        ]  # fmt: skip
+        for label, path, unit in rows:
+            x, y = _dig(a, *path), _dig(b, *path)
+            w.append(f"| {label} | {_cell(x, unit)} | {_cell(y, unit)} | {share(change(x, y))} |")
+        pa, pb = _dig(a, "live", "pipelines") or {}, _dig(b, "live", "pipelines") or {}
+        w.append(f"| pipelines (live) | {_counts(pa)} | {_counts(pb)} | |")
+        ex = [_dig(e, "live", "tokens_differ") for e in (a, b)]
+        w.append(f"| tokens differ from single's | {ex[0]} | {ex[1]} | |")
+    w.append("")
+    return w
+
+
+def _cell(x: float | None, unit: float | None) -> str:
+    """A share (unit None) or a figure times ``unit``."""
+    if unit is None or x is None:
+        return share(x)
+    return s(float(x) * unit)
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
 
 
 def _within(x: float | None, target: float, tol: float) -> str:

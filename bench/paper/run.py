@@ -47,6 +47,7 @@ from bench.harness.prompts import (
 )
 from bench.harness.testbed import ROOT, stop_on_signals
 from bench.paper import report, scale
+from pdd.kv_formats import KV_FORMATS
 from pdd.profiles import PAPER_GPUS
 from pdd.tokenizer import apply_chat_template
 from planner.api import make_trace, run_fleet
@@ -242,7 +243,8 @@ def run_system(cp: ControlPlane, system: scale.System, nodes: list[dict], bar: B
     outputs = trace.output_tokens.tolist()
     prev = trace.previous_turn().tolist()
     system_msg = system_message(shared, PAPER_SYSTEM_HEAD)
-    tag = system.key
+    # The session homes and prompts: the system's (a WAN-format variant keeps its base's).
+    tag = system.config["fleet"]["session_home_salt"]
 
     bar.phase = "agents"
     agents: dict[str, AgentProcess] = {}
@@ -463,6 +465,13 @@ def main(argv: list[str] | None = None) -> int:
         default=scale.WINDOW_S,
         help="modelled seconds of arrivals (a shorter run is not written)",
     )
+    parser.add_argument(
+        "--wan-formats",
+        default="own",
+        help="comma-separated KV formats for the WAN link, each system run once per format "
+        f"in turn ('own': the engines'; or {', '.join(KV_FORMATS)}); a system without a WAN "
+        "link runs only 'own'",
+    )
     parser.add_argument("--out", default=str(ROOT / "var" / "bench-paper"))
     args = parser.parse_args(argv)
     stop_on_signals()  # the agents and the control plane are stopped in the finally blocks
@@ -472,15 +481,29 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not wanted:
         print(f"--systems: unknown {unknown} (known: {', '.join(catalogue)})", file=sys.stderr)
         return 2
+    formats = [f.strip() for f in args.wan_formats.split(",") if f.strip()]
+    bad = [f for f in formats if f != "own" and f not in KV_FORMATS]
+    if bad or not formats:
+        print(f"--wan-formats: unknown {bad} (known: own, {', '.join(KV_FORMATS)})",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if args.window_s <= scale.WARMUP_S:
         print(f"--window-s must be > the warm-up ({scale.WARMUP_S:g} s)", file=sys.stderr)
         return 2
-    full = wanted == list(catalogue) and args.window_s == scale.WINDOW_S
+    full = wanted == list(catalogue) and args.window_s == scale.WINDOW_S and formats == ["own"]
+    runs: dict[str, scale.System] = {}
+    for key in wanted:
+        for fmt in formats:
+            if fmt == "own":
+                runs[key] = catalogue[key]
+            elif len(catalogue[key].datacenters) > 1:
+                variant = scale.with_wan_format(catalogue[key], fmt)
+                runs[variant.key] = variant
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     began = time.monotonic()
-    bar = Bar(len(wanted))
+    bar = Bar(len(runs))
     say("starting the control plane")
     # The gateway's wall-clock limits stretched as the fleet is (slow motion): a first token
     # 8x later is not a frozen P.
@@ -502,9 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         declare_common(cp)
         ports = (p for p in range(BASE_PORT, BASE_PORT + 2000) if not port_in_use("127.0.0.1", p))
-        fleets = {key: declare(cp, catalogue[key], ports) for key in wanted}
-        for index, key in enumerate(wanted, 1):
-            system = catalogue[key]
+        fleets = {key: declare(cp, system, ports) for key, system in runs.items()}
+        for index, (key, system) in enumerate(runs.items(), 1):
             bar.index, bar.label = index, system.label
             say(f"{system.label}: {', '.join(f'{p.count} {p.role} {p.gpu}' for p in system.pools)}")
             try:
@@ -522,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
                 "predicted": predicted,
                 "cost_per_hour": system.cost_per_hour,
                 "pools": [p.__dict__ for p in system.pools],
+                "wan_format": scale.link(system)["kv_format"] or "own",
             }
             say(f"{system.label}: {json.dumps(results['systems'][key]['live'])[:400]}")
     finally:

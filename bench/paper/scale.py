@@ -164,4 +164,16 @@ def link(system: System) -> dict[str, Any]:
         "bandwidth_gbps": b["bandwidth_gbps"],
         "rtt_ms": b["rtt_ms"],
         "connection_pool_size": b["pool_size"],
+        "kv_format": b.get("kv_format", ""),
     }
+
+
+def with_wan_format(system: System, fmt: str) -> System:
+    """``system`` with its WAN link sending KV in ``fmt`` (pdd/kv_formats.py), live and in the
+    prediction: the same pools, trace, prompts and session homes (the salt stays the system's),
+    its own key (``<key>-<fmt>``: its own datacenters, nodes and served model)."""
+    if len(system.datacenters) < 2:
+        raise ValueError(f"{system.key} has no WAN link to switch the format of")
+    config = copy.deepcopy(system.config)
+    config["fleet"]["links"]["B"]["kv_format"] = fmt
+    return System(f"{system.key}-{fmt}", f"{system.label}, WAN {fmt}", system.pools, config)

@@ -10,15 +10,11 @@ from django.db import models
 
 from fleet.choices import LinkStatus
 from fleet.validators import GreaterThanValidator
+from pdd.kv_formats import KV_FORMATS as FORMATS
 
-# The KV transport formats a link may ask for (agents/engine/kv_codec.py).
-KV_FORMATS = [
-    ("", "the engine's own (lossless)"),
-    ("float32", "float32"),
-    ("bfloat16", "bfloat16"),
-    ("float16", "float16"),
-    ("int8", "8-bit, per-block scales (lossy)"),
-]
+# The KV transport formats a link may ask for (pdd/kv_formats.py).
+_LABELS = {"int8": "8-bit, per-block scales (lossy)"}
+KV_FORMATS = [("", "the engine's own (lossless)")] + [(f, _LABELS.get(f, f)) for f in FORMATS]
 
 
 class WANLink(models.Model):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agents.engine.emulated import FORMAT_WIDTH, BlockPool, as_format
+from agents.engine.emulated import BlockPool, as_format
 from agents.engine.kv_pool import KV_HEADER_BYTES, read_kv_header
+from pdd.kv_formats import wire_factor
 
 
 def test_a_payload_takes_each_formats_bytes_and_imports_on_an_engine_of_the_profile():
@@ -22,7 +23,7 @@ def test_a_payload_takes_each_formats_bytes_and_imports_on_an_engine_of_the_prof
         pool.import_kv(sent, [10, 11, 12])
         # From any format to any other: the same bytes as from the engine's own.
         assert as_format(as_format(payload, "float32"), fmt) == sent
-    assert FORMAT_WIDTH["int8"] == pytest.approx(0.5 * (1 + 1 / 256))
+    assert wire_factor("int8", "bfloat16") == pytest.approx(0.5 * (1 + 1 / 256))
 
 
 def test_a_payload_of_another_size_per_token_is_refused_naming_the_cause():
