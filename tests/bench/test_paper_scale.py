@@ -112,3 +112,52 @@ def test_migrations_are_counted_beside_the_pipelines():
     assert out["migrations"] == 3
     assert out["pipelines"] == {"p-md": 3, "p-rld-md": 1}
     assert "| migrations (live) | 3 |" in _rendered(out)
+
+
+def test_a_wan_format_variant_keeps_the_run_and_switches_only_the_link():
+    pdd = scale.systems()["pdd"]
+    int8 = scale.with_wan_format(pdd, "int8")
+    assert int8.key == "pdd-int8" and int8.model == "paper-pdd-int8"  # its own fleet
+    assert int8.pools == pdd.pools
+    assert int8.config["workload"] == pdd.config["workload"]
+    # The same session homes and prompts: the salt stays the base system's.
+    assert int8.config["fleet"]["session_home_salt"] == "pdd"
+    assert scale.link(int8) == scale.link(pdd) | {"kv_format": "int8"}
+    assert (
+        scale.link(pdd)["kv_format"] == "" and "kv_format" not in pdd.config["fleet"]["links"]["B"]
+    )
+    with pytest.raises(ValueError, match="no WAN link"):
+        scale.with_wan_format(scale.systems()["idc-pd"], "int8")
+
+
+def test_the_report_compares_a_switched_format_with_the_own_one():
+    system = scale.systems()["pdd"]
+    own = report.summarise(live_run([8.0] * 4), system)
+    fast = report.summarise(live_run([4.0] * 4), system)
+    own["wan_bytes"], fast["wan_bytes"] = 4e9, 2e9
+    pred = {"ttft_s": {"p50": 1, "p90": 1, "p99": 1}, "rld_share": 0.0, "wan_utilisation": 0.0,
+            "sla_met": True}  # fmt: skip
+    entry = {"predicted": pred, "cost_per_hour": 11.0, "pools": []}
+    results = {
+        "started": "now", "machine": {"cpus": 2}, "wall_s": 60.0, "window_s": 40.0,
+        "systems": {"pdd": entry | {"live": own, "wan_format": "own"},
+                    "pdd-int8": entry | {"live": fast, "wan_format": "int8"}},
+    }  # fmt: skip
+    text = report.render(results)
+    assert "## The WAN link's KV format switched" in text
+    assert "| **pdd** | own | int8 | |" in text
+    assert "| KV across the WAN (GB, live) | 4.00 | 2.00 | -50.0% |" in text
+    assert "| TTFT P50 live (s) | 1.00 | 0.50 | -50.0% |" in text
+    # Without a variant there is no such section.
+    del results["systems"]["pdd-int8"]
+    assert "format switched" not in report.render(results)
+
+
+def test_the_prediction_of_an_int8_link_carries_half_the_bytes():
+    from bench.paper.run import simulate
+
+    pdd = scale.systems()["pdd"]
+    own = simulate(pdd, 20.0)
+    int8 = simulate(scale.with_wan_format(pdd, "int8"), 20.0)
+    assert own["requests"] == int8["requests"]
+    assert 0.4 < int8["wan_utilisation"] / own["wan_utilisation"] < 0.6

@@ -54,6 +54,7 @@ def fleet():
 def test_the_state_document_and_metrics_say_emulated(fleet):
     (inst,) = get(fleet["md"], "/state").json()["instances"]
     assert inst["engine_kind"] == "emulated" and inst["gpu"] == "GPU-B"
+    assert inst["kv"]["dtype"] == "bfloat16"  # a profile's KV (pdd/kv_formats.py)
     emulation = inst["emulation"]
     assert emulation["profile"] == "paper-dsv4" and emulation["kv_scale"] == KV_SCALE
     assert emulation["gpu"]["mem_bw_tbps"] == pytest.approx(8 * 3350 * 2.1 / 1000)

@@ -53,6 +53,7 @@ def test_health_and_state_document(agent):
     assert inst["instance_id"] == "0" and inst["role"] == "main_decode"
     assert inst["state"] == "running"
     assert inst["kv"]["total_blocks"] == 256 and inst["kv"]["block_size"] == 16
+    assert inst["kv"]["dtype"] == "float32"  # what a WAN link's format is relative to
     assert inst["load"]["max_running"] == 32
     assert inst["tokens_generated"] >= 4
     assert state["tokens_by_role"]["main_decode"] >= 4
