@@ -17,6 +17,7 @@ from typing import Any
 
 from agents.engine import EngineFull, PrefixMissing, SamplingParams, TokenOutput
 from agents.engine.core import EngineCore as Engine
+from agents.engine.outputs import ImportResult
 from agents.node.agent import Agent
 from agents.node.decode_kv import Claim, claim_reservation, claiming, import_kv, start_import
 from agents.node.instances import Instance
@@ -71,168 +72,233 @@ async def wait_for_decode_slot(worker: EngineWorker, queue: asyncio.Queue) -> fl
 
 
 async def run_main(agent: Agent, inst: Instance, req: DecodeRequest) -> Events:
-    rid, worker = req.request_id, inst.running_worker
-    if agent.inbox.released(rid, inst.instance_id):
+    """MD's stream of a request: `MainDecode`'s steps, in order."""
+    if agent.inbox.released(req.request_id, inst.instance_id):
         # RLD answered the request alone and said so before this call got here.
-        yield error_event(f"{rid}: already answered by the relay; its KV is cached here")
+        yield error_event(f"{req.request_id}: already answered by the relay; its KV is cached here")
         return
-    queue = agent.inbox.queue(rid, inst.instance_id)
-    length = len(req.prompt)
-    imported = finished = dropped = detached = False
-    payload: bytes | None = None
-    admission: asyncio.Future | None = None
-    every, kv_timeout = agent.settings.queued_every_s, agent.settings.kv_timeout_s
-    try:
-        # The KV may cross a busy WAN: a keep-alive while it comes (busy, not frozen). Read
-        # with get_within, whose cancellation leaves the item queued (the caller may leave
-        # as it lands: the late import below must still find it).
+    async with aclosing(MainDecode(agent, inst, req).events()) as events:
+        async for event in events:
+            yield event
+
+
+class MainDecode:
+    """One request on MD: the steps of `events` (receive P's KV, claim the reservation, import,
+    take RLD's handoff when held, decode), each ending the stream with one error event when it
+    fails (``over``), and what `close` lets go of whatever step the stream ended in."""
+
+    def __init__(self, agent: Agent, inst: Instance, req: DecodeRequest) -> None:
+        self.agent, self.inst, self.req = agent, inst, req
+        self.rid, self.worker = req.request_id, inst.running_worker
+        # The request's inbox: P's KV, RLD's handoff batches, the engine's tokens, a cancel.
+        self.queue = agent.inbox.queue(self.rid, inst.instance_id)
+        self.every = agent.settings.queued_every_s
+        self.kv_timeout = agent.settings.kv_timeout_s
+        self.over = False  # a step sent the stream's last event (an error)
+        self.payload: bytes | None = None  # P's KV, once received
+        self.claim: Claim | None = None
+        self.admission: asyncio.Future | None = None  # the import, once queued on the engine
+        self.result: ImportResult | None = None
+        self.imported = self.finished = self.dropped = self.detached = False
+        self.index = 1  # of MD's first token (index 0 is P's)
+        self.first_out: TokenOutput | None = None  # made by the handoff's final extend
+
+    async def events(self) -> Events:
+        try:
+            for step in (self.receive_kv, self.claim_prefix, self.import_delta, self.handoff):
+                async with aclosing(step()) as events:
+                    async for event in events:
+                        yield event
+                if self.over:
+                    return
+            async with aclosing(self.decode()) as events:
+                async for event in events:
+                    yield event
+        finally:
+            await self.close()
+
+    def fail(self, message: str, code: str = "") -> dict[str, Any]:
+        """The stream's last event: an error naming the request (``code`` ENGINE_FULL when the
+        engine had no room)."""
+        self.over = True
+        return error_event(f"{self.rid}: {message}", code)
+
+    # -- the steps ----------------------------------------------------------------------------
+
+    async def receive_kv(self) -> Events:
+        """P's KV, with a keep-alive every ``every`` while it comes (it may cross a busy WAN:
+        busy, not frozen), up to the KV timeout. Read with get_within, whose cancellation
+        leaves the item queued (the caller may leave as it lands: `close`'s late import must
+        still find it)."""
         started = time.monotonic()
         while True:
-            left = kv_timeout - (time.monotonic() - started)
+            left = self.kv_timeout - (time.monotonic() - started)
             try:
-                item = await get_within(queue, max(0.0, min(every, left)))
+                item = await get_within(self.queue, max(0.0, min(self.every, left)))
                 break
             except TimeoutError:
-                if left <= every:
-                    item = None
-                    break
+                if left <= self.every:
+                    yield self.fail(f"no KV from P within {self.kv_timeout} s")
+                    return
                 yield queued_event(started, "kv")
-        if item is None:
-            yield error_event(f"{rid}: no KV from P within {kv_timeout} s")
-            return
         if isinstance(item, BaseException):
-            agent.kv_flight.finish_incoming(
-                rid
-            )  # no KV is coming: whoever counted on it stops waiting
-            yield error_event(f"{rid}: KV transfer failed: {item}")
+            self.agent.kv_flight.finish_incoming(self.rid)  # whoever counted on it stops waiting
+            yield self.fail(f"KV transfer failed: {item}")
             return
         what, transfer = item
         if what != "kv":
-            yield error_event(f"{rid}: expected the KV transfer first, got {what!r}")
+            yield self.fail(f"expected the KV transfer first, got {what!r}")
             return
-        payload = kv_payload(transfer)
+        self.payload = kv_payload(transfer)
+
+    async def claim_prefix(self) -> Events:
+        """The reservation of the cached prefix, once the KV in flight it counted on landed."""
         claimed: list[Claim] = []
-        async for event in claiming(agent, inst, rid, claimed, every):  # KV it counted on
+        async for event in claiming(self.agent, self.inst, self.rid, claimed, self.every):
             yield event
-        claim = claimed[0]
-        if claim.dropped:
-            dropped = True
-            yield error_event(
-                f"{rid}: reservation dropped (cancelled or expired) while waiting for KV in "
-                f"flight{claim.note}"
+        self.claim = claimed[0]
+        if self.claim.dropped:
+            self.dropped = True
+            yield self.fail(
+                "reservation dropped (cancelled or expired) while waiting for KV in "
+                f"flight{self.claim.note}"
             )
-            return
-        worker.add_sink(rid, lambda out: queue.put_nowait(("tok", out)))
-        admission = start_import(
-            agent,
-            inst,
+
+    async def import_delta(self) -> Events:
+        """P's delta imported on top of the reserved prefix and the request started on the
+        engine. The import waits for the engine's step in flight, and a busy engine (one
+        behind its model) may take long: keep-alives meanwhile, up to the KV timeout."""
+        req, rid, claim = self.req, self.rid, self.claim
+        assert claim is not None and self.payload is not None
+        queue = self.queue
+        self.worker.add_sink(rid, lambda out: queue.put_nowait(("tok", out)))
+        self.admission = start_import(
+            self.agent,
+            self.inst,
             rid,
             req.prompt,
             req.start_token,
-            payload,
+            self.payload,
             claim.reservation,
             lambda e: e.start_decode(rid, req.prompt, req.first_token, req.sampling, hold=req.hold),
         )
-        # The import waits for the engine's step in flight, and a busy engine (one behind
-        # its model) may take long: keep-alives meanwhile (busy, not frozen), up to the KV
-        # timeout. Then the first token below, the same way.
-        importing = asyncio.ensure_future(import_kv(admission))
+        importing = asyncio.ensure_future(import_kv(self.admission))
         async with aclosing(
             _while_engine_busy(
-                importing, every, kv_timeout, f"{rid}: the engine did not import the KV"
+                importing, self.every, self.kv_timeout, f"{rid}: the engine did not import the KV"
             )
         ) as waits:
             async for event in waits:
                 yield event
         if importing.cancelled():  # not within the KV timeout: the error event went out
+            self.over = True
             return
         try:
-            result = importing.result()
+            self.result = importing.result()
         except (EngineFull, PrefixMissing, ValueError, KeyError) as exc:
-            yield error_event(
-                f"{rid}: cannot import KV: {type(exc).__name__}: {exc}{claim.note}",
+            yield self.fail(
+                f"cannot import KV: {type(exc).__name__}: {exc}{claim.note}",
                 ENGINE_FULL if isinstance(exc, EngineFull) else "",
             )
             return
-        imported = True
-        index = 1  # index 0 is P's first token
-        first_out = None
-        if req.hold:
-            # RLD hands off when MD is ready; MD is ready when it has a decode slot for the
-            # request, so a full MD leaves RLD decoding instead of stalling the stream here.
-            slot_wait_s = await wait_for_decode_slot(worker, queue)
-            yield ReadyEvent(result.local_tokens, result.received_tokens, slot_wait_s).to_json()
-            handed = 0
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    yield error_event(f"{rid}: {item}")
-                    return
-                what, transfer = item
-                if what == "tok" or transfer.tokens is None or not what.startswith("h"):
-                    yield error_event(f"{rid}: unexpected {what!r} while held for the handoff")
-                    return
-                ids = list(transfer.tokens.ids)
-                if transfer.tokens.token_start != length + 1 + handed:
-                    yield error_event(
-                        f"{rid}: handoff batch starts at {transfer.tokens.token_start}, "
-                        f"expected {length + 1 + handed}"
-                    )
-                    return
-                final = what.endswith(".final")
-                try:
-                    out = await worker.call(_extend(rid, ids, final))
-                except (EngineFull, ValueError) as exc:
-                    yield error_event(f"{rid}: extend failed: {exc}")
-                    return
-                handed += len(ids)
-                if not final:
-                    yield ExtendedEvent(1 + handed).to_json()
-                    continue
-                index = 1 + handed
-                # MD's first tokens after the handoff go out through the decode loop, ahead
-                # of anything the engine has queued since.
-                first_out = out
-                break
-        decoded = _decoded(agent, inst, rid, queue, index, first_out)
-        if req.hold and req.detachable:
-            # The gateway reads MD's stream itself once RLD let go (one hop per token): the
-            # decoding runs as a tail of its own, which this stream (RLD's) reads first.
+        self.imported = True
+
+    async def handoff(self) -> Events:
+        """Held for RLD (p-rld-md): ``ready`` once MD has a decode slot for the request (so a
+        full MD leaves RLD decoding instead of stalling the stream here), then RLD's handoff
+        batches appended in order (``extended`` after each but the final one, which resumes
+        the decoding). Nothing to do when not held."""
+        if not self.req.hold:
+            return
+        rid, worker, queue, result = self.rid, self.worker, self.queue, self.result
+        assert result is not None
+        slot_wait_s = await wait_for_decode_slot(worker, queue)
+        yield ReadyEvent(result.local_tokens, result.received_tokens, slot_wait_s).to_json()
+        expected = len(self.req.prompt) + 1  # where the next batch starts
+        while True:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                yield self.fail(str(item))
+                return
+            what, transfer = item
+            if what == "tok" or transfer.tokens is None or not what.startswith("h"):
+                yield self.fail(f"unexpected {what!r} while held for the handoff")
+                return
+            if transfer.tokens.token_start != expected:
+                yield self.fail(
+                    f"handoff batch starts at {transfer.tokens.token_start}, expected {expected}"
+                )
+                return
+            ids = list(transfer.tokens.ids)
+            final = what.endswith(".final")
+            try:
+                out = await worker.call(_extend(rid, ids, final))
+            except (EngineFull, ValueError) as exc:
+                yield self.fail(f"extend failed: {exc}")
+                return
+            expected += len(ids)
+            handed = expected - len(self.req.prompt) - 1
+            if not final:
+                yield ExtendedEvent(1 + handed).to_json()
+                continue
+            # MD's first tokens after the handoff go out through the decode loop, ahead of
+            # anything the engine has queued since.
+            self.index, self.first_out = 1 + handed, out
+            return
+
+    async def decode(self) -> Events:
+        """MD's token events, then ``done``: read here, or, when RLD's gateway reads MD's
+        stream itself after the handoff (``detachable``: one hop per token), run as a tail of
+        its own (agents/node/tail.py) that this stream (RLD's) reads first."""
+        agent, inst, rid = self.agent, self.inst, self.rid
+        decoded = _decoded(agent, inst, rid, self.queue, self.index, self.first_out)
+        if self.req.hold and self.req.detachable:
             tail = Tail(rid, inst.instance_id, agent.settings.handoff_attach_s)
             agent.instances.begin(inst)
             agent.tails.start(tail, decoded, _tail_cleanup(agent, inst, rid))
-            detached = True
-            async for event in tail.read(index):
+            self.detached = True
+            async for event in tail.read(self.index):
                 yield event
             return
         first = asyncio.ensure_future(anext(decoded, None))
         async with aclosing(
-            _while_engine_busy(first, every, kv_timeout, f"{rid}: no first token from the engine")
+            _while_engine_busy(
+                first, self.every, self.kv_timeout, f"{rid}: no first token from the engine"
+            )
         ) as waits:
             async for event in waits:
                 yield event
         if first.cancelled():
             return
-        decoded_event: dict[str, Any] | None = first.result()
-        while decoded_event is not None:
-            finished = finished or decoded_event.get("type") == "done"
-            yield decoded_event
-            decoded_event = await anext(decoded, None)
-    finally:
-        if detached:
-            pass  # the tail's cleanup lets the request go when it ends
-        elif imported or admission is not None or dropped:
+        out: dict[str, Any] | None = first.result()
+        while out is not None:
+            self.finished = self.finished or out.get("type") == "done"
+            yield out
+            out = await anext(decoded, None)
+
+    async def close(self) -> None:
+        """Let the request go, whichever step the stream ended in."""
+        if self.detached:
+            return  # the tail's cleanup lets the request go when it ends
+        if self.imported or self.admission is not None or self.dropped:
             # Finished; or imported but not finished, or the import was queued on the engine
             # (and failed, or the caller left meanwhile: this abort runs after it), or the
             # reservation was dropped: let the request go. Whatever was imported stays in the
             # prefix cache, so MD's cache stays aligned with P's.
-            await _let_go(agent, inst, worker, rid, finished=imported and finished)
-        else:
-            worker.remove_sink(rid)
-            # The caller left before P's KV was imported (RLD finished alone): keep the KV
-            # anyway, or MD's cache falls behind P's and every later turn becomes low-hit
-            # (docs/pdd.md).
-            fire_and_forget(agent, cache_late_kv(agent, inst, req, queue, payload))
+            await _let_go(
+                self.agent,
+                self.inst,
+                self.worker,
+                self.rid,
+                finished=self.imported and self.finished,
+            )
+            return
+        self.worker.remove_sink(self.rid)
+        # The caller left before P's KV was imported (RLD finished alone): keep the KV anyway,
+        # or MD's cache falls behind P's and every later turn becomes low-hit (docs/pdd.md).
+        fire_and_forget(
+            self.agent, cache_late_kv(self.agent, self.inst, self.req, self.queue, self.payload)
+        )
 
 
 async def _while_engine_busy(
