@@ -384,3 +384,24 @@ def test_every_bench_tool_is_named_where_a_reader_finds_it():
         if not any(re.search(rf"{re.escape(n)}(?![\w/]|\.\w)", text) for n in names):
             unnamed.append(str(path.relative_to(ROOT)))
     assert not unnamed, f"runnable but named nowhere in README.md, docs/ or a Makefile: {unnamed}"
+
+
+# The gateway's request path (routing/gateway/views.py): the composer calls each step once, in
+# this order; a step never imports the composer nor a step after it (the run hands a failed
+# attempt to the composer's ``recover``, it does not route itself). The run writes the request's
+# progress and its end through the record service (``recorder``), and frames logprobs with the
+# shapes' collector: the two imports of another step it is allowed.
+GATEWAY_STEPS = ("admission", "routes", "recorder", "run", "openai_shapes")
+GATEWAY_STEP_USES = {("run", "recorder"), ("run", "openai_shapes")}
+
+
+def test_the_gateway_path_is_a_line():
+    steps = {f"routing.gateway.{s}": s for s in GATEWAY_STEPS}
+    found = []
+    for src, step in steps.items():
+        for dst, line in sorted(_graph().get(src, {}).items()):
+            if dst == "routing.gateway.views":
+                found.append(f"{src}:{line} imports the composer (views)")
+            elif dst in steps and dst != src and (step, steps[dst]) not in GATEWAY_STEP_USES:
+                found.append(f"{src}:{line} imports another step of the path, {dst}")
+    assert not found, "\n".join(found)
