@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -27,6 +28,7 @@ from controlplane import gcwatch  # noqa: E402
 from controlplane.embedded_beat import start_embedded_beat  # noqa: E402
 from controlplane.limits import BodyGuard  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
+from controlplane.warmup import warm_up  # noqa: E402
 from pdd import looplag  # noqa: E402
 from routing.caching import versions  # noqa: E402
 
@@ -52,6 +54,8 @@ async def lifespan(scope, receive, send):
             # The gateway caches' change counters, read off the request path.
             refresher = versions.start_refresher()
             lag_watch = looplag.start()  # the loop's own delay, not taken for the nodes'
+            # The URLconf and the prefix index's mirror loaded now, not by the first requests.
+            await asyncio.to_thread(warm_up)
             if settings.BATON_GC_FREEZE:  # start-up's objects out of every later collection
                 gcwatch.freeze()
             await send({"type": "lifespan.startup.complete"})
