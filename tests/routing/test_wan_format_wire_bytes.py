@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleet import live as fleet_live
-from fleet.choices import InstanceRole, NodeStatus
-from fleet.models import Datacenter, GPUType, Instance, Node, ServedModel, WANLink
+from fleet.choices import InstanceRole
+from fleet.models import Datacenter, GPUType, ServedModel, WANLink
 from pdd.kv_formats import BYTES_PER_VALUE, KV_FORMATS, wire_factor
 from pdd.policy import PolicySettings, WanLinkState, estimate_wan_s
 from planner.wan import WanLinkSpec
@@ -44,9 +43,9 @@ def test_the_simulators_link_takes_a_format_and_refuses_an_unknown_one():
 
 
 @pytest.fixture
-def two_dc_fleet(transactional_db, settings):
-    """P in dc-a (reporting its KV dtype), MD in dc-b, the link between them in int8."""
-    settings.REDIS_URL = ""  # the live state in this process
+def two_dc_fleet(transactional_db, running_instance):
+    """P in dc-a and MD in dc-b (each reporting ``kv`` as given), the link between them in
+    int8."""
     model = ServedModel.objects.create(
         name="paper", source="paper-dsv4", num_layers=4, kv_bytes_per_token=4400
     )
@@ -60,57 +59,29 @@ def two_dc_fleet(transactional_db, settings):
         from_datacenter=a, to_datacenter=b, bandwidth_gbps=20, rtt_ms=20, kv_format="int8"
     )
 
-    def node(role: str, dc: Datacenter, kv: dict) -> None:
-        n = Node.objects.create(
-            hostname=f"{dc.name}-{role}",
-            datacenter=dc,
-            gpu_type=gpu,
-            gpu_count=8,
-            agent_endpoint=f"http://{role}.agent",
-            agent_token_prefix=f"t-{role}",
-            status=NodeStatus.ONLINE,
-        )
-        inst = Instance.objects.create(role=role, node=n, served_model=model, gpu_count=8)
-        fleet_live.publish_report(
-            node_id=n.pk,
-            hostname=n.hostname,
-            datacenter=dc.name,
-            endpoint=n.agent_endpoint,
-            report={
-                "instances": [
-                    {
-                        "instance_id": str(inst.pk),
-                        "role": role,
-                        "state": "running",
-                        "load": {"running": 0, "queued": 0, "max_running": 32},
-                        "kv": kv,
-                    }
-                ]
-            },
-        )
+    def fleet(kv: dict) -> None:
+        running_instance(InstanceRole.PREFILL, a, gpu, model, kv=kv)
+        running_instance(InstanceRole.MAIN_DECODE, b, gpu, model, kv=kv)
 
-    return node, link
+    return fleet, link
 
 
 def test_the_live_view_gives_the_link_its_formats_wire_factor(two_dc_fleet):
-    node, _ = two_dc_fleet
-    node(InstanceRole.PREFILL, Datacenter.objects.get(name="dc-a"), {"dtype": "bfloat16"})
-    node(InstanceRole.MAIN_DECODE, Datacenter.objects.get(name="dc-b"), {"dtype": "bfloat16"})
+    fleet, _ = two_dc_fleet
+    fleet({"dtype": "bfloat16"})
     link = build_live_view("paper").snapshot.wan_links["dc-b"]
     assert link.wire_factor == pytest.approx(0.5 * (1 + 1 / 256))
 
 
 def test_an_unknown_sender_dtype_counts_every_byte(two_dc_fleet):
-    node, _ = two_dc_fleet
-    node(InstanceRole.PREFILL, Datacenter.objects.get(name="dc-a"), {})  # no dtype reported
-    node(InstanceRole.MAIN_DECODE, Datacenter.objects.get(name="dc-b"), {})
+    fleet, _ = two_dc_fleet
+    fleet({})  # no dtype reported
     assert build_live_view("paper").snapshot.wan_links["dc-b"].wire_factor == 1.0
 
 
 def test_a_link_in_the_engines_own_format_counts_every_byte(two_dc_fleet):
-    node, link = two_dc_fleet
+    fleet, link = two_dc_fleet
     link.kv_format = ""
     link.save()
-    node(InstanceRole.PREFILL, Datacenter.objects.get(name="dc-a"), {"dtype": "bfloat16"})
-    node(InstanceRole.MAIN_DECODE, Datacenter.objects.get(name="dc-b"), {"dtype": "bfloat16"})
+    fleet({"dtype": "bfloat16"})
     assert build_live_view("paper").snapshot.wan_links["dc-b"].wire_factor == 1.0

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from fleet import live as fleet_live
-from fleet.choices import InstanceRole, NodeStatus
-from fleet.models import Datacenter, GPUType, Instance, Node, ServedModel
+from fleet.choices import InstanceRole
+from fleet.models import Datacenter, GPUType, Instance, ServedModel
 from pdd.policy import LinkStatus, PolicySettings, RequestInfo, decide
 from routing.live import IN_DC_RTT_MS, build_live_view
 
 
 @pytest.fixture
-def in_dc_fleet(transactional_db, settings):
-    settings.REDIS_URL = ""  # the live state in this process
+def in_dc_fleet(transactional_db, running_instance):
     model = ServedModel.objects.create(
         name="baton-tiny", source="baton-tiny", num_layers=4, kv_bytes_per_token=4096
     )
@@ -28,32 +26,7 @@ def in_dc_fleet(transactional_db, settings):
         interconnect_gbps=400,
     )
     for role in (InstanceRole.PREFILL, InstanceRole.MAIN_DECODE):
-        node = Node.objects.create(
-            hostname=f"a-{role}",
-            datacenter=a,
-            gpu_type=gpu,
-            gpu_count=8,
-            agent_endpoint=f"http://{role}.agent",
-            agent_token_prefix=f"t-{role}",
-            status=NodeStatus.ONLINE,
-        )
-        inst = Instance.objects.create(role=role, node=node, served_model=model, gpu_count=8)
-        fleet_live.publish_report(
-            node_id=node.pk,
-            hostname=node.hostname,
-            datacenter="dc-a",
-            endpoint=node.agent_endpoint,
-            report={
-                "instances": [
-                    {
-                        "instance_id": str(inst.pk),
-                        "role": role,
-                        "state": "running",
-                        "load": {"running": 0, "queued": 0, "max_running": 32},
-                    }
-                ]
-            },
-        )
+        running_instance(role, a, gpu, model)
     return model
 
 
