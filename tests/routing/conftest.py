@@ -26,7 +26,7 @@ def running_instance(settings) -> Callable[..., Instance]:
             gpu_type=gpu,
             gpu_count=8,
             agent_endpoint=f"http://{dc.name}-{role}.agent",
-            agent_token_prefix=f"t-{dc.name}-{role}",
+            agent_token_prefix=f"t-{dc.pk}-{role[:6]}",  # at most 16 characters
             status=NodeStatus.ONLINE,
         )
         inst = Instance.objects.create(role=role, node=node, served_model=model, gpu_count=8)
