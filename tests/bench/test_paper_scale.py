@@ -161,3 +161,16 @@ def test_the_prediction_of_an_int8_link_carries_half_the_bytes():
     int8 = simulate(scale.with_wan_format(pdd, "int8"), 20.0)
     assert own["requests"] == int8["requests"]
     assert 0.4 < int8["wan_utilisation"] / own["wan_utilisation"] < 0.6
+
+
+def test_wan_use_is_the_windows_bytes_over_the_arrival_window_as_simulated():
+    system = scale.systems()["pdd"]
+    live = live_run([8.0] * 5)  # drawn at 10..14 s: a 14-s window
+    live["marks"]["t_end"] = 10_000.0  # a long drain changes nothing
+    for record in live["records"]:
+        record["kv_bytes_wan"] = 1_000_000_000
+    out = report.summarise(live, system)
+    link_bytes_s = system.config["fleet"]["links"]["B"]["bandwidth_gbps"] * 1e9 / 8
+    assert out["wan_bytes"] == 5e9
+    assert out["wan_utilisation"] == pytest.approx(5e9 / 14.0 / link_bytes_s)
+    assert report.summarise(live, scale.systems()["idc-pd"])["wan_utilisation"] is None
