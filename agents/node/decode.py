@@ -99,7 +99,8 @@ class MainDecode:
         self.claim: Claim | None = None
         self.admission: asyncio.Future | None = None  # the import, once queued on the engine
         self.result: ImportResult | None = None
-        self.imported = self.finished = self.dropped = self.detached = False
+        self.finished = False  # MD's engine said done (only after the import)
+        self.detached = False  # the decoding runs as a tail that lets the request go itself
         self.index = 1  # of MD's first token (index 0 is P's)
         self.first_out: TokenOutput | None = None  # made by the handoff's final extend
 
@@ -158,7 +159,6 @@ class MainDecode:
             yield event
         self.claim = claimed[0]
         if self.claim.dropped:
-            self.dropped = True
             yield self.fail(
                 "reservation dropped (cancelled or expired) while waiting for KV in "
                 f"flight{self.claim.note}"
@@ -201,7 +201,6 @@ class MainDecode:
                 ENGINE_FULL if isinstance(exc, EngineFull) else "",
             )
             return
-        self.imported = True
 
     async def handoff(self) -> Events:
         """Held for RLD (p-rld-md): ``ready`` once MD has a decode slot for the request (so a
@@ -280,9 +279,9 @@ class MainDecode:
         """Let the request go, whichever step the stream ended in."""
         if self.detached:
             return  # the tail's cleanup lets the request go when it ends
-        if self.imported or self.admission is not None or self.dropped:
-            # Finished; or imported but not finished, or the import was queued on the engine
-            # (and failed, or the caller left meanwhile: this abort runs after it), or the
+        if self.admission is not None or (self.claim is not None and self.claim.dropped):
+            # The import was queued on the engine (and the request finished, or did not, or the
+            # import failed, or the caller left meanwhile: this abort runs after it), or the
             # reservation was dropped: let the request go. Whatever was imported stays in the
             # prefix cache, so MD's cache stays aligned with P's.
             await _let_go(
@@ -290,7 +289,7 @@ class MainDecode:
                 self.inst,
                 self.worker,
                 self.rid,
-                finished=self.imported and self.finished,
+                finished=self.finished,
             )
             return
         self.worker.remove_sink(self.rid)
