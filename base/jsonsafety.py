@@ -47,31 +47,50 @@ def loads(raw: bytes | str, *, depth: int | None = None) -> Any:
     return value
 
 
+def _bad_text(text: str) -> bool:
+    # ASCII text (nearly all of it: hashes, ids, English) cannot hold a surrogate; the check
+    # is one C call, where the regular expression scans every character.
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
 def check(value: Any, *, depth: int | None = None) -> None:
-    """Walk a decoded JSON value (no recursion: a deep value cannot overflow the stack)."""
+    """Walk a decoded JSON value (no recursion: a deep value cannot overflow the stack).
+
+    A container's path is spelled only when it is pushed, a scalar's only when it fails: a
+    list of 4,096 block hashes (an agent's KV cache event) costs one pass of C-level checks,
+    not 4,096 formatted paths."""
     limit = max_depth() if depth is None else depth
+    if isinstance(value, str):
+        if _bad_text(value):
+            raise UnsafeJSON("'body' holds invalid Unicode (a lone surrogate).", "")
+        return
     stack: list[tuple[Any, str, int]] = [(value, "", 1)]
     while stack:
         item, path, level = stack.pop()
-        if isinstance(item, str):
-            if _SURROGATE.search(item):
-                raise UnsafeJSON(
-                    f"'{path or 'body'}' holds invalid Unicode (a lone surrogate).", path
-                )
-            continue
-        if not isinstance(item, (dict, list)):
-            continue
         if level > limit:
             raise UnsafeJSON(f"JSON nested deeper than {limit} levels at '{path}'.", path)
         if isinstance(item, dict):
             for key, child in item.items():
-                here = f"{path}.{key}" if path else str(key)
-                if isinstance(key, str) and _SURROGATE.search(key):
+                if isinstance(key, str) and _bad_text(key):
                     raise UnsafeJSON(
                         f"A key in '{path or 'body'}' holds invalid Unicode (a lone surrogate).",
                         path,
                     )
-                stack.append((child, here, level + 1))
-        else:
+                if isinstance(child, str):
+                    if _bad_text(child):
+                        here = f"{path}.{key}" if path else str(key)
+                        raise UnsafeJSON(
+                            f"'{here}' holds invalid Unicode (a lone surrogate).", here
+                        )
+                elif isinstance(child, (dict, list)):
+                    stack.append((child, f"{path}.{key}" if path else str(key), level + 1))
+        elif isinstance(item, list):
             for i, child in enumerate(item):
-                stack.append((child, f"{path}[{i}]", level + 1))
+                if isinstance(child, str):
+                    if _bad_text(child):
+                        here = f"{path}[{i}]"
+                        raise UnsafeJSON(
+                            f"'{here}' holds invalid Unicode (a lone surrogate).", here
+                        )
+                elif isinstance(child, (dict, list)):
+                    stack.append((child, f"{path}[{i}]", level + 1))
