@@ -293,3 +293,47 @@ def test_through_redis_every_process_mirror_reads_only_new_events(settings):
         writer.forget("41")
         r = writer._redis()
         r.delete(f"{prefix}:kv:stream")
+
+
+@pytest.mark.redis
+def test_through_redis_random_traffic_keeps_set_and_digest_exact(settings):
+    """The Redis apply (one script per batch: presence flags, then the adds or removes) keeps
+    the set and its digest where the agent's are: a wrong flag would answer "resync"."""
+    settings.REDIS_URL = os.environ["REDIS_URL"]
+    prefix = f"test-kv-{random.randrange(10**9)}"
+    index = PrefixIndex(settings.REDIS_URL, prefix)
+    rng = random.Random(5)
+    cache, log = cache_and_log("43")
+    try:
+        for step in range(120):
+            prompt = [rng.randrange(0, 4) for _ in range(rng.randrange(4, 40))]
+            cache.insert(prompt, list(range(step * 100, step * 100 + len(prompt) // BS)))
+            if rng.random() < 0.4:
+                cache.evict(rng.randrange(1, 8))
+            flush(cache, log)
+            if rng.random() < 0.5:
+                answer = deliver(index, log)
+                assert "resync" not in answer, answer
+        assert "resync" not in deliver(index, log)
+        index.sync()
+        assert indexed(index, "43") == cache_hex(cache)
+        held = index._redis().scard(index._key("43", "blocks"))
+        assert held == len(cache_hex(cache)) == log.summary()["digest"]["blocks"]
+        # A digest that no longer matches the set is drift: the answer asks for a resync.
+        bad = {"seq": log.seq + 1, "events": [], "digest": {"blocks": held + 1, "xor": "0" * 16}}
+        assert deliver_raw(index, log, bad)["resync"]
+    finally:
+        index.forget("43")
+        index._redis().delete(f"{prefix}:kv:stream")
+
+
+def deliver_raw(index: PrefixIndex, log: KVEventLog, batch: dict) -> dict:
+    return index.apply(log.instance_id, log.epoch, batch["seq"], [parse_batch(batch, "b")])
+
+
+def test_a_stream_entry_round_trips_and_an_older_entry_still_reads():
+    hashes = (0, 1, 2**64 - 1, 0x0123456789ABCDEF)
+    batch = kv_index.Batch(7, True, ((1, hashes), (-1, (5,))), 3, 0xFF)
+    assert kv_index.Batch.from_json(batch.to_json()) == batch
+    older = '{"seq": 7, "cleared": true, "changes": [[1, [0, 1]], [-1, [5]]], "digest": [3, 255]}'
+    assert kv_index.Batch.from_json(older).changes == ((1, (0, 1)), (-1, (5,)))
