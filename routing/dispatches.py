@@ -86,11 +86,17 @@ class DispatchLedger(RedisFallback):
         self.prefix = prefix
         self._times: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
+        self._script: Any = None
         self._connect(redis_url)
 
     @property
     def shared(self) -> bool:
         return self._redis is not None
+
+    def _record_script(self) -> Any:
+        if self._script is None:
+            self._script = self._redis.register_script(_RECORD_LUA)
+        return self._script
 
     def record(self, instance_ids: Iterable[str | None], now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -191,6 +197,35 @@ DISPATCHED_BLOCKS_CAP = 65_536  # block hashes kept per MD (about 1.5 MB in Redi
 CONFIRM_GRACE_S = 2.0  # a report received this long after a dispatch holds its blocks
 
 
+# DispatchedBlocks.record on Redis, in one round trip. ARGV: now, the horizon's start, the cap,
+# the key's TTL, the hashes' width and the hashes end to end. GT: a new hash is added, a known
+# one only moves forward in time; each block a microsecond before the one above it, so that
+# the cap (by rank) drops a prompt's deepest blocks first, as in memory. ZADD in slices that
+# stay under Lua's limit on unpacked arguments.
+_RECORD_LUA = """
+local key = KEYS[1]
+local now = tonumber(ARGV[1])
+local width = tonumber(ARGV[5])
+local packed = ARGV[6]
+local n = #packed / width
+local i = 0
+while i < n do
+  local stop = math.min(n, i + 2000)
+  local args = {}
+  for j = i, stop - 1 do
+    args[#args + 1] = now - j * 1e-6
+    args[#args + 1] = string.sub(packed, j * width + 1, (j + 1) * width)
+  end
+  redis.call('ZADD', key, 'GT', unpack(args))
+  i = stop
+end
+redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. ARGV[2])
+redis.call('ZREMRANGEBYRANK', key, 0, -(tonumber(ARGV[3]) + 1))
+redis.call('EXPIRE', key, ARGV[4])
+return n
+"""
+
+
 class DispatchedBlocks(RedisFallback):
     """Prefix blocks of the prompts the gateway has sent to each MD, by wall time.
 
@@ -237,11 +272,17 @@ class DispatchedBlocks(RedisFallback):
         # instance id -> block hash -> latest dispatch time, least recently dispatched first
         self._blocks: dict[str, OrderedDict[str, float]] = {}
         self._lock = threading.Lock()
+        self._script: Any = None
         self._connect(redis_url)
 
     @property
     def shared(self) -> bool:
         return self._redis is not None
+
+    def _record_script(self) -> Any:
+        if self._script is None:
+            self._script = self._redis.register_script(_RECORD_LUA)
+        return self._script
 
     def record(
         self, instance_id: str | None, block_hashes: Sequence[str], now: float | None = None
@@ -265,17 +306,24 @@ class DispatchedBlocks(RedisFallback):
                 blocks.popitem(last=False)
         if self._use_redis():
             key = f"{self.prefix}:{instance_id}"
+            ttl = int(self.horizon_s * 2) + 1
             try:
-                pipe = self._redis.pipeline(transaction=False)
-                # GT: a new hash is added, a known one only moves forward in time. Each block
-                # a microsecond before the one above it, so that the cap (by rank) drops a
-                # prompt's deepest blocks first, as in memory.
-                scores = {block: now - i * 1e-6 for i, block in enumerate(block_hashes)}
-                pipe.zadd(key, scores, gt=True)
-                pipe.zremrangebyscore(key, "-inf", f"({oldest}")
-                pipe.zremrangebyrank(key, 0, -(self.cap + 1))
-                pipe.expire(key, int(self.horizon_s * 2) + 1)
-                pipe.execute()
+                width = len(block_hashes[0])
+                if width and set(map(len, block_hashes)) == {width}:
+                    # One argument for the whole prompt (a 64K prompt's 4,096 hashes were
+                    # 8,192 arguments for redis-py to pack); Redis gives the scores.
+                    self._record_script()(
+                        keys=[key],
+                        args=[repr(now), repr(oldest), self.cap, ttl, width, "".join(block_hashes)],
+                    )
+                else:
+                    pipe = self._redis.pipeline(transaction=False)
+                    scores = {block: now - i * 1e-6 for i, block in enumerate(block_hashes)}
+                    pipe.zadd(key, scores, gt=True)
+                    pipe.zremrangebyscore(key, "-inf", f"({oldest}")
+                    pipe.zremrangebyrank(key, 0, -(self.cap + 1))
+                    pipe.expire(key, ttl)
+                    pipe.execute()
             except Exception as exc:  # noqa: BLE001 - any Redis failure: count locally
                 self._redis_failed("record", exc)
 

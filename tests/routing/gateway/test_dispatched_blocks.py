@@ -212,3 +212,20 @@ def test_gateway_processes_share_the_dispatched_blocks_through_redis() -> None:
     for ledger in (first, second, short):
         ledger.clear()
     assert first.held("m1", hashes, after=0.0) == 0
+
+
+@pytest.mark.redis
+def test_hashes_of_unequal_width_are_recorded_through_redis_too() -> None:
+    # Prompts' hashes are one width (one script call); any others take the plain commands.
+    url = os.environ["REDIS_URL"]
+    ledger = DispatchedBlocks(redis_url=url, prefix=f"baton:test-db-width:{uuid.uuid4().hex}")
+    now = time.time()
+    try:
+        ledger.record("m1", ["a", "bb", "ccc"], now=now)
+        ledger.record("m2", ["0123456789abcdef", "fedcba9876543210"], now=now)
+        assert ledger.held("m1", ["a", "bb", "ccc", "d"], after=now - 1.0, now=now) == 3
+        assert ledger.held("m2", ["0123456789abcdef", "fedcba9876543210"], after=now - 1.0) == 2
+        ledger._blocks.clear()  # the answers above came from Redis, not this process's copy
+        assert ledger.held("m2", ["0123456789abcdef"], after=now - 1.0) == 1
+    finally:
+        ledger._redis.delete(f"{ledger.prefix}:m1", f"{ledger.prefix}:m2")
