@@ -229,3 +229,25 @@ def test_hashes_of_unequal_width_are_recorded_through_redis_too() -> None:
         assert ledger.held("m2", ["0123456789abcdef"], after=now - 1.0) == 1
     finally:
         ledger._redis.delete(f"{ledger.prefix}:m1", f"{ledger.prefix}:m2")
+
+
+def test_a_shared_ledger_keeps_its_own_dispatches_for_when_redis_fails() -> None:
+    # Shared, this process logs its dispatches by prompt; Redis failing later (here: down
+    # from the start, so nothing reaches it) turns the log into the per-block counts, with
+    # the same horizon, cap and forward-only times as the in-memory ledger.
+    now = time.time()
+    hashes = [f"{i:016x}" for i in range(40)]
+    ledger = DispatchedBlocks(redis_url="redis://127.0.0.1:1/0", cap=16, horizon_s=30.0)
+    ledger.record("m1", hashes[:8], now=now - 60.0)  # past the horizon by the next record
+    ledger.record("m1", hashes[8:20], now=now)
+    ledger.record("m1", hashes[20:30], now=now + 1.0)
+    ledger.record("m1", hashes[8:10], now=now - 5.0)  # re-dispatched: never back in time
+    assert len(ledger._log["m1"]) <= 3
+    assert ledger.held("m1", hashes[:8], after=0.0, now=now + 1.0) == 0
+    assert ledger.held("m1", hashes[8:10], after=now - 1.0, now=now + 1.0) == 2
+    assert ledger.held("m1", hashes[20:30], after=0.0, now=now + 1.0) == 10
+    # The cap keeps the newest prompt whole and drops the older one's deepest blocks first.
+    assert ledger.held("m1", hashes[8:20], after=0.0, now=now + 1.0) == 6
+    assert not ledger._log  # replayed into the per-block map
+    ledger.clear()
+    assert ledger.held("m1", hashes, after=0.0) == 0
