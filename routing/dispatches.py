@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import queue
 import threading
 import time
 import uuid
@@ -91,6 +92,15 @@ class DispatchLedger(RedisFallback):
         self._log: dict[str, deque[tuple[float, tuple[str, ...]]]] = {}
         self._logged: dict[str, int] = {}
         self._script: Any = None
+        # Writes to Redis, sent in order by a writer thread: seq -> (instance, hashes, time,
+        # horizon start) until sent; at most WRITES_PENDING_MAX waiting (more are dropped and
+        # counted in ``dropped``).
+        self._pending: dict[int, tuple[str, tuple[str, ...], float, float]] = {}
+        self._writes: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._seq = self._written = 0
+        self._idle = threading.Condition(self._lock)
+        self._writer: threading.Thread | None = None
+        self.dropped = 0
         self._connect(redis_url)
 
     @property
@@ -198,6 +208,11 @@ def with_dispatches(view: LiveView, ledger: DispatchLedger) -> ClusterSnapshot:
 
 
 DISPATCHED_BLOCKS_CAP = 65_536  # block hashes kept per MD (about 1.5 MB in Redis)
+# Recorded prompts waiting for the writer thread to send them to Redis: past this many (Redis
+# not keeping up), new ones are dropped and counted (DispatchedBlocks.dropped).
+WRITES_PENDING_MAX = 1024
+# How long a lookup waits for this process's own writes to the instances it asks about.
+WRITE_WAIT_S = 1.0
 CONFIRM_GRACE_S = 2.0  # a report received this long after a dispatch holds its blocks
 
 
@@ -253,7 +268,10 @@ class DispatchedBlocks(RedisFallback):
     With ``redis_url`` every gateway process shares the ledger: one sorted set per MD, member
     a block hash, score its latest dispatch time. This process's own dispatches are kept in
     memory as well: if Redis fails, the ledger logs it and counts those, as
-    :class:`DispatchLedger` does.
+    :class:`DispatchLedger` does. A record goes to Redis from a writer thread, so the request
+    that dispatched the prompt does not wait for it (Redis files a 64K prompt's 4,096 hashes
+    in ~9 ms); a lookup of this process waits for its own writes to the MDs it asks about
+    (usually sent already), another process sees them once sent.
     """
 
     _name = "dispatched-blocks ledger"
@@ -281,6 +299,15 @@ class DispatchedBlocks(RedisFallback):
         self._log: dict[str, deque[tuple[float, tuple[str, ...]]]] = {}
         self._logged: dict[str, int] = {}
         self._script: Any = None
+        # Writes to Redis, sent in order by a writer thread: seq -> (instance, hashes, time,
+        # horizon start) until sent; at most WRITES_PENDING_MAX waiting (more are dropped and
+        # counted in ``dropped``).
+        self._pending: dict[int, tuple[str, tuple[str, ...], float, float]] = {}
+        self._writes: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._seq = self._written = 0
+        self._idle = threading.Condition(self._lock)
+        self._writer: threading.Thread | None = None
+        self.dropped = 0
         self._connect(redis_url)
 
     @property
@@ -317,27 +344,87 @@ class DispatchedBlocks(RedisFallback):
                     held -= len(log.popleft()[1])
                 self._logged[instance_id] = held
         if self._use_redis():
-            key = f"{self.prefix}:{instance_id}"
-            ttl = int(self.horizon_s * 2) + 1
+            # Off the request path: Redis takes ~9 ms to file a 64K prompt's 4,096 hashes,
+            # which the request would wait for. Until the writer has sent it, this process's
+            # own lookups read the write from ``_pending`` (``held_many``).
+            hashes = tuple(block_hashes)
+            with self._lock:
+                if len(self._pending) >= WRITES_PENDING_MAX:
+                    self.dropped += 1  # Redis is not keeping up: a hint lost, not a record
+                    return
+                self._seq += 1
+                self._pending[self._seq] = (instance_id, hashes, now, oldest)
+            self._writes.put(self._seq)
+            self._ensure_writer()
+
+    def _ensure_writer(self) -> None:
+        if self._writer is not None and self._writer.is_alive():
+            return
+        with self._lock:
+            if self._writer is None or not self._writer.is_alive():
+                self._writer = threading.Thread(
+                    target=self._write_loop, name="dispatched-blocks-writer", daemon=True
+                )
+                self._writer.start()
+
+    def _write_loop(self) -> None:
+        while True:
+            seq = self._writes.get()
+            with self._lock:
+                write = self._pending.get(seq)
             try:
-                width = len(block_hashes[0])
-                if width and set(map(len, block_hashes)) == {width}:
-                    # One argument for the whole prompt (a 64K prompt's 4,096 hashes were
-                    # 8,192 arguments for redis-py to pack); Redis gives the scores.
-                    self._record_script()(
-                        keys=[key],
-                        args=[repr(now), repr(oldest), self.cap, ttl, width, "".join(block_hashes)],
-                    )
-                else:
-                    pipe = self._redis.pipeline(transaction=False)
-                    scores = {block: now - i * 1e-6 for i, block in enumerate(block_hashes)}
-                    pipe.zadd(key, scores, gt=True)
-                    pipe.zremrangebyscore(key, "-inf", f"({oldest}")
-                    pipe.zremrangebyrank(key, 0, -(self.cap + 1))
-                    pipe.expire(key, ttl)
-                    pipe.execute()
-            except Exception as exc:  # noqa: BLE001 - any Redis failure: count locally
-                self._redis_failed("record", exc)
+                if write is not None:
+                    self._write(*write)
+            finally:
+                with self._lock:
+                    self._pending.pop(seq, None)
+                    self._written = seq
+                    self._idle.notify_all()
+
+    def _write(
+        self, instance_id: str, block_hashes: tuple[str, ...], now: float, oldest: float
+    ) -> None:
+        """One recorded prompt into Redis (the writer thread)."""
+        if not self._use_redis():
+            return  # Redis failed meanwhile: the log has it
+        key = f"{self.prefix}:{instance_id}"
+        ttl = int(self.horizon_s * 2) + 1
+        try:
+            width = len(block_hashes[0])
+            if width and set(map(len, block_hashes)) == {width}:
+                # One argument for the whole prompt (a 64K prompt's 4,096 hashes were 8,192
+                # arguments for redis-py to pack); Redis gives the scores.
+                self._record_script()(
+                    keys=[key],
+                    args=[repr(now), repr(oldest), self.cap, ttl, width, "".join(block_hashes)],
+                )
+            else:
+                pipe = self._redis.pipeline(transaction=False)
+                scores = {block: now - i * 1e-6 for i, block in enumerate(block_hashes)}
+                pipe.zadd(key, scores, gt=True)
+                pipe.zremrangebyscore(key, "-inf", f"({oldest}")
+                pipe.zremrangebyrank(key, 0, -(self.cap + 1))
+                pipe.expire(key, ttl)
+                pipe.execute()
+        except Exception as exc:  # noqa: BLE001 - any Redis failure: count locally
+            self._redis_failed("record", exc)
+
+    def _written_for(self, instance_ids: set[str]) -> None:
+        """Wait (at most WRITE_WAIT_S) until this process's writes to these instances are in
+        Redis, so that its lookups read its own dispatches: the usual case waits for nothing
+        (the last request's write went out while it ran)."""
+        with self._lock:
+            mine = [seq for seq, write in self._pending.items() if write[0] in instance_ids]
+            if mine:
+                last = max(mine)
+                self._idle.wait_for(lambda: self._written >= last, WRITE_WAIT_S)
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every write recorded so far has gone to Redis (or failed); False if
+        ``timeout_s`` passed first."""
+        with self._lock:
+            target = self._seq
+            return self._idle.wait_for(lambda: self._written >= target, timeout_s)
 
     def _remember(self, instance_id: str, block_hashes: Sequence[str], now: float) -> None:
         """Put a dispatch in this process's per-block map (under ``_lock``)."""
@@ -382,6 +469,7 @@ class DispatchedBlocks(RedisFallback):
         runs = {iid: 0 for iid, _, _ in queries}
         asked = [(iid, max(after, oldest), hashes) for iid, after, hashes in queries if hashes]
         if self._use_redis() and asked:
+            self._written_for({iid for iid, _, _ in asked})
             try:
                 pipe = self._redis.pipeline(transaction=False)
                 for iid, _, hashes in asked:
@@ -406,6 +494,7 @@ class DispatchedBlocks(RedisFallback):
         return runs
 
     def clear(self) -> None:
+        self.flush()  # a write still on its way would bring the cleared keys back
         with self._lock:
             ids = list(self._blocks.keys() | self._log.keys())
             self._blocks.clear()

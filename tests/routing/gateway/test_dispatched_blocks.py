@@ -190,6 +190,7 @@ def test_gateway_processes_share_the_dispatched_blocks_through_redis() -> None:
     now = time.time()
     hashes = request(TURN_1).prefix_block_hashes
     first.record("m1", hashes, now=now)
+    assert first.flush()  # its writer thread has sent it (the request did not wait for it)
     # The other process sees the first one's dispatch and routes the next turn to MD.
     v = view(report_at=now - 5.0)
     snap, added = with_dispatched_blocks(v, v.snapshot, second, request(TURN_2).prefix_block_hashes)
@@ -251,3 +252,22 @@ def test_a_shared_ledger_keeps_its_own_dispatches_for_when_redis_fails() -> None
     assert not ledger._log  # replayed into the per-block map
     ledger.clear()
     assert ledger.held("m1", hashes, after=0.0) == 0
+
+
+@pytest.mark.redis
+def test_a_lookup_reads_this_processs_own_write_even_before_it_is_sent() -> None:
+    """record() leaves the Redis write to a writer thread; a lookup of the same process on the
+    same MD waits for it, so the next turn sees the last one's dispatch at once."""
+    url = os.environ["REDIS_URL"]
+    ledger = DispatchedBlocks(redis_url=url, prefix=f"baton:test-db-own:{uuid.uuid4().hex}")
+    now = time.time()
+    hashes = [f"{i:016x}" for i in range(4096)]
+    try:
+        for turn in range(5):
+            ledger.record(f"m{turn}", hashes, now=now)
+            assert ledger.held(f"m{turn}", hashes, after=now - 1.0, now=now) == 4096
+        assert ledger.flush()
+        assert not ledger._pending and ledger.dropped == 0
+    finally:
+        ledger.clear()
+        assert ledger.held("m0", hashes, after=0.0) == 0
