@@ -11,10 +11,12 @@ snapshot of its cache. Nothing is capped: an instance may hold millions of block
 
 Where it lives: this process's memory on the embedded defaults. With ``REDIS_URL`` set, the
 index is in Redis (per instance a set of 8-byte hashes and its epoch / batch / digest, under
-one lock per instance while a batch applies) and every applied batch is appended to a Redis
-stream; each process keeps a mirror in memory that reads only the stream's new entries, so a
-gateway's lookups never leave the process, and reloads an instance from its set when the stream
-was trimmed past what the mirror has seen.
+one lock per instance while a batch applies; a batch's changes go to the set in one Lua script
+call, each run of hashes packed in one argument) and every applied batch is appended to a Redis
+stream (each run of hashes as the hex of its packed 8-byte members); each process keeps a
+mirror in memory that reads only the stream's new entries, so a gateway's lookups never leave
+the process, and reloads an instance from its set when the stream was trimmed past what the
+mirror has seen.
 
 Memory: a held block costs about 70 bytes in a process's mirror (a 64-bit int in a set) and
 about 60-70 bytes in Redis (an 8-byte member of a set); 1.5M blocks, an H200 main decoder's
