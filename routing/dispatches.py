@@ -87,30 +87,11 @@ class DispatchLedger(RedisFallback):
         self.prefix = prefix
         self._times: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
-        # With Redis: instance id -> (dispatch time, hashes) of its prompts, oldest first, and
-        # how many hashes that holds (``record``).
-        self._log: dict[str, deque[tuple[float, tuple[str, ...]]]] = {}
-        self._logged: dict[str, int] = {}
-        self._script: Any = None
-        # Writes to Redis, sent in order by a writer thread: seq -> (instance, hashes, time,
-        # horizon start) until sent; at most WRITES_PENDING_MAX waiting (more are dropped and
-        # counted in ``dropped``).
-        self._pending: dict[int, tuple[str, tuple[str, ...], float, float]] = {}
-        self._writes: queue.SimpleQueue[int] = queue.SimpleQueue()
-        self._seq = self._written = 0
-        self._idle = threading.Condition(self._lock)
-        self._writer: threading.Thread | None = None
-        self.dropped = 0
         self._connect(redis_url)
 
     @property
     def shared(self) -> bool:
         return self._redis is not None
-
-    def _record_script(self) -> Any:
-        if self._script is None:
-            self._script = self._redis.register_script(_RECORD_LUA)
-        return self._script
 
     def record(self, instance_ids: Iterable[str | None], now: float | None = None) -> None:
         now = time.time() if now is None else now
