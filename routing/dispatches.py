@@ -289,6 +289,7 @@ class DispatchedBlocks(RedisFallback):
         self._idle = threading.Condition(self._lock)
         self._writer: threading.Thread | None = None
         self.dropped = 0
+        self._dropped_warned_at = -math.inf
         self._connect(redis_url)
 
     @property
@@ -308,30 +309,34 @@ class DispatchedBlocks(RedisFallback):
             return
         now = time.time() if now is None else now
         oldest = now - self.horizon_s
+        hashes = tuple(block_hashes)  # kept by reference: the log and the pending write
         with self._lock:
             if self._redis is None:
-                self._remember(instance_id, block_hashes, now)
+                self._remember(instance_id, hashes, now)
             else:
                 # Shared: Redis answers the lookups, and this process's copy is read only if
                 # Redis fails. So it is kept as a log of prompts (a reference each, ~O(1)),
                 # turned into the per-block map only then (``_replay``): keeping the map on
                 # every request cost ~3 ms of CPU per 64K-token prompt.
-                log = self._log.setdefault(instance_id, deque())
-                log.append((now, tuple(block_hashes)))
-                held = self._logged[instance_id] = self._logged.get(instance_id, 0) + len(
-                    block_hashes
-                )
-                while log and (held - len(log[0][1]) >= self.cap or log[0][0] < oldest):
-                    held -= len(log.popleft()[1])
+                prompts = self._log.setdefault(instance_id, deque())
+                prompts.append((now, hashes))
+                held = self._logged.get(instance_id, 0) + len(hashes)
+                while prompts and (held - len(prompts[0][1]) >= self.cap or prompts[0][0] < oldest):
+                    held -= len(prompts.popleft()[1])
                 self._logged[instance_id] = held
         if self._use_redis():
             # Off the request path: Redis takes ~9 ms to file a 64K prompt's 4,096 hashes,
-            # which the request would wait for. Until the writer has sent it, this process's
-            # own lookups read the write from ``_pending`` (``held_many``).
-            hashes = tuple(block_hashes)
+            # which the request would wait for. A lookup of this process on that MD waits for
+            # the write until it is sent (``_written_for``).
             with self._lock:
                 if len(self._pending) >= WRITES_PENDING_MAX:
                     self.dropped += 1  # Redis is not keeping up: a hint lost, not a record
+                    if time.monotonic() - self._dropped_warned_at > 60:
+                        self._dropped_warned_at = time.monotonic()
+                        log.warning(
+                            "%s: %d writes waiting for Redis; %d dispatches not shared so far",
+                            self._name, len(self._pending), self.dropped,
+                        )  # fmt: skip
                     return
                 self._seq += 1
                 self._pending[self._seq] = (instance_id, hashes, now, oldest)

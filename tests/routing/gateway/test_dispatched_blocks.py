@@ -271,3 +271,19 @@ def test_a_lookup_reads_this_processs_own_write_even_before_it_is_sent() -> None
     finally:
         ledger.clear()
         assert ledger.held("m0", hashes, after=0.0) == 0
+
+
+def test_writes_past_the_pending_limit_are_dropped_counted_and_said(monkeypatch, caplog):
+    # Redis not keeping up: the dispatch stays in this process's log, is not shared, and the
+    # operator is told (once a minute).
+    from routing import dispatches
+
+    monkeypatch.setattr(dispatches, "WRITES_PENDING_MAX", 0)
+    ledger = DispatchedBlocks(redis_url="redis://127.0.0.1:1/0")
+    hashes = [f"{i:016x}" for i in range(8)]
+    now = time.time()
+    ledger.record("m1", hashes, now=now)
+    ledger.record("m1", hashes, now=now)
+    assert ledger.dropped == 2 and not ledger._pending
+    assert "dispatches not shared so far" in caplog.text
+    assert ledger.held("m1", hashes, after=now - 1.0, now=now) == 8  # from the log
