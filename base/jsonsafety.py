@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
@@ -60,8 +61,8 @@ def check(value: Any, *, depth: int | None = None) -> None:
     list of 4,096 block hashes (an agent's KV cache event) costs one pass of C-level checks,
     not 4,096 formatted paths."""
     limit = max_depth() if depth is None else depth
-    if isinstance(value, str):
-        if _bad_text(value):
+    if not isinstance(value, (dict, list)):
+        if isinstance(value, str) and _bad_text(value):
             raise UnsafeJSON("'body' holds invalid Unicode (a lone surrogate).", "")
         return
     stack: list[tuple[Any, str, int]] = [(value, "", 1)]
@@ -70,27 +71,21 @@ def check(value: Any, *, depth: int | None = None) -> None:
         if level > limit:
             raise UnsafeJSON(f"JSON nested deeper than {limit} levels at '{path}'.", path)
         if isinstance(item, dict):
-            for key, child in item.items():
+            for key in item:
                 if isinstance(key, str) and _bad_text(key):
                     raise UnsafeJSON(
                         f"A key in '{path or 'body'}' holds invalid Unicode (a lone surrogate).",
                         path,
                     )
-                if isinstance(child, str):
-                    if _bad_text(child):
-                        here = f"{path}.{key}" if path else str(key)
-                        raise UnsafeJSON(
-                            f"'{here}' holds invalid Unicode (a lone surrogate).", here
-                        )
-                elif isinstance(child, (dict, list)):
-                    stack.append((child, f"{path}.{key}" if path else str(key), level + 1))
-        elif isinstance(item, list):
-            for i, child in enumerate(item):
-                if isinstance(child, str):
-                    if _bad_text(child):
-                        here = f"{path}[{i}]"
-                        raise UnsafeJSON(
-                            f"'{here}' holds invalid Unicode (a lone surrogate).", here
-                        )
-                elif isinstance(child, (dict, list)):
-                    stack.append((child, f"{path}[{i}]", level + 1))
+            children: Iterable[tuple[Any, Any]] = item.items()
+            where = "{path}.{key}" if path else "{key}"
+        else:
+            children = enumerate(item)
+            where = "{path}[{key}]"
+        for key, child in children:
+            if isinstance(child, str):
+                if _bad_text(child):
+                    here = where.format(path=path, key=key)
+                    raise UnsafeJSON(f"'{here}' holds invalid Unicode (a lone surrogate).", here)
+            elif isinstance(child, (dict, list)):
+                stack.append((child, where.format(path=path, key=key), level + 1))
