@@ -53,11 +53,11 @@ def indexed(index: PrefixIndex, iid: str) -> set[str]:
     return set(index.held(iid))
 
 
-def test_the_index_holds_exactly_what_the_cache_holds_through_random_traffic():
-    rng = random.Random(3)
-    cache, log = cache_and_log()
-    index = PrefixIndex()
-    for step in range(200):
+def random_traffic(index, cache, log, *, seed: int, steps: int, delivered=lambda: None) -> None:
+    """Prompts inserted and blocks evicted at random, their events delivered every so often;
+    no delivery may need a resync. ``delivered`` runs after each delivery."""
+    rng = random.Random(seed)
+    for step in range(steps):
         prompt = [rng.randrange(0, 4) for _ in range(rng.randrange(4, 40))]
         cache.insert(prompt, list(range(step * 100, step * 100 + len(prompt) // BS)))
         if rng.random() < 0.4:
@@ -66,7 +66,17 @@ def test_the_index_holds_exactly_what_the_cache_holds_through_random_traffic():
         if rng.random() < 0.5:  # the publisher posts every so often, several batches at once
             answer = deliver(index, log)
             assert "resync" not in answer, answer
-            assert indexed(index, "7") == cache_hex(cache)
+            delivered()
+
+
+def test_the_index_holds_exactly_what_the_cache_holds_through_random_traffic():
+    cache, log = cache_and_log()
+    index = PrefixIndex()
+
+    def same() -> None:
+        assert indexed(index, "7") == cache_hex(cache)
+
+    random_traffic(index, cache, log, seed=3, steps=200, delivered=same)
     deliver(index, log)
     assert indexed(index, "7") == cache_hex(cache)
     assert log.summary()["digest"]["blocks"] == len(cache_hex(cache))
@@ -302,18 +312,9 @@ def test_through_redis_random_traffic_keeps_set_and_digest_exact(settings):
     settings.REDIS_URL = os.environ["REDIS_URL"]
     prefix = f"test-kv-{random.randrange(10**9)}"
     index = PrefixIndex(settings.REDIS_URL, prefix)
-    rng = random.Random(5)
     cache, log = cache_and_log("43")
     try:
-        for step in range(120):
-            prompt = [rng.randrange(0, 4) for _ in range(rng.randrange(4, 40))]
-            cache.insert(prompt, list(range(step * 100, step * 100 + len(prompt) // BS)))
-            if rng.random() < 0.4:
-                cache.evict(rng.randrange(1, 8))
-            flush(cache, log)
-            if rng.random() < 0.5:
-                answer = deliver(index, log)
-                assert "resync" not in answer, answer
+        random_traffic(index, cache, log, seed=5, steps=120)
         assert "resync" not in deliver(index, log)
         index.sync()
         assert indexed(index, "43") == cache_hex(cache)
