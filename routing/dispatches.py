@@ -313,35 +313,35 @@ class DispatchedBlocks(RedisFallback):
         with self._lock:
             if self._redis is None:
                 self._remember(instance_id, hashes, now)
-            else:
-                # Shared: Redis answers the lookups, and this process's copy is read only if
-                # Redis fails. So it is kept as a log of prompts (a reference each, ~O(1)),
-                # turned into the per-block map only then (``_replay``): keeping the map on
-                # every request cost ~3 ms of CPU per 64K-token prompt.
-                prompts = self._log.setdefault(instance_id, deque())
-                prompts.append((now, hashes))
-                held = self._logged.get(instance_id, 0) + len(hashes)
-                while prompts and (held - len(prompts[0][1]) >= self.cap or prompts[0][0] < oldest):
-                    held -= len(prompts.popleft()[1])
-                self._logged[instance_id] = held
-        if self._use_redis():
+                return
+            # Shared: Redis answers the lookups, and this process's copy is read only if Redis
+            # fails. So it is kept as a log of prompts (a reference each, ~O(1)), turned into
+            # the per-block map only then (``_replay``): keeping the map on every request cost
+            # ~3 ms of CPU per 64K-token prompt.
+            prompts = self._log.setdefault(instance_id, deque())
+            prompts.append((now, hashes))
+            held = self._logged.get(instance_id, 0) + len(hashes)
+            while prompts and (held - len(prompts[0][1]) >= self.cap or prompts[0][0] < oldest):
+                held -= len(prompts.popleft()[1])
+            self._logged[instance_id] = held
+            if not self._use_redis():
+                return
             # Off the request path: Redis takes ~9 ms to file a 64K prompt's 4,096 hashes,
             # which the request would wait for. A lookup of this process on that MD waits for
             # the write until it is sent (``_written_for``).
-            with self._lock:
-                if len(self._pending) >= WRITES_PENDING_MAX:
-                    self.dropped += 1  # Redis is not keeping up: a hint lost, not a record
-                    if time.monotonic() - self._dropped_warned_at > 60:
-                        self._dropped_warned_at = time.monotonic()
-                        log.warning(
-                            "%s: %d writes waiting for Redis; %d dispatches not shared so far",
-                            self._name, len(self._pending), self.dropped,
-                        )  # fmt: skip
-                    return
-                self._seq += 1
-                self._pending[self._seq] = (instance_id, hashes, now, oldest)
-            self._writes.put(self._seq)
-            self._ensure_writer()
+            if len(self._pending) >= WRITES_PENDING_MAX:
+                self.dropped += 1  # Redis is not keeping up: a hint lost, not a record
+                if time.monotonic() - self._dropped_warned_at > 60:
+                    self._dropped_warned_at = time.monotonic()
+                    log.warning(
+                        "%s: %d writes waiting for Redis; %d dispatches not shared so far",
+                        self._name, len(self._pending), self.dropped,
+                    )  # fmt: skip
+                return
+            self._seq += 1
+            self._pending[self._seq] = (instance_id, hashes, now, oldest)
+        self._writes.put(self._seq)
+        self._ensure_writer()
 
     def _ensure_writer(self) -> None:
         if self._writer is not None and self._writer.is_alive():
@@ -402,15 +402,17 @@ class DispatchedBlocks(RedisFallback):
         with self._lock:
             mine = [seq for seq, write in self._pending.items() if write[0] in instance_ids]
             if mine:
-                last = max(mine)
-                self._idle.wait_for(lambda: self._written >= last, WRITE_WAIT_S)
+                self._wait_written(max(mine), WRITE_WAIT_S)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every write recorded so far has gone to Redis (or failed); False if
         ``timeout_s`` passed first."""
         with self._lock:
-            target = self._seq
-            return self._idle.wait_for(lambda: self._written >= target, timeout_s)
+            return self._wait_written(self._seq, timeout_s)
+
+    def _wait_written(self, seq: int, timeout_s: float) -> bool:
+        """Under ``_lock``: wait until the writer is past write ``seq``."""
+        return self._idle.wait_for(lambda: self._written >= seq, timeout_s)
 
     def _remember(self, instance_id: str, block_hashes: Sequence[str], now: float) -> None:
         """Put a dispatch in this process's per-block map (under ``_lock``)."""
@@ -430,8 +432,8 @@ class DispatchedBlocks(RedisFallback):
     def _replay(self) -> None:
         """Redis failed: this process's logged dispatches into its per-block map, in order
         (under ``_lock``)."""
-        for iid, log in self._log.items():
-            for at, hashes in log:
+        for iid, prompts in self._log.items():
+            for at, hashes in prompts:
                 self._remember(iid, hashes, at)
         self._log.clear()
         self._logged.clear()
